@@ -1,0 +1,1 @@
+"""Adapters around third-party kernels, one module per family (imported as `tfla_bench.baselines`)."""

@@ -1,0 +1,1 @@
+"""Our own Triton TFLA kernels and their PyTorch references (imported as `tfla_bench.kernels`)."""

@@ -1,0 +1,1 @@
+"""Registry adapters for the kernels in this package."""

@@ -1,0 +1,46 @@
+"""A benchmark case: one kernel at one shape, mode and dtype."""
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MODES = ("fw", "fwbw")
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: which kernel, in which mode and dtype, at which shape.
+
+    `params` holds kernel-specific settings (e.g. `causal`, `state_dim`); its keys become
+    `param_<key>` columns in result rows.
+    """
+
+    kernel: str
+    mode: str
+    dtype: str
+    batch: int
+    seq_len: int
+    num_heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    chunk_size: int | None = None
+    params: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def param(self, name: str, default: Any = None) -> Any:
+        return self.params.get(name, default)
+
+    @property
+    def key(self) -> str:
+        """A stable identifier, used to resume a run and to shard cases over GPUs."""
+        extra = ",".join(f"{k}={self.params[k]}" for k in sorted(self.params))
+        return (
+            f"{self.kernel}|{self.mode}|{self.dtype}|B{self.batch}|T{self.seq_len}|H{self.num_heads}"
+            f"|Dqk{self.head_dim_qk}|Dv{self.head_dim_v}|L{self.chunk_size}|{extra}"
+        )
+
+    def columns(self) -> dict[str, Any]:
+        """The case as flat result-row columns."""
+        row = asdict(self)
+        params = row.pop("params")
+        row.update({f"param_{k}": v for k, v in sorted(params.items())})
+        return row
