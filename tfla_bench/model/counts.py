@@ -1,0 +1,412 @@
+"""FLOP and memory-byte counts of the mLSTM formulations and of softmax attention.
+
+The mLSTM counts are the simplified counts of the TFLA paper (appendix F/G, tables 14-18 as
+written out in `MODEL_FORMULAS.md`): every operation factor F_OP = 1, a multiply-accumulate is
+2 FLOPs, nothing recomputed. They are for one head and one sequence in the forward pass;
+multiply by batch * heads for a whole call (`MlstmShape` does).
+
+The chunkwise counts have the form `T/L * (a*L^2 + b*L + c)` per head; `ChunkTerms` holds
+(a, b, c), from which `tfla_bench.model.roofline` derives the optimal chunk sizes for any
+kernel family whose chunkwise cost has that form.
+
+The chunk size L is a float here on purpose: the optimal-chunk search evaluates the counts
+as a continuous function of L. `check_chunk_size` adds the integer rules a kernel needs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tfla_bench.errors import UserError
+from tfla_bench.workloads import MODES
+
+GATES = ("exp", "sig")
+FORMULATIONS = ("chunkwise", "parallel", "recurrent")
+
+# Backward FLOPs as a multiple of forward FLOPs, by kernel family (fwbw = (1 + factor) * fw).
+# attention: FlashAttention's accounting (5 matmuls in the backward against 2 in the forward).
+# mlstm: an estimate; the paper counts only the forward pass. The TFLA backward is dominated by
+#   matmuls over the same tiles as the forward (dQ, dK, dV and the state gradients dC), about
+#   twice the forward matmul work, as for the gradient of any chain of matmuls.
+BACKWARD_FLOP_FACTOR: dict[str, float] = {"attention": 2.5, "mlstm": 2.0}
+
+# Backward bytes as a multiple of forward bytes (fwbw = (1 + factor) * fw).
+# attention: exact for the count below: the backward reads q, k, v, o, dO and writes dq, dk, dv,
+#   i.e. 4*(Dqk + Dv) elements per token against 2*(Dqk + Dv) in the forward.
+# mlstm: an estimate; the backward reads the inputs, the stored chunk states and dH and writes
+#   the input gradients and the state gradients, about twice the forward traffic.
+BACKWARD_BYTE_FACTOR: dict[str, float] = {"attention": 2.0, "mlstm": 2.0}
+
+
+@dataclass(frozen=True)
+class ChunkTerms:
+    """Per-chunk cost `quadratic*L^2 + linear*L + constant` of one head in a chunkwise formulation.
+
+    Over a sequence of length T the cost is `T/L` times that: `T*(quadratic*L + linear + constant/L)`.
+    """
+
+    quadratic: float
+    linear: float
+    constant: float
+
+    def total(self, seq_len: float, chunk_size: float) -> float:
+        """Cost of one head over a sequence of `seq_len` tokens split into chunks of `chunk_size`."""
+        return (
+            seq_len / chunk_size * (self.quadratic * chunk_size**2 + self.linear * chunk_size + self.constant)
+        )
+
+
+def _check_positive(**values: float | None) -> None:
+    for name, value in values.items():
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise UserError(f"{name} must be a positive number, got {value}")
+
+
+def _check_gate(gate: str) -> None:
+    if gate not in GATES:
+        raise UserError(f"unknown gate {gate!r}; choose one of {', '.join(GATES)}")
+
+
+def _check_formulation(formulation: str) -> None:
+    if formulation not in FORMULATIONS:
+        raise UserError(f"unknown formulation {formulation!r}; choose one of {', '.join(FORMULATIONS)}")
+
+
+def _check_causal_factor(causal_factor: float) -> None:
+    if not 0 < causal_factor <= 1:
+        raise UserError(f"causal_factor must be in (0, 1], got {causal_factor}")
+
+
+def _check_chunk_in_range(seq_len: float, chunk_size: float | None) -> float:
+    if chunk_size is None:
+        raise UserError("the chunkwise formulation needs a chunk size")
+    _check_positive(chunk_size=chunk_size)
+    if chunk_size > seq_len:
+        raise UserError(f"chunk size {chunk_size} is larger than the sequence length {seq_len}")
+    return chunk_size
+
+
+def check_chunk_size(seq_len: int, chunk_size: int) -> None:
+    """Raise a `UserError` unless `chunk_size` is a positive integer that divides `seq_len`.
+
+    Args:
+        seq_len: sequence length T.
+        chunk_size: chunk size L of a chunkwise kernel.
+    """
+    if chunk_size <= 0:
+        raise UserError(f"chunk size must be positive, got {chunk_size}")
+    if chunk_size > seq_len:
+        raise UserError(f"chunk size {chunk_size} is larger than the sequence length {seq_len}")
+    if seq_len % chunk_size:
+        raise UserError(f"chunk size {chunk_size} does not divide the sequence length {seq_len}")
+
+
+def mlstm_flop_terms(
+    gate: str, *, head_dim_qk: float, head_dim_v: float, causal_factor: float = 0.5
+) -> ChunkTerms:
+    """Per-chunk FLOP terms of the chunkwise mLSTM forward (paper table 17, one head).
+
+    Args:
+        gate: input gate, `"exp"` (mLSTMexp) or `"sig"` (mLSTMsig).
+        head_dim_qk: query/key head dim d_qk.
+        head_dim_v: value/hidden head dim d_hv.
+        causal_factor: fraction of the L x L intra-chunk matrices computed (0.5 ideal causal).
+    """
+    _check_gate(gate)
+    _check_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    _check_causal_factor(causal_factor)
+    dqk, dhv, fc = head_dim_qk, head_dim_v, causal_factor
+    if gate == "exp":
+        return ChunkTerms(
+            quadratic=2 * fc * dhv + 2 * fc * dqk + 8 * fc + 1,
+            linear=2 * fc + 4 * dqk * dhv + 2 * dhv + 6 * dqk + 13,
+            constant=2 * dqk * dhv + 2 * dqk + 5,
+        )
+    return ChunkTerms(
+        quadratic=2 * fc * dhv + 2 * fc * dqk + 6 * fc + 1,
+        linear=4 * dqk * dhv + dhv + 2 * dqk + 11,
+        constant=2 * dqk * dhv + 5,
+    )
+
+
+def mlstm_byte_terms(
+    gate: str,
+    *,
+    head_dim_qk: float,
+    head_dim_v: float,
+    qkv_bytes: float = 2,
+    gate_bytes: float = 2,
+    state_bytes: float = 4,
+) -> ChunkTerms:
+    """Per-chunk memory-byte terms (loads + stores) of the chunkwise mLSTM forward (one head).
+
+    Args:
+        gate: input gate, `"exp"` or `"sig"`.
+        head_dim_qk: query/key head dim d_qk.
+        head_dim_v: value/hidden head dim d_hv.
+        qkv_bytes: bytes per element of q, k, v (and of the output h).
+        gate_bytes: bytes per element of the gates i, f.
+        state_bytes: bytes per element of the chunk states C, n, m.
+    """
+    _check_gate(gate)
+    _check_positive(
+        head_dim_qk=head_dim_qk,
+        head_dim_v=head_dim_v,
+        qkv_bytes=qkv_bytes,
+        gate_bytes=gate_bytes,
+        state_bytes=state_bytes,
+    )
+    dqk, dhv = head_dim_qk, head_dim_v
+    io_per_token = 4 * gate_bytes + 3 * qkv_bytes * (dhv + dqk)
+    if gate == "exp":
+        return ChunkTerms(
+            quadratic=0.0,
+            linear=io_per_token + 2 * state_bytes,
+            constant=2 * state_bytes * (dqk * dhv + dqk + 1),
+        )
+    return ChunkTerms(quadratic=0.0, linear=io_per_token, constant=2 * state_bytes * dqk * dhv)
+
+
+def mlstm_flops(
+    gate: str,
+    formulation: str,
+    *,
+    seq_len: float,
+    chunk_size: float | None,
+    head_dim_qk: float,
+    head_dim_v: float,
+    causal_factor: float = 0.5,
+) -> float:
+    """Forward FLOPs of one mLSTM head over one sequence.
+
+    Args:
+        gate: input gate, `"exp"` (mLSTMexp) or `"sig"` (mLSTMsig).
+        formulation: `"chunkwise"`, `"parallel"` or `"recurrent"`.
+        seq_len: sequence length T.
+        chunk_size: chunk size L in (0, T]; used by the chunkwise formulation only (may be None otherwise).
+        head_dim_qk: query/key head dim d_qk.
+        head_dim_v: value/hidden head dim d_hv.
+        causal_factor: fraction of the quadratic matrices computed (0.5 ideal causal, ~0.66 tiled).
+
+    Examples::
+
+        >>> mlstm_flops("sig", "recurrent", seq_len=2, chunk_size=None, head_dim_qk=1, head_dim_v=1)
+        18.0
+    """
+    _check_gate(gate)
+    _check_formulation(formulation)
+    _check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    _check_causal_factor(causal_factor)
+    t, dqk, dhv, fc = float(seq_len), head_dim_qk, head_dim_v, causal_factor
+    if formulation == "chunkwise":
+        chunk = _check_chunk_in_range(t, chunk_size)
+        terms = mlstm_flop_terms(gate, head_dim_qk=dqk, head_dim_v=dhv, causal_factor=fc)
+        return terms.total(t, chunk)
+    if formulation == "parallel":
+        quadratic = t**2 * (2 * fc * dhv + fc * (2 * dqk + 2) + 6)
+        if gate == "exp":
+            return fc * (4 * t**2 + 2 * t) + quadratic + t * (0.5 * t + 2.5)
+        return quadratic + t * (0.5 * t + 4.5)
+    if gate == "exp":
+        return t * (6 * dqk * dhv + dhv + 7 * dqk + 12)
+    return t * (6 * dqk * dhv + dqk + 2)
+
+
+def mlstm_bytes(
+    gate: str,
+    formulation: str,
+    *,
+    seq_len: float,
+    chunk_size: float | None,
+    head_dim_qk: float,
+    head_dim_v: float,
+    qkv_bytes: float = 2,
+    gate_bytes: float = 2,
+    state_bytes: float = 4,
+) -> float:
+    """Forward memory bytes (loads + stores) of one mLSTM head over one sequence.
+
+    The recurrent count materializes the state after every step (the text-generation setting).
+
+    Args:
+        gate: input gate, `"exp"` or `"sig"`.
+        formulation: `"chunkwise"`, `"parallel"` or `"recurrent"`.
+        seq_len: sequence length T.
+        chunk_size: chunk size L in (0, T]; used by the chunkwise formulation only (may be None otherwise).
+        head_dim_qk: query/key head dim d_qk.
+        head_dim_v: value/hidden head dim d_hv.
+        qkv_bytes: bytes per element of q, k, v (and of the output h).
+        gate_bytes: bytes per element of the gates i, f.
+        state_bytes: bytes per element of the states C, n, m.
+
+    Examples::
+
+        >>> mlstm_bytes("sig", "parallel", seq_len=4, chunk_size=None, head_dim_qk=1, head_dim_v=1)
+        48.0
+    """
+    _check_gate(gate)
+    _check_formulation(formulation)
+    _check_positive(
+        seq_len=seq_len,
+        head_dim_qk=head_dim_qk,
+        head_dim_v=head_dim_v,
+        qkv_bytes=qkv_bytes,
+        gate_bytes=gate_bytes,
+        state_bytes=state_bytes,
+    )
+    t, dqk, dhv = float(seq_len), head_dim_qk, head_dim_v
+    if formulation == "chunkwise":
+        chunk = _check_chunk_in_range(t, chunk_size)
+        terms = mlstm_byte_terms(
+            gate,
+            head_dim_qk=dqk,
+            head_dim_v=dhv,
+            qkv_bytes=qkv_bytes,
+            gate_bytes=gate_bytes,
+            state_bytes=state_bytes,
+        )
+        return terms.total(t, chunk)
+    io_per_token = 2 * gate_bytes + 2 * qkv_bytes * (dhv + dqk)
+    if formulation == "parallel":
+        return t * (io_per_token + (2 * state_bytes if gate == "exp" else 0))
+    if gate == "exp":
+        return t * (2 * state_bytes * (dqk * dhv + dqk + 1) + io_per_token)
+    return t * (2 * state_bytes * dqk * dhv + io_per_token)
+
+
+def attention_flops(
+    *, seq_len: float, head_dim_qk: float, head_dim_v: float, causal_factor: float = 0.5
+) -> float:
+    """Forward FLOPs of softmax attention for one head over one sequence.
+
+    Two matmuls, S = Q K^T (2*T^2*Dqk) and O = P V (2*T^2*Dv), of which the causal factor is
+    computed; 4*T^2*D*causal_factor when Dqk = Dv = D. Softmax FLOPs are not counted
+    (the usual FlashAttention convention).
+
+    Args:
+        seq_len: sequence length T.
+        head_dim_qk: query/key head dim.
+        head_dim_v: value head dim.
+        causal_factor: 0.5 for causal attention, 1.0 for non-causal.
+    """
+    _check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    _check_causal_factor(causal_factor)
+    return 2 * float(seq_len) ** 2 * (head_dim_qk + head_dim_v) * causal_factor
+
+
+def attention_bytes(*, seq_len: float, head_dim_qk: float, head_dim_v: float, qkv_bytes: float = 2) -> float:
+    """Forward memory bytes of fused (flash) attention for one head: read q, k, v and write o once.
+
+    Args:
+        seq_len: sequence length T.
+        head_dim_qk: query/key head dim.
+        head_dim_v: value head dim.
+        qkv_bytes: bytes per element of q, k, v, o.
+    """
+    _check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, qkv_bytes=qkv_bytes)
+    return float(seq_len) * (2 * head_dim_qk + 2 * head_dim_v) * qkv_bytes
+
+
+def _mode_total(fw_value: float, factors: dict[str, float], family: str, mode: str) -> float:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if family not in factors:
+        raise ValueError(f"no backward factor for family {family!r}; known: {', '.join(sorted(factors))}")
+    return fw_value if mode == "fw" else fw_value * (1 + factors[family])
+
+
+def mode_flops(fw_flops: float, family: str, mode: str) -> float:
+    """FLOPs of one call in `mode` ("fw" or "fwbw") given its forward FLOPs (see `BACKWARD_FLOP_FACTOR`)."""
+    return _mode_total(fw_flops, BACKWARD_FLOP_FACTOR, family, mode)
+
+
+def mode_bytes(fw_bytes: float, family: str, mode: str) -> float:
+    """Bytes of one call in `mode` ("fw" or "fwbw") given its forward bytes (see `BACKWARD_BYTE_FACTOR`)."""
+    return _mode_total(fw_bytes, BACKWARD_BYTE_FACTOR, family, mode)
+
+
+@dataclass(frozen=True)
+class MlstmShape:
+    """An mLSTM workload: gate, shape and element sizes; its counts are for the whole batch and all heads.
+
+    Raises `UserError` on non-positive dims or byte sizes and on a causal factor outside (0, 1].
+    """
+
+    gate: str
+    seq_len: int
+    head_dim_qk: int
+    head_dim_v: int
+    batch: int = 1
+    heads: int = 1
+    causal_factor: float = 0.5
+    qkv_bytes: float = 2
+    gate_bytes: float = 2
+    state_bytes: float = 4
+
+    def __post_init__(self) -> None:
+        _check_gate(self.gate)
+        _check_positive(
+            seq_len=self.seq_len,
+            head_dim_qk=self.head_dim_qk,
+            head_dim_v=self.head_dim_v,
+            batch=self.batch,
+            heads=self.heads,
+            qkv_bytes=self.qkv_bytes,
+            gate_bytes=self.gate_bytes,
+            state_bytes=self.state_bytes,
+        )
+        _check_causal_factor(self.causal_factor)
+
+    @property
+    def label(self) -> str:
+        """The paper's name of the variant: mLSTMexp or mLSTMsig."""
+        return f"mLSTM{self.gate}"
+
+    def flop_terms(self) -> ChunkTerms:
+        """Per-chunk FLOP terms of one head (see `mlstm_flop_terms`)."""
+        return mlstm_flop_terms(
+            self.gate,
+            head_dim_qk=self.head_dim_qk,
+            head_dim_v=self.head_dim_v,
+            causal_factor=self.causal_factor,
+        )
+
+    def byte_terms(self) -> ChunkTerms:
+        """Per-chunk byte terms of one head (see `mlstm_byte_terms`)."""
+        return mlstm_byte_terms(
+            self.gate,
+            head_dim_qk=self.head_dim_qk,
+            head_dim_v=self.head_dim_v,
+            qkv_bytes=self.qkv_bytes,
+            gate_bytes=self.gate_bytes,
+            state_bytes=self.state_bytes,
+        )
+
+    def flops(self, formulation: str, chunk_size: float | None = None) -> float:
+        """Forward FLOPs of the whole call (batch * heads * per-head count)."""
+        per_head = mlstm_flops(
+            self.gate,
+            formulation,
+            seq_len=self.seq_len,
+            chunk_size=chunk_size,
+            head_dim_qk=self.head_dim_qk,
+            head_dim_v=self.head_dim_v,
+            causal_factor=self.causal_factor,
+        )
+        return self.batch * self.heads * per_head
+
+    def bytes_moved(self, formulation: str, chunk_size: float | None = None) -> float:
+        """Forward memory bytes of the whole call (batch * heads * per-head count)."""
+        per_head = mlstm_bytes(
+            self.gate,
+            formulation,
+            seq_len=self.seq_len,
+            chunk_size=chunk_size,
+            head_dim_qk=self.head_dim_qk,
+            head_dim_v=self.head_dim_v,
+            qkv_bytes=self.qkv_bytes,
+            gate_bytes=self.gate_bytes,
+            state_bytes=self.state_bytes,
+        )
+        return self.batch * self.heads * per_head
