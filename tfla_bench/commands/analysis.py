@@ -1,7 +1,169 @@
-"""CLI commands: placeholder until this group's issue lands."""
+"""CLI commands `compare`, `plot` and `report`: a run beside the paper's numbers, its figures, one HTML page.
 
+Each takes a run directory (`results/runs/<spec>-<timestamp>/`). `--published NAME` picks the
+published data set (a `figure` value of `results/published/*.csv`); by default the one named in
+the run's env.json, and `--published none` turns the comparison off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from tfla_bench.compare import (
+    NORMALIZE_CHOICES,
+    compare_run,
+    comparison_frame,
+    comparison_json,
+    comparison_tables,
+    load_run,
+    published_only_summary,
+    resolve_published_name,
+)
+from tfla_bench.errors import UserError
+from tfla_bench.published import PUBLISHED_MEMORY_NOTE, list_published
+
+RunDirArgument = Annotated[
+    Path,
+    typer.Argument(help="A run directory with results.csv and env.json (results/runs/<spec>-<timestamp>)."),
+]
+PublishedOption = Annotated[
+    str | None,
+    typer.Option(
+        "--published",
+        help="Published data set (its `figure` name); default: the run's env.json; 'none': off.",
+    ),
+]
+NormalizeOption = Annotated[
+    str,
+    typer.Option("--normalize", help="none, or roofline: also divide runtimes by each GPU's roofline bound."),
+]
+JsonOption = Annotated[
+    Path | None, typer.Option("--json", help="Also write the whole comparison as JSON here.")
+]
+CsvOption = Annotated[
+    Path | None,
+    typer.Option("--csv", help="Also write every row (matched, run_only, published_only) as CSV here."),
+]
+FiguresOutOption = Annotated[
+    Path | None, typer.Option("--out", help="Output folder; default RUN_DIR/figures.")
+]
+ReportOutOption = Annotated[
+    Path | None, typer.Option("--out", help="The HTML file; default RUN_DIR/report.html.")
+]
+
+
+# Rich squeezes tables to 80 columns when the output is not a terminal; a file or pipe gets them whole.
+_PIPE_WIDTH = 250
+
+
+def _console() -> Console:
+    return Console() if sys.stdout.isatty() else Console(width=_PIPE_WIDTH)
+
+
+def _cell(value: object) -> str:
+    if value is None or value is pd.NA:
+        return ""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def print_frame(console: Console, df: pd.DataFrame, title: str) -> None:
+    """Print a DataFrame as a rich table (numbers to 4 significant digits, empty cells for NaN)."""
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in df.columns:
+        numeric = pd.api.types.is_numeric_dtype(df[column])
+        table.add_column(str(column), justify="right" if numeric else "left")
+    for row in df.itertuples(index=False):
+        table.add_row(*(_cell(v) for v in row))
+    console.print(table)
+
+
+def _require_published(name: str | None) -> str:
+    if name is None:
+        known = ", ".join(sorted(list_published()))
+        raise UserError(
+            f"the run's env.json names no published data set; pass --published NAME (known: {known})"
+        )
+    return name
+
+
+def compare(
+    run_dir: RunDirArgument,
+    published: PublishedOption = None,
+    normalize: NormalizeOption = "none",
+    json_out: JsonOption = None,
+    csv_out: CsvOption = None,
+) -> None:
+    """Compare a run with the paper's published numbers: runtime and peak-memory ratios per mode."""
+    if normalize not in NORMALIZE_CHOICES:
+        raise UserError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {normalize!r}")
+    run = load_run(run_dir)
+    name = _require_published(resolve_published_name(run, published))
+    comparison = compare_run(run, name, normalize)
+    console = _console()
+    console.print(f"run: {run.run_dir} ({run.spec}) on [bold]{comparison.measured_gpu}[/]")
+    console.print(f"published: {name} on [bold]{comparison.published_gpu}[/]")
+    console.print("ratio = run / published (< 1: the run is faster / leaner)")
+    if normalize == "roofline":
+        ours, theirs = comparison.measured_accelerator, comparison.published_accelerator
+        console.print(
+            "normalized = runtime / roofline bound max(FLOPs/peak, bytes/bandwidth) of each side's GPU "
+            f"({ours.display_name} vs {theirs.display_name})"
+        )
+    for mode, table in comparison_tables(comparison).items():
+        print_frame(console, table, f"{mode}: run vs published")
+    if not comparison.measured_only.empty:
+        run_only = (
+            comparison.measured_only.groupby(["kernel", "mode", "status", "reason"])
+            .size()
+            .reset_index(name="rows")
+        )
+        print_frame(console, run_only, "run rows without a published counterpart")
+    if not comparison.published_only.empty:
+        print_frame(console, published_only_summary(comparison), "published rows without a run row")
+    console.print(f"note: {PUBLISHED_MEMORY_NOTE}", style="dim")
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(comparison_json(comparison), indent=1))
+        console.print(f"wrote {json_out}")
+    if csv_out is not None:
+        csv_out.parent.mkdir(parents=True, exist_ok=True)
+        comparison_frame(comparison).to_csv(csv_out, index=False)
+        console.print(f"wrote {csv_out}")
+
+
+def plot(run_dir: RunDirArgument, published: PublishedOption = None, out: FiguresOutOption = None) -> None:
+    """Write the run's paper-style figures (runtime and memory vs seq_len, chunk trade-off, head dim)."""
+    from tfla_bench.plots.runs import plot_run
+
+    paths = plot_run(run_dir, out, published)
+    console = _console()
+    if not paths:
+        console.print("no figure: the run sweeps neither seq_len, head dim nor chunk size")
+    for path in paths:
+        console.print(f"wrote {path}")
+
+
+def report(run_dir: RunDirArgument, published: PublishedOption = None, out: ReportOutOption = None) -> None:
+    """Write one self-contained HTML page with the run's environment, tables and figures."""
+    from tfla_bench.report import write_report
+
+    path = write_report(run_dir, published, out)
+    _console().print(f"wrote {path}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to the main app."""
+    """Add `compare`, `plot` and `report` to the main app."""
+    app.command("compare")(compare)
+    app.command("plot")(plot)
+    app.command("report")(report)

@@ -1,0 +1,310 @@
+"""Synthetic run directories for the analysis tests: results.csv and env.json in the runner's schema.
+
+The numbers are made up but plausible: runtimes are a published median times a known factor (so a
+test can check the ratio it expects), or derived from the analytic FLOPs at a fixed fraction of an
+H100's peak. Statuses include crashed, unavailable and unsupported rows, as a real sweep has.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tfla_bench.model.counts import (
+    attention_bytes,
+    attention_flops,
+    mlstm_bytes,
+    mlstm_flops,
+    mode_bytes,
+    mode_flops,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+PUBLISHED = REPO / "results" / "published"
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+# The factors a test can check: runtime of the run / published runtime, per adapter.
+RUNTIME_FACTOR = {"tfla_sig": 0.9, "tfla_exp": 1.1, "limit_chunk": 1.25, "sdpa_cudnn": 0.8, "mamba2": 1.5}
+MEMORY_FACTOR = 0.95
+
+SCHEMA = [
+    "kernel",
+    "mode",
+    "dtype",
+    "batch",
+    "seq_len",
+    "num_heads",
+    "head_dim_qk",
+    "head_dim_v",
+    "chunk_size",
+    "family",
+    "status",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "min_ms",
+    "first_call_s",
+    "peak_memory_bytes",
+    "peak_memory_above_inputs_bytes",
+    "flops",
+    "bytes",
+    "tflops",
+    "gbps",
+    "device",
+    "error",
+    "note",
+]
+
+FAMILIES = {
+    "tfla_sig": "mlstm",
+    "tfla_exp": "mlstm",
+    "limit_chunk": "mlstm",
+    "mlstm_kernels_sig": "mlstm",
+    "mlstm_kernels_exp": "mlstm",
+    "sdpa_cudnn": "attention",
+    "sdpa_flash": "attention",
+    "fa3": "attention",
+    "mamba2": "mamba2",
+    "lightning2": "lightning",
+    "gla": "gla",
+}
+GATES = {
+    "tfla_sig": "sig",
+    "mlstm_kernels_sig": "sig",
+    "tfla_exp": "exp",
+    "mlstm_kernels_exp": "exp",
+    "limit_chunk": "exp",
+}
+
+
+def counts(
+    kernel: str, mode: str, batch: int, seq_len: int, heads: int, dqk: int, dv: int, chunk, causal=True
+):
+    """Analytic FLOPs and bytes of one call, as an adapter would report them."""
+    if kernel in GATES:
+        fw_flops = mlstm_flops(
+            GATES[kernel], "chunkwise", seq_len=seq_len, chunk_size=chunk, head_dim_qk=dqk, head_dim_v=dv
+        )
+        fw_bytes = mlstm_bytes(
+            GATES[kernel], "chunkwise", seq_len=seq_len, chunk_size=chunk, head_dim_qk=dqk, head_dim_v=dv
+        )
+        family = "mlstm"
+    else:
+        fw_flops = attention_flops(
+            seq_len=seq_len, head_dim_qk=dqk, head_dim_v=dv, causal_factor=0.5 if causal else 1.0
+        )
+        fw_bytes = attention_bytes(seq_len=seq_len, head_dim_qk=dqk, head_dim_v=dv)
+        family = "attention"
+    scale = batch * heads
+    return mode_flops(fw_flops, family, mode) * scale, mode_bytes(fw_bytes, family, mode) * scale
+
+
+def row(
+    kernel: str,
+    mode: str,
+    *,
+    batch: int,
+    seq_len: int,
+    num_heads: int,
+    head_dim_qk: int,
+    head_dim_v: int,
+    chunk_size: int | None = None,
+    status: str = "ok",
+    median_ms: float = math.nan,
+    peak_memory_bytes: float = math.nan,
+    params: dict[str, Any] | None = None,
+    error: str = "",
+) -> dict[str, Any]:
+    """One results.csv row; FLOPs and bytes from the model, derived metrics from the runtime."""
+    params = params or {}
+    causal = params.get("causal", True)
+    flops, moved = counts(
+        kernel, mode, batch, seq_len, num_heads, head_dim_qk, head_dim_v, chunk_size, causal
+    )
+    ok = status == "ok"
+    median = median_ms if ok else math.nan
+    record = {
+        "kernel": kernel,
+        "mode": mode,
+        "dtype": "bfloat16",
+        "batch": batch,
+        "seq_len": seq_len,
+        "num_heads": num_heads,
+        "head_dim_qk": head_dim_qk,
+        "head_dim_v": head_dim_v,
+        "chunk_size": chunk_size,
+        "family": FAMILIES.get(kernel, "other"),
+        "status": status,
+        "median_ms": median,
+        "p20_ms": median * 0.98,
+        "p80_ms": median * 1.02,
+        "min_ms": median * 0.97,
+        "first_call_s": 1.5 if ok else math.nan,
+        "peak_memory_bytes": peak_memory_bytes if ok else math.nan,
+        "peak_memory_above_inputs_bytes": peak_memory_bytes * 0.5 if ok else math.nan,
+        "flops": flops,
+        "bytes": moved,
+        "tflops": flops / (median * 1e-3) / 1e12,
+        "gbps": moved / (median * 1e-3) / 1e9,
+        "device": "cuda:0" if ok else "",
+        "error": error,
+        "note": "",
+    }
+    record.update({f"param_{k}": v for k, v in params.items()})
+    return record
+
+
+def published_value(figure_csv: str, kernel_name: str, mode: str, seq_len: int, heads: int, chunk=None):
+    """(runtime_ms, peak_memory_bytes) of one published row."""
+    df = pd.read_csv(PUBLISHED / figure_csv)
+    sel = (
+        (df["kernel_name"] == kernel_name)
+        & (df["mode"] == mode)
+        & (df["seq_len"] == seq_len)
+        & (df["num_heads"] == heads)
+    )
+    if chunk is not None:
+        sel &= df["chunk_size"] == chunk
+    hit = df[sel]
+    assert len(hit) == 1, (kernel_name, mode, seq_len, heads, chunk, len(hit))
+    return float(hit["runtime_ms"].iloc[0]), float(hit["peak_memory_bytes"].iloc[0])
+
+
+def fig5_rows(seq_lens=(2048, 4096, 8192)) -> list[dict[str, Any]]:
+    """A small Fig. 5-like run (65,536 tokens) with every kind of status and match."""
+    rows: list[dict[str, Any]] = []
+    csv = "tfla_fig5_consttoken.csv"
+    for mode in ("fw", "fwbw"):
+        for seq_len in seq_lens:
+            batch = 65536 // seq_len
+            for kernel, pub, chunk in (
+                ("tfla_sig", "chunkwise--triton_xl_chunk_siging", 128),
+                ("tfla_exp", "chunkwise--triton_xl_chunk", 128),
+                ("limit_chunk", "chunkwise--triton_limit_chunk", 64),
+            ):
+                ms, mem = published_value(csv, pub, mode, seq_len, 16, chunk)
+                rows.append(
+                    row(kernel, mode, batch=batch, seq_len=seq_len, num_heads=16, head_dim_qk=128,
+                        head_dim_v=256, chunk_size=chunk, median_ms=ms * RUNTIME_FACTOR[kernel],
+                        peak_memory_bytes=mem * MEMORY_FACTOR)
+                )  # fmt: skip
+            rows.append(
+                row("mlstm_kernels_exp", mode, batch=batch, seq_len=seq_len, num_heads=16, head_dim_qk=128,
+                    head_dim_v=256, chunk_size=128, status="crashed",
+                    error="LLVM ERROR: SLPVectorizer assertion")
+            )  # fmt: skip
+            ms, mem = published_value(csv, "torch_cudnn", mode, seq_len, 32)
+            rows.append(
+                row("sdpa_cudnn", mode, batch=batch, seq_len=seq_len, num_heads=32, head_dim_qk=128,
+                    head_dim_v=128, params={"causal": False}, median_ms=ms * RUNTIME_FACTOR["sdpa_cudnn"],
+                    peak_memory_bytes=mem * MEMORY_FACTOR)
+            )  # fmt: skip
+            flash_ms = (3.0 if mode == "fw" else 9.0) * seq_len / 2048
+            rows.append(
+                row("sdpa_flash", mode, batch=batch, seq_len=seq_len, num_heads=32, head_dim_qk=128,
+                    head_dim_v=128, params={"causal": True}, median_ms=flash_ms, peak_memory_bytes=2e9)
+            )  # fmt: skip
+            rows.append(
+                row("fa3", mode, batch=batch, seq_len=seq_len, num_heads=32, head_dim_qk=128, head_dim_v=128,
+                    status="unavailable", error="flash_attn_interface is not installed")
+            )  # fmt: skip
+            ms, mem = published_value(csv, "mamba2_noconv", mode, seq_len, 64)
+            rows.append(
+                row("mamba2", mode, batch=batch, seq_len=seq_len, num_heads=64, head_dim_qk=64, head_dim_v=64,
+                    median_ms=ms * RUNTIME_FACTOR["mamba2"], peak_memory_bytes=mem * MEMORY_FACTOR)
+            )  # fmt: skip
+            rows.append(
+                row("lightning2", mode, batch=batch, seq_len=seq_len, num_heads=32, head_dim_qk=128,
+                    head_dim_v=128, median_ms=20.0, peak_memory_bytes=6e9)
+            )  # fmt: skip
+            gla_status = "ok" if mode == "fw" else "unsupported"
+            rows.append(
+                row("gla", mode, batch=batch, seq_len=seq_len, num_heads=16, head_dim_qk=128, head_dim_v=256,
+                    status=gla_status, median_ms=9.0, peak_memory_bytes=9e9,
+                    error="" if gla_status == "ok" else "fla refuses the gated backward on Hopper")
+            )  # fmt: skip
+    # A chunk sweep at T=8192 for the trade-off and measured-roofline figures.
+    for mode in ("fw", "fwbw"):
+        for chunk in (64, 256, 512):
+            ms, mem = published_value(csv, "chunkwise--triton_xl_chunk_siging", mode, 8192, 16, chunk)
+            rows.append(
+                row("tfla_sig", mode, batch=8, seq_len=8192, num_heads=16, head_dim_qk=128, head_dim_v=256,
+                    chunk_size=chunk, median_ms=ms * RUNTIME_FACTOR["tfla_sig"],
+                    peak_memory_bytes=mem * MEMORY_FACTOR)
+            )  # fmt: skip
+    return rows
+
+
+def headdim_rows() -> list[dict[str, Any]]:
+    """A Fig. 17-like run: batch 4, T 8192, head dim 64..256 with heads = 4096 / head dim."""
+    rows = []
+    for mode in ("fw", "fwbw"):
+        for dim in (64, 128, 256):
+            for kernel, chunk, ms in (("tfla_sig", 256, 3.0), ("tfla_exp", 128, 4.0)):
+                median_ms = ms * dim / 64 * (3 if mode == "fwbw" else 1)
+                rows.append(
+                    row(kernel, mode, batch=4, seq_len=8192, num_heads=4096 // dim, head_dim_qk=dim,
+                        head_dim_v=dim, chunk_size=chunk, median_ms=median_ms,
+                        peak_memory_bytes=1e9 * dim / 64)
+                )  # fmt: skip
+    return rows
+
+
+def write_run(
+    run_dir: Path,
+    rows: list[dict[str, Any]],
+    *,
+    gpu_name: str = H100_NAME,
+    spec: str = "fig5_consttoken",
+    published: str | None = "tfla_fig5_consttoken_rerun_nh16",
+) -> Path:
+    """Write results.csv and env.json (the brief's keys) into `run_dir`; return `run_dir`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame(rows)
+    params = sorted(c for c in df.columns if c.startswith("param_"))
+    df = df[[*SCHEMA[:9], *params, *SCHEMA[9:]]]
+    df.to_csv(run_dir / "results.csv", index=False)
+    env = {
+        "gpu_name": gpu_name,
+        "gpu_count": 1,
+        "sm_count": 132,
+        "gpu_memory_bytes": 85_000_000_000,
+        "driver": "580.00",
+        "cuda": "13.0",
+        "torch": "2.11.0+cu130",
+        "triton": "3.6.0",
+        "python": "3.12.3",
+        "packages": {"fla-core": "0.6.0", "mlstm-kernels": "2.0.6", "mamba-ssm": None},
+        "git_sha": "0000000",
+        "host": "synthetic",
+        "spec": spec,
+        "published": published,
+        "started_at": "2025-01-01T00:00:00Z",
+        "measurement": {"warmup": 10, "reps": 30, "l2_flush": True, "grad": "sum"},
+    }
+    (run_dir / "env.json").write_text(json.dumps(env, indent=2))
+    return run_dir
+
+
+def write_cases_as_run(run_dir: Path, cases: list, published: str | None) -> Path:
+    """A run directory with one ok row per `Case` (made-up timings), as a sweep of those cases would write."""
+    from tfla_bench import registry
+
+    rows = []
+    for case in cases:
+        record = dict.fromkeys(SCHEMA, "")
+        record.update(case.columns())
+        record.update(
+            family=registry.get(case.kernel).family,
+            status="ok",
+            median_ms=1.0,
+            peak_memory_bytes=1e9,
+            flops=1e12,
+            bytes=1e9,
+        )
+        rows.append(record)
+    return write_run(run_dir, rows, published=published)

@@ -1,0 +1,121 @@
+"""The one-page HTML report: every table and every figure of a run, self-contained."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+from synthetic_run import fig5_rows, write_run
+
+from tfla_bench.cli import main
+from tfla_bench.compare import compare_run, comparison_tables, load_run
+from tfla_bench.model.hardware import ACCELERATORS
+from tfla_bench.plots.measured import measured_figures
+from tfla_bench.plots.runs import run_figures
+from tfla_bench.report import build_report, write_report
+
+FIG5 = "tfla_fig5_consttoken_rerun_nh16"
+TABLE_IDS = (
+    "env",
+    "env-packages",
+    "env-measurement",
+    "status-summary",
+    "results",
+    "failures",
+    "compare-fw",
+    "compare-fwbw",
+    "compare-normalized-fw",
+    "compare-normalized-fwbw",
+    "run-only",
+    "published-only",
+    "roofline-fraction",
+    "mapping",
+)
+
+
+def fw_rows():
+    # Forward rows only: every kind of table and figure, at half the rendering cost.
+    return [r for r in fig5_rows(seq_lens=(4096, 8192)) if r["mode"] == "fw"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    run_dir = write_run(tmp_path_factory.mktemp("runs") / "fig5_consttoken-20250101-000000", fw_rows())
+    path = write_report(run_dir)
+    return run_dir, path, path.read_text()
+
+
+def test_report_is_written_beside_the_run_by_default(report):
+    run_dir, path, _ = report
+    assert path == run_dir / "report.html"
+
+
+def test_report_holds_every_table(report):
+    _, _, page = report
+    tables = {"compare-fwbw", "compare-normalized-fwbw"}  # the fw-only run has no fwbw tables
+    for table_id in set(TABLE_IDS) - tables:
+        assert f'id="{table_id}"' in page, table_id
+    for section in (
+        "environment",
+        "status",
+        "results",
+        "failures",
+        "comparison",
+        "roofline",
+        "mapping",
+        "figures",
+    ):
+        assert f'<section id="{section}">' in page
+    # The failures table names each failed row's reason; the env table its GPU and packages.
+    assert "LLVM ERROR: SLPVectorizer assertion" in page
+    assert "flash_attn_interface is not installed" in page
+    assert "NVIDIA H100 80GB HBM3" in page and "mlstm-kernels" in page
+    assert "params differ: published causal=False, run causal=True" in page
+    assert "fused_chunk_gla" in page
+
+
+def test_report_comparison_table_has_the_ratio_values(report):
+    run_dir, _, page = report
+    table = comparison_tables(compare_run(load_run(run_dir), FIG5))["fw"]
+    section = page[page.index('id="compare-fw"') :]
+    section = section[: section.index("</table>")]
+    for ratio in table["ms ratio"].dropna():
+        assert f"{ratio:.4g}" in section
+
+
+def test_report_embeds_every_figure_as_png(report):
+    run_dir, _, page = report
+    run = load_run(run_dir)
+    expected = set(run_figures(run, compare_run(run, FIG5))) | set(
+        measured_figures(run, [ACCELERATORS["h100"], ACCELERATORS["h200"]])
+    )
+    captions = set(re.findall(r"<figcaption>([^<]+)</figcaption>", page))
+    assert captions == expected
+    sources = re.findall(r'src="([^"]+)"', page)
+    assert len(sources) == len(expected)
+    for source in sources:
+        assert source.startswith("data:image/png;base64,")
+        assert base64.b64decode(source.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<link" not in page and "<script" not in page
+
+
+def small_rows():
+    return [r for r in fw_rows() if r["kernel"] in ("tfla_exp", "sdpa_cudnn")]
+
+
+def test_report_on_a_gpu_the_model_does_not_know(tmp_path):
+    run_dir = write_run(tmp_path / "run", small_rows(), gpu_name="NVIDIA RTX 4090")
+    page = build_report(load_run(run_dir), FIG5, [ACCELERATORS["h100"]])
+    assert "H100 SXM (assumed: NVIDIA RTX 4090 is not in the model)" in page
+    assert 'id="compare-fw"' in page and 'id="compare-normalized-fw"' not in page
+    assert "No roofline normalization" in page
+
+
+def test_cli_report_with_out_and_published_none(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run", small_rows())
+    out = tmp_path / "pages" / "page.html"
+    assert main(["report", str(run_dir), "--published", "none", "--out", str(out)]) == 0
+    assert out.is_file() and not (run_dir / "report.html").exists()
+    assert f"wrote {out}" in capsys.readouterr().out.replace("\n", "")
+    assert '<section id="comparison">' not in out.read_text()

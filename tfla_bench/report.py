@@ -1,0 +1,261 @@
+"""One self-contained HTML page per run (`tfla-bench report RUN_DIR`).
+
+The page holds the environment (env.json), a status summary, every result row, the rows that did
+not run with their reasons, the comparison with the published data set (per mode, plain and
+roofline-normalized where the run's GPU is known, plus both sides' unmatched rows), the roofline
+fraction per kernel, the published-kernel mapping, and every figure of `tfla_bench.plots.runs`
+and `tfla_bench.plots.measured`, embedded as base64 PNG: one file to open, nothing beside it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from tfla_bench.compare import (
+    Comparison,
+    Run,
+    compare_run,
+    comparison_tables,
+    load_run,
+    published_only_summary,
+    resolve_published_name,
+)
+from tfla_bench.model.hardware import ACCELERATORS, Accelerator, detect_accelerator
+from tfla_bench.plots.measured import measured_figures, own_accelerator, roofline_fractions
+from tfla_bench.plots.runs import DPI, run_figures
+from tfla_bench.published import PUBLISHED_GPU_NOTE, PUBLISHED_MEMORY_NOTE, mapping_table
+
+REPORT_FILE = "report.html"
+DEFAULT_ACCELERATORS = ("h100", "h200")
+RESULT_COLUMNS = (
+    "kernel",
+    "mode",
+    "dtype",
+    "batch",
+    "seq_len",
+    "num_heads",
+    "head_dim_qk",
+    "head_dim_v",
+    "chunk_size",
+    "status",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "first_call_s",
+    "peak_memory_gb",
+    "tflops",
+    "gbps",
+)
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; color: #222; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table.data { border-collapse: collapse; font-size: .85em; margin: .5em 0 1.5em; }
+table.data th, table.data td { border: 1px solid #ddd; padding: .2em .5em; text-align: right; }
+table.data th { background: #f3f3f3; }
+table.data td:first-child, table.data th:first-child { text-align: left; }
+figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: .85em; color: #555; } .note { color: #555; font-size: .9em; }
+nav a { margin-right: 1em; }
+"""
+
+
+def _float(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def frame_html(df: pd.DataFrame, table_id: str) -> str:
+    """A DataFrame as an HTML table with id `table_id` (values escaped, empty cells for NaN)."""
+    if df.empty:
+        return f'<p class="note" id="{table_id}">(no rows)</p>'
+    return df.to_html(
+        index=False, na_rep="", float_format=_float, classes="data", border=0, table_id=table_id
+    )
+
+
+def figure_html(name: str, fig: Figure) -> str:
+    """A figure as an embedded PNG with its name as caption."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return (
+        f'<figure id="fig-{html.escape(name)}"><img alt="{html.escape(name)}" '
+        f'src="data:image/png;base64,{data}"><figcaption>{html.escape(name)}</figcaption></figure>'
+    )
+
+
+def _env_tables(env: dict[str, Any]) -> str:
+    scalars = {k: v for k, v in env.items() if not isinstance(v, dict)}
+    parts = [
+        frame_html(pd.DataFrame({"key": list(scalars), "value": [str(v) for v in scalars.values()]}), "env")
+    ]
+    for key, value in env.items():
+        if isinstance(value, dict):
+            table = pd.DataFrame({"name": list(value), "value": [json.dumps(v) for v in value.values()]})
+            parts.append(f"<h3>{html.escape(key)}</h3>" + frame_html(table, f"env-{key}"))
+    return "\n".join(parts)
+
+
+def status_summary(results: pd.DataFrame) -> pd.DataFrame:
+    """Rows per kernel and mode, counted by status."""
+    counts = results.groupby(["kernel", "mode", "status"]).size().unstack("status", fill_value=0)
+    return counts.reset_index()
+
+
+def results_table(results: pd.DataFrame) -> pd.DataFrame:
+    """The result rows with the report's columns (peak memory in GB, params kept)."""
+    table = results.assign(peak_memory_gb=results["peak_memory_bytes"] / 1e9)
+    params = [c for c in table.columns if c.startswith("param_")]
+    columns = [c for c in RESULT_COLUMNS if c in table.columns]
+    return table[[*columns[:9], *params, *columns[9:]]]
+
+
+def failures_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose status is not ok, with their reason."""
+    failed = results[results["status"] != "ok"]
+    columns = ["kernel", "mode", "batch", "seq_len", "num_heads", "head_dim_qk", "head_dim_v", "chunk_size"]
+    return failed[[*columns, "status", "error"]]
+
+
+def fraction_summary(fractions: pd.DataFrame) -> pd.DataFrame:
+    """Median, min and max fraction of the roofline bound per kernel and mode."""
+    if fractions.empty:
+        return pd.DataFrame(columns=["kernel", "mode", "gpu", "cases", "median", "min", "max"])
+    grouped = fractions.groupby(["kernel", "mode", "gpu"])["fraction"]
+    return grouped.agg(cases="size", median="median", min="min", max="max").reset_index()
+
+
+def _comparison_section(run: Run, plain: Comparison) -> str:
+    name = plain.published_name
+    parts = [
+        f"<p>Run on <b>{html.escape(run.gpu_name)}</b>; published data set <b>{html.escape(name)}</b> "
+        f"measured on {html.escape(PUBLISHED_GPU_NOTE)}. Ratios are run / published (&lt; 1: the run is "
+        f"faster or leaner); {html.escape(PUBLISHED_MEMORY_NOTE)}.</p>"
+    ]
+    for mode, table in comparison_tables(plain).items():
+        parts.append(f"<h3>{mode}: run vs published</h3>" + frame_html(table, f"compare-{mode}"))
+    if detect_accelerator(run.gpu_name) is not None:
+        normalized = compare_run(run, name, normalize="roofline")
+        parts.append(
+            "<p>Normalized: each side's runtime divided by its own GPU's roofline bound "
+            "max(FLOPs/peak, bytes/bandwidth); a normalized ratio of 1 means the same fraction of the "
+            "limit.</p>"
+        )
+        for mode, table in comparison_tables(normalized).items():
+            parts.append(
+                f"<h3>{mode}: roofline-normalized</h3>" + frame_html(table, f"compare-normalized-{mode}")
+            )
+    else:
+        parts.append(
+            f'<p class="note">No roofline normalization: {html.escape(run.gpu_name)} is not in the model.</p>'
+        )
+    run_only = plain.measured_only[
+        [
+            "kernel",
+            "mode",
+            "batch",
+            "seq_len",
+            "num_heads",
+            "head_dim_qk",
+            "head_dim_v",
+            "chunk_size",
+            "status",
+            "reason",
+        ]
+    ]
+    parts.append("<h3>Run rows without a published counterpart</h3>" + frame_html(run_only, "run-only"))
+    parts.append(
+        "<h3>Published rows without a run row</h3>"
+        + frame_html(published_only_summary(plain), "published-only")
+    )
+    return "\n".join(parts)
+
+
+def _accelerators(run: Run) -> list[Accelerator]:
+    accelerators = [ACCELERATORS[name] for name in DEFAULT_ACCELERATORS]
+    own = detect_accelerator(run.gpu_name)
+    if own is not None and own not in accelerators:
+        accelerators.append(own)
+    return accelerators
+
+
+def build_report(run: Run, published: str | None, accelerators: list[Accelerator] | None = None) -> str:
+    """The report page of a run as an HTML string.
+
+    Args:
+        run: from `load_run`.
+        published: the published data set to compare with, or None for none.
+        accelerators: roofs for the measured roofline figures; default H100, H200 and the run's GPU.
+    """
+    accelerators = accelerators or _accelerators(run)
+    comparison: Comparison | None = compare_run(run, published) if published else None
+    own, detected = own_accelerator(run, accelerators)
+    fractions = roofline_fractions(run, accelerators)
+    sections: list[tuple[str, str, Callable[[], str]]] = [
+        ("environment", "Environment", lambda: _env_tables(run.env)),
+        ("status", "Status summary", lambda: frame_html(status_summary(run.results), "status-summary")),
+        ("results", "Results", lambda: frame_html(results_table(run.results), "results")),
+        ("failures", "Rows that did not run", lambda: frame_html(failures_table(run.results), "failures")),
+    ]
+    if comparison is not None:
+        sections.append(
+            ("comparison", f"Comparison with {published}", lambda: _comparison_section(run, comparison))
+        )
+    gpu = (
+        own.display_name if detected else f"{own.display_name} (assumed: {run.gpu_name} is not in the model)"
+    )
+    sections += [
+        (
+            "roofline",
+            "Fraction of the roofline bound",
+            lambda: (
+                f"<p>Model lower-bound runtime / measured runtime on {html.escape(gpu)}.</p>"
+                + frame_html(fraction_summary(fractions), "roofline-fraction")
+            ),
+        ),
+        ("mapping", "Published kernels and our adapters", lambda: frame_html(mapping_table(), "mapping")),
+    ]
+    figures = {**run_figures(run, comparison), **measured_figures(run, accelerators)}
+    sections.append(("figures", "Figures", lambda: "\n".join(figure_html(n, f) for n, f in figures.items())))
+
+    title = f"tfla-bench report: {run.spec}"
+    nav = " ".join(f'<a href="#{sid}">{html.escape(heading)}</a>' for sid, heading, _ in sections)
+    body = "\n".join(
+        f'<section id="{sid}"><h2>{html.escape(heading)}</h2>\n{render()}\n</section>'
+        for sid, heading, render in sections
+    )
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_STYLE}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
+        f'<p class="note">{html.escape(str(run.run_dir))} on {html.escape(run.gpu_name)}, started '
+        f"{html.escape(str(run.env.get('started_at', '?')))}</p>\n<nav>{nav}</nav>\n{body}\n</body></html>\n"
+    )
+
+
+def write_report(run_dir: Path, published: str | None = None, out: Path | None = None) -> Path:
+    """Write the run's report page.
+
+    Args:
+        run_dir: the run directory.
+        published: the published data set; default the run's env.json `published` field;
+            `"none"` for no comparison.
+        out: the HTML file; default `<run_dir>/report.html`.
+
+    Returns:
+        The written file.
+    """
+    run = load_run(run_dir)
+    name = resolve_published_name(run, published)
+    out = out or Path(run_dir) / REPORT_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(build_report(run, name))
+    return out
