@@ -11,6 +11,15 @@ CPU_TORCH := torch==2.13.0
 CPU_TRITON := triton==3.6.0
 OUT ?= results/figures
 WHEELHOUSE ?= wheelhouse
+# Target of `make wheelhouse`: the GPU node's Python version and platform tag.
+PYTHON_VERSION ?= 3.12
+PLATFORM ?= manylinux_2_28_x86_64
+# Wheels the baselines and the peer need besides the node's own torch/triton/numpy/matplotlib, and
+# setuptools/wheel so `pip install -e .` can build there without an index. No dependencies are
+# resolved: lightning-attn and mlstm-kernels would pull torch, mamba-ssm tilelang and transformers.
+WHEELHOUSE_WHEELS := fla-core==0.6.0 lightning-attn==0.0.5 mlstm-kernels==2.0.6 einops PyYAML packaging \
+	"setuptools>=77" wheel
+MAMBA_SSM := mamba-ssm==2.3.2.post1
 
 ifeq ($(HAS_CUDA),yes)
 TEST_ENV :=
@@ -18,7 +27,7 @@ else
 TEST_ENV := TRITON_INTERPRET=1
 endif
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean wheelhouse
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,3 +58,14 @@ test: $(VENV)/.installed-test
 
 clean:
 	rm -rf $(VENV)
+
+# Every wheel a GPU node without internet needs for the baselines (README: "Installing the
+# baselines offline"). mamba-ssm is source-only: its wheel is built here with the CUDA extension
+# skipped (pure Python; its setup.py imports torch, wheel and packaging: built in the venv).
+wheelhouse: $(VENV)/.torch
+	mkdir -p $(WHEELHOUSE)
+	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version $(PYTHON_VERSION) \
+		--platform $(PLATFORM) --dest $(WHEELHOUSE) $(WHEELHOUSE_WHEELS)
+	$(BIN)/python -m pip install -q setuptools wheel packaging
+	MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE $(BIN)/python -m pip wheel --no-deps \
+		--no-build-isolation --wheel-dir $(WHEELHOUSE) $(MAMBA_SSM)

@@ -1,0 +1,231 @@
+"""The official TFLA kernels (`mlstm-kernels` 2.0.6, NX-AI) as the peer our kernels are measured against.
+
+Each adapter calls `mlstm_kernels.torch.get_mlstm_kernel(name)(q, k, v, i, f, chunk_size=L)`:
+
+- `mlstm_kernels_exp`: `chunkwise--triton_xl_chunk` (TFLA mLSTMexp, default chunk 128);
+- `mlstm_kernels_sig`: `chunkwise--triton_xl_chunk_siging` (TFLA mLSTMsig, default chunk 128),
+  also given `normalize=` (Case param `normalize`, default false as in all the paper's TFLA runs);
+- `mlstm_kernels_limit`: `chunkwise--triton_limit_chunk` (mLSTMexp, one-level chunking, default 64).
+
+Layout `[B, NH, T, D]`: q, k `[B, NH, T, Dqk]`, v `[B, NH, T, Dv]`, i, f `[B, NH, T]`. The gates
+are pre-activations: the kernels take logsigmoid(f) as the log forget gate and i as the log input
+gate (exp) or logsigmoid(i) (sig); queries are scaled by Dqk^-0.5; eps = 1e-6 in the denominator.
+Inputs: q, k, v, i standard normal and f = x + 3 (x standard normal, a forget gate of 0.95 on
+average), so the state carries across chunks. The output is h `[B, NH, T, Dv]` in the input dtype.
+
+Constraints, from the library's assertions:
+
+- xl_chunk (exp, sig): T a multiple of 16; for T < 128 T must be a power of two and is the chunk
+  (the chunk size is ignored); else the chunk size is a power of two that divides T and is a
+  multiple of 64 or smaller than 64.
+- limit_chunk: the chunk size is a power of two that divides T.
+- head dims >= 16 (Triton's minimum dot size).
+
+Known on the H100 stack (torch 2.11, Triton 3.6): the xl_chunk exp kernels abort the process with
+an LLVM assertion; the runner's worker isolation turns that into a `crashed` row.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tfla_bench.baselines._common import (
+    bool_param,
+    cuda_reason,
+    element_bytes,
+    generator,
+    grad_if,
+    is_installed,
+    is_power_of_two,
+    randn,
+    torch_dtype,
+    try_import,
+    unknown_params_reason,
+)
+from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
+from tfla_bench.registry import Adapter, register
+from tfla_bench.workloads import Case
+
+if TYPE_CHECKING:
+    import torch
+
+FORGET_GATE_BIAS = 3.0
+MIN_HEAD_DIM = 16
+XL_MIN_CHUNKED_SEQ_LEN = 128
+XL_BLOCK = 64
+SEQ_LEN_MULTIPLE = 16
+
+
+class _MlstmKernelsPeer(Adapter):
+    family = "mlstm"
+    layout = "BHTD"
+    uses_chunk_size = True
+    kernel_name = ""
+    gate = "exp"
+    default_chunk = 128
+    known_params: tuple[str, ...] = ("seed",)
+
+    def available(self) -> str | None:
+        if not is_installed("mlstm_kernels"):
+            return "mlstm-kernels not installed (pip install mlstm-kernels==2.0.6)"
+        reason = cuda_reason()
+        if reason is not None:
+            return reason
+        module, reason = try_import("mlstm_kernels.torch")
+        if module is None:
+            return reason
+        try:
+            module.get_mlstm_kernel(self.kernel_name)
+        except ValueError as exc:
+            # The Triton kernels register only if their modules import (mlstm_kernels swallows the error).
+            return f"mlstm_kernels has no kernel {self.kernel_name}: {exc}"
+        return None
+
+    def chunk(self, case: Case) -> int:
+        """The chunk size the kernel runs: the case's or the library default (xl_chunk: T when T < 128)."""
+        chunk = case.chunk_size if case.chunk_size is not None else self.default_chunk
+        if self.kernel_name != "chunkwise--triton_limit_chunk" and case.seq_len < XL_MIN_CHUNKED_SEQ_LEN:
+            return case.seq_len
+        return chunk
+
+    def check(self, case: Case) -> str | None:
+        reason = unknown_params_reason(case, self.name, self.known_params)
+        if reason is not None:
+            return reason
+        if min(case.head_dim_qk, case.head_dim_v) < MIN_HEAD_DIM:
+            return f"head dims must be at least {MIN_HEAD_DIM}, got {case.head_dim_qk} and {case.head_dim_v}"
+        if self.kernel_name == "chunkwise--triton_limit_chunk":
+            return self._limit_chunk_reason(case)
+        return self._xl_chunk_reason(case)
+
+    def _limit_chunk_reason(self, case: Case) -> str | None:
+        chunk = self.chunk(case)
+        if not is_power_of_two(chunk) or case.seq_len % chunk:
+            return f"chunk_size must be a power of two that divides seq_len {case.seq_len}, got {chunk}"
+        return None
+
+    def _xl_chunk_reason(self, case: Case) -> str | None:
+        if case.seq_len % SEQ_LEN_MULTIPLE:
+            return f"seq_len must be a multiple of {SEQ_LEN_MULTIPLE}, got {case.seq_len}"
+        if case.seq_len < XL_MIN_CHUNKED_SEQ_LEN:
+            if not is_power_of_two(case.seq_len):
+                return f"seq_len below {XL_MIN_CHUNKED_SEQ_LEN} must be a power of two, got {case.seq_len}"
+            return None
+        chunk = self.chunk(case)
+        if not is_power_of_two(chunk) or case.seq_len % chunk:
+            return f"chunk_size must be a power of two that divides seq_len {case.seq_len}, got {chunk}"
+        if chunk >= XL_BLOCK and chunk % XL_BLOCK:
+            return f"chunk_size must be a multiple of {XL_BLOCK} or smaller than it, got {chunk}"
+        return None
+
+    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
+        """q, k `[B, NH, T, Dqk]`, v `[B, NH, T, Dv]`, i, f `[B, NH, T]` (pre-activations), chunk_size."""
+        gen = generator(case, device)
+        dtype = torch_dtype(case.dtype)
+        shape_qk = (case.batch, case.num_heads, case.seq_len, case.head_dim_qk)
+        gate_shape = (case.batch, case.num_heads, case.seq_len)
+        inputs: dict[str, Any] = {
+            "q": randn(shape_qk, gen, device, dtype),
+            "k": randn(shape_qk, gen, device, dtype),
+            "v": randn((case.batch, case.num_heads, case.seq_len, case.head_dim_v), gen, device, dtype),
+            "i": randn(gate_shape, gen, device, dtype),
+            "f": (randn(gate_shape, gen, device, torch_dtype("float32")) + FORGET_GATE_BIAS).to(dtype),
+        }
+        grad_if(inputs, ("q", "k", "v", "i", "f"), case.mode)
+        inputs["chunk_size"] = self.chunk(case)
+        return inputs
+
+    def _kernel_kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {"chunk_size": inputs["chunk_size"]}
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        from mlstm_kernels.torch import get_mlstm_kernel
+
+        kernel = get_mlstm_kernel(self.kernel_name)
+        return kernel(
+            inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"], **self._kernel_kwargs(inputs)
+        )
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """`tfla_bench.kernels.reference.mlstm_parallel` in float64 (eps 1e-6, the kernels' value)."""
+        import torch
+
+        from tfla_bench.kernels.reference import mlstm_parallel
+
+        q, k, v, i, f = (inputs[name].detach().to(torch.float64) for name in ("q", "k", "v", "i", "f"))
+        h, _ = mlstm_parallel(
+            q, k, v, i, f, gate=self.gate, eps=1e-6, normalize=inputs.get("normalize", False)
+        )
+        return h
+
+    def flops(self, case: Case, mode: str) -> float:
+        per_head = mlstm_flops(
+            self.gate,
+            "chunkwise",
+            seq_len=case.seq_len,
+            chunk_size=self.chunk(case),
+            head_dim_qk=case.head_dim_qk,
+            head_dim_v=case.head_dim_v,
+        )
+        return mode_flops(case.batch * case.num_heads * per_head, "mlstm", mode)
+
+    def bytes(self, case: Case, mode: str) -> float:
+        size = element_bytes(case.dtype)
+        per_head = mlstm_bytes(
+            self.gate,
+            "chunkwise",
+            seq_len=case.seq_len,
+            chunk_size=self.chunk(case),
+            head_dim_qk=case.head_dim_qk,
+            head_dim_v=case.head_dim_v,
+            qkv_bytes=size,
+            gate_bytes=size,
+            state_bytes=4,
+        )
+        return mode_bytes(case.batch * case.num_heads * per_head, "mlstm", mode)
+
+
+@register
+class MlstmKernelsExp(_MlstmKernelsPeer):
+    """Official TFLA mLSTMexp (xl_chunk)."""
+
+    name = "mlstm_kernels_exp"
+    kernel_name = "chunkwise--triton_xl_chunk"
+    constraints = "T % 16 == 0; chunk a power of two dividing T, a multiple of 64 or < 64 (default 128)"
+
+
+@register
+class MlstmKernelsSig(_MlstmKernelsPeer):
+    """Official TFLA mLSTMsig (xl_chunk_siging); param `normalize` (default false)."""
+
+    name = "mlstm_kernels_sig"
+    kernel_name = "chunkwise--triton_xl_chunk_siging"
+    gate = "sig"
+    known_params = ("normalize", "seed")
+    constraints = MlstmKernelsExp.constraints + "; param normalize (default false)"
+
+    def check(self, case: Case) -> str | None:
+        try:
+            bool_param(case, "normalize", False)
+        except ValueError as exc:
+            return str(exc)
+        return super().check(case)
+
+    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
+        """As the exp peer's, plus the `normalize` flag."""
+        inputs = super().make_inputs(case, device)
+        inputs["normalize"] = bool_param(case, "normalize", False)
+        return inputs
+
+    def _kernel_kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {"chunk_size": inputs["chunk_size"], "normalize": inputs["normalize"]}
+
+
+@register
+class MlstmKernelsLimit(_MlstmKernelsPeer):
+    """Official mLSTMexp limit_chunk (one level of sequence parallelism)."""
+
+    name = "mlstm_kernels_limit"
+    kernel_name = "chunkwise--triton_limit_chunk"
+    default_chunk = 64
+    constraints = "chunk a power of two dividing T (default 64)"

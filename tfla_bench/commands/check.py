@@ -1,0 +1,114 @@
+"""CLI command `check`: the correctness gate of `tfla_bench.correctness`.
+
+Runs every available adapter (or the `--kernel` ones) at a small shape and compares its forward
+output with a PyTorch reference of the same math; prints adapter, status, max relative error,
+tolerance, pass, and the reason where an adapter did not run or failed.
+
+Exit code: 0 when every adapter that ran passed; 1 when an available adapter failed (error above
+its tolerance, an exception, a crash or a timeout). Unavailable and unsupported adapters and
+adapters without a reference are listed but do not fail the gate. Mistakes in flags: 2.
+
+Examples::
+
+    tfla-bench check
+    tfla-bench check --kernel gla,simple_gla --json
+    tfla-bench check --device cpu --kernel sdpa_math
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tfla_bench.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, run_gate
+from tfla_bench.errors import UserError
+from tfla_bench.workloads import DTYPES
+
+_STATUS_STYLE = {"ok": "green", "unavailable": "dim", "unsupported": "dim", "no_reference": "yellow"}
+
+
+def register(app: typer.Typer) -> None:
+    """Add `check` to the main app."""
+    app.command("check")(check)
+
+
+def check(
+    kernel: Annotated[
+        list[str] | None,
+        typer.Option("--kernel", "-k", help="kernel name; repeat or comma-separate (default: all)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
+    device: Annotated[
+        str, typer.Option("--device", help="auto (CUDA if present), cuda, cuda:N or cpu")
+    ] = "auto",
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="input dtype (default: bfloat16 where supported)")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds per adapter, first-call autotuning included")
+    ] = DEFAULT_TIMEOUT_S,
+    isolate: Annotated[
+        bool, typer.Option("--isolate/--no-isolate", help="run each adapter in its own process")
+    ] = True,
+) -> None:
+    """Check every available kernel's forward output against a PyTorch reference (exit 1 on a failure)."""
+    names = [part.strip() for value in kernel or [] for part in value.split(",") if part.strip()]
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if timeout <= 0:
+        raise UserError(f"--timeout must be positive, got {timeout:g}")
+    results = run_gate(
+        list(dict.fromkeys(names)) or None, _device(device), dtype=dtype, isolate=isolate, timeout_s=timeout
+    )
+    if as_json:
+        typer.echo(json.dumps([_json_row(result) for result in results], indent=2))
+    else:
+        Console().print(_table(results))
+    if failed_names(results):
+        raise typer.Exit(code=1)
+
+
+def _device(text: str) -> str:
+    if text == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text in ("cpu", "cuda") or re.fullmatch(r"cuda:\d+", text):
+        return text
+    raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
+
+
+def _json_row(result: GateResult) -> dict[str, object]:
+    row = dataclasses.asdict(result)
+    error = row["max_rel_error"]
+    if isinstance(error, float) and not math.isfinite(error):
+        row["max_rel_error"] = None  # JSON has no NaN; the reason says the output was not finite
+    return row
+
+
+def _table(results: list[GateResult]) -> Table:
+    failed = failed_names(results)
+    title = f"correctness gate: {len(results)} adapter(s), {len(failed)} failed"
+    table = Table(title=title)
+    for column in ("adapter", "status", "max rel err", "tolerance", "pass"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reason", overflow="fold")
+    for result in results:
+        style = _STATUS_STYLE.get(result.status, "red")
+        passed = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[result.passed]
+        table.add_row(
+            result.name,
+            f"[{style}]{result.status}[/]",
+            "-" if result.max_rel_error is None else f"{result.max_rel_error:.2e}",
+            "-" if result.tolerance is None else f"{result.tolerance:.0e}",
+            passed,
+            result.reason or "",
+        )
+    return table

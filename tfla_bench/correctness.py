@@ -1,0 +1,383 @@
+"""The correctness gate: every available adapter's forward output against a PyTorch reference.
+
+For each adapter the gate builds one small case of its family (`GATE_SHAPES`), makes the
+adapter's inputs, runs `adapter.forward` and `adapter.reference` on the same inputs and compares:
+
+- attention adapters: softmax attention through torch SDPA's math backend (`softmax_attention`);
+- GLA, Simple GLA, Mamba2's SSD, Mamba's selective scan and LightningAttention-2: the naive
+  recurrence of decay linear attention (`decay_linear_attention`), mapped from each library's
+  inputs by its adapter;
+- mLSTM kernels: the mLSTM references of `tfla_bench.kernels.reference`.
+
+References compute in float64 from the very tensors the kernel gets, so the error measures the
+kernel's arithmetic and not the rounding of its inputs.
+
+Error measure: `max_rel_error = max|out - ref| / max|ref|`, the largest deviation relative to the
+reference's largest magnitude. It does not blow up where the output crosses zero (an elementwise
+relative error would) and it catches any element that is wrong by a fraction of the output scale.
+
+Tolerances (`TOLERANCES`, by input dtype): the kernels accumulate in fp32 but round intermediate
+tiles (attention probabilities, chunk states, intra-chunk scores) and the output to the input dtype.
+One bf16 rounding is a relative error of at most 2^-8 ~ 0.004 per element (torch's bf16 math-SDPA
+lands at ~2.5e-3 on the attention gate case); a few such roundings along the computation, partly
+averaging out, stay inside 2e-2, while a wrong gate convention, a missing scale or a dropped
+chunk-state contribution gives errors of order 1. fp16 rounds at 2^-11; 1e-2 leaves room for the
+larger dynamic range of unnormalized linear attention. fp32 inputs still meet TF32 tensor-core
+matmuls in the Triton kernels (also ~2^-11 per product, accumulated over the head dim): 5e-3.
+
+Each adapter runs in its own spawned process with a timeout (`isolate=True`, the default), so a
+kernel that aborts the process (the official mLSTMexp xl_chunk kernel hits an LLVM assertion on
+Triton 3.6) or hangs in autotuning yields a `crashed` / `timeout` result and the gate goes on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import multiprocessing
+import signal
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tfla_bench import registry
+from tfla_bench.workloads import Case
+
+if TYPE_CHECKING:
+    import torch
+
+    from tfla_bench.registry import Adapter
+
+TOLERANCES: dict[str, float] = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 5e-3}
+DEFAULT_TIMEOUT_S = 900.0
+
+# Statuses of a gate result. `passed` is True/False for "ok" and False for "error", "crashed" and
+# "timeout" (an available adapter that cannot produce a checked output fails the gate); None for
+# adapters the gate could not run ("unavailable", "unsupported") or could not compare ("no_reference").
+STATUSES = ("ok", "error", "crashed", "timeout", "unavailable", "unsupported", "no_reference")
+
+
+@dataclass(frozen=True)
+class GateShape:
+    """The small case the gate runs for one kernel family (chunk_size None: the adapter's default)."""
+
+    batch: int
+    seq_len: int
+    num_heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    chunk_size: int | None = None
+
+
+# Sequences span several chunks (fla: 64, mLSTM: 64, Mamba2: 128, LightningAttention-2: 64) so the
+# inter-chunk state passing is checked, and Dqk != Dv wherever the family allows it.
+GATE_SHAPES: dict[str, GateShape] = {
+    "attention": GateShape(batch=2, seq_len=256, num_heads=4, head_dim_qk=64, head_dim_v=64),
+    "mlstm": GateShape(batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=128, chunk_size=64),
+    "gla": GateShape(batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=128),
+    "mamba2": GateShape(batch=2, seq_len=512, num_heads=4, head_dim_qk=32, head_dim_v=64, chunk_size=128),
+    "mamba": GateShape(batch=2, seq_len=256, num_heads=1, head_dim_qk=16, head_dim_v=128),
+    "lightning": GateShape(batch=2, seq_len=256, num_heads=4, head_dim_qk=64, head_dim_v=64),
+}
+DEFAULT_GATE_SHAPE = GateShape(
+    batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=64, chunk_size=64
+)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The gate's verdict on one adapter.
+
+    Attributes:
+        name: adapter name.
+        status: one of `STATUSES`.
+        max_rel_error: `max|out - ref| / max|ref|` when compared, else None.
+        tolerance: the bound `max_rel_error` must not exceed, else None.
+        passed: True/False when the adapter ran; None when it could not run or has no reference.
+        reason: why it did not run or fail (unavailable reason, exception's last line), else None.
+    """
+
+    name: str
+    status: str
+    max_rel_error: float | None
+    tolerance: float | None
+    passed: bool | None
+    reason: str | None
+
+
+def softmax_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, scale: float | None = None
+) -> torch.Tensor:
+    """Softmax attention in float64 through torch SDPA's math backend.
+
+    Args:
+        q: queries `[B, H, T, D]`.
+        k: keys `[B, H, T, D]`.
+        v: values `[B, H, T, Dv]`.
+        causal: mask future keys.
+        scale: score scale, default `D ** -0.5`.
+
+    Returns:
+        `[B, H, T, Dv]` in float64.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q64, k64, v64 = (x.detach().to(torch.float64) for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=scale)
+
+
+def decay_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *, scale: float = 1.0
+) -> torch.Tensor:
+    """Decay linear attention, step by step in float64: the recurrence behind GLA, Simple GLA,
+    Mamba2's SSD, Mamba's selective scan and LightningAttention-2.
+
+    `S_t = diag(exp(log_decay_t)) S_{t-1} + k_t v_t^T` (S_0 = 0), `o_t = scale * S_t^T q_t`.
+
+    Args:
+        q: queries `[B, H, T, K]`.
+        k: keys `[B, H, T, K]`.
+        v: values `[B, H, T, V]`.
+        log_decay: log decay per key channel `[B, H, T, K]` (GLA) or per head `[B, H, T]` (scalar
+            gates; broadcast over K). Values <= 0.
+        scale: output scale.
+
+    Returns:
+        `[B, H, T, V]` in float64.
+
+    Examples::
+
+        >>> q = k = torch.ones(1, 1, 3, 1); v = torch.ones(1, 1, 3, 1)
+        >>> decay_linear_attention(q, k, v, torch.zeros(1, 1, 3)).flatten().tolist()
+        [1.0, 2.0, 3.0]
+    """
+    import torch
+
+    q64, k64, v64, g64 = (x.detach().to(torch.float64) for x in (q, k, v, log_decay))
+    if g64.dim() == 3:
+        g64 = g64[..., None].expand_as(k64)
+    batch, heads, seq_len, dim_k = k64.shape
+    state = q64.new_zeros(batch, heads, dim_k, v64.shape[-1])
+    out = q64.new_empty(batch, heads, seq_len, v64.shape[-1])
+    for t in range(seq_len):
+        state = state * g64[:, :, t, :, None].exp() + k64[:, :, t, :, None] * v64[:, :, t, None, :]
+        out[:, :, t] = scale * torch.einsum("bhk,bhkv->bhv", q64[:, :, t], state)
+    return out
+
+
+def max_relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """`max|out - ref| / max|ref|` in float64; NaN if `out` has NaN or infinities.
+
+    Args:
+        out: the kernel's output.
+        ref: the reference, same shape.
+    """
+    import torch
+
+    if out.shape != ref.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} differs from the reference's {tuple(ref.shape)}")
+    out64 = out.detach().to(torch.float64)
+    ref64 = ref.detach().to(device=out64.device, dtype=torch.float64)
+    if not torch.isfinite(out64).all():
+        return math.nan
+    scale = ref64.abs().max().item()
+    return (out64 - ref64).abs().max().item() / max(scale, torch.finfo(torch.float64).tiny)
+
+
+def gate_dtype(adapter: Adapter) -> str:
+    """The dtype the gate runs an adapter in: bfloat16 (the benchmarks' dtype) where supported."""
+    return "bfloat16" if "bfloat16" in adapter.dtypes else adapter.dtypes[0]
+
+
+def gate_case(adapter: Adapter, dtype: str | None = None) -> Case:
+    """The small forward case the gate runs for `adapter` (its family's `GATE_SHAPES` entry)."""
+    shape = GATE_SHAPES.get(adapter.family, DEFAULT_GATE_SHAPE)
+    return Case(
+        kernel=adapter.name,
+        mode="fw",
+        dtype=dtype or gate_dtype(adapter),
+        batch=shape.batch,
+        seq_len=shape.seq_len,
+        num_heads=shape.num_heads,
+        head_dim_qk=shape.head_dim_qk,
+        head_dim_v=shape.head_dim_v,
+        chunk_size=shape.chunk_size if adapter.uses_chunk_size else None,
+    )
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
+
+
+def _skipped(name: str, status: str, reason: str | None) -> GateResult:
+    return GateResult(
+        name=name, status=status, max_rel_error=None, tolerance=None, passed=None, reason=reason
+    )
+
+
+def _failed(name: str, status: str, reason: str) -> GateResult:
+    return GateResult(
+        name=name, status=status, max_rel_error=None, tolerance=None, passed=False, reason=reason
+    )
+
+
+def _preflight(adapter: Adapter, device: str, dtype: str | None) -> GateResult | Case:
+    """The gate case of `adapter`, or the result that says why the gate cannot run it."""
+    import torch
+
+    try:
+        reason = adapter.available()
+    except Exception as exc:  # a third-party adapter's probe must not stop the gate
+        reason = f"available() raised {_last_line(exc)}"
+    if reason is not None:
+        return _skipped(adapter.name, "unavailable", reason)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return _skipped(adapter.name, "unavailable", "CUDA not available")
+    if device == "cpu" and not adapter.cpu_capable:
+        return _skipped(adapter.name, "unavailable", "needs a CUDA GPU")
+    case = gate_case(adapter, dtype)
+    if case.dtype not in adapter.dtypes:
+        return _skipped(adapter.name, "unsupported", f"dtype {case.dtype} not supported")
+    reason = adapter.check(case)
+    if reason is not None:
+        return _skipped(adapter.name, "unsupported", reason)
+    return case
+
+
+def compare(adapter: Adapter, case: Case, device: str) -> GateResult:
+    """Run `adapter` on `case` in this process and compare its forward output with its reference.
+
+    Args:
+        adapter: the adapter.
+        case: a forward case it supports (see `gate_case`).
+        device: `cuda`, `cuda:<i>` or `cpu`.
+    """
+    import torch
+
+    tolerance = TOLERANCES[case.dtype]
+    try:
+        inputs = adapter.make_inputs(case, device)
+        with torch.no_grad():
+            out = adapter.forward(inputs)
+            ref = adapter.reference(inputs)
+        if ref is None:
+            return _skipped(adapter.name, "no_reference", "the adapter has no reference")
+        error = max_relative_error(out, ref)
+    except Exception as exc:  # any kernel failure is the gate's finding, not a crash of the gate
+        traceback.print_exc()
+        return _failed(adapter.name, "error", _last_line(exc))
+    passed = error <= tolerance  # False for NaN
+    if passed:
+        reason = None
+    elif math.isnan(error):
+        reason = "the output has NaN or Inf values"
+    else:
+        reason = f"max relative error {error:.3g} exceeds {tolerance:g}"
+    return GateResult(
+        name=adapter.name, status="ok", max_rel_error=error, tolerance=tolerance, passed=passed, reason=reason
+    )
+
+
+def _child(conn: Any, name: str, module: str, case: Case, device: str) -> None:
+    """Spawned-process entry: find the adapter (importing its module if needed), compare, reply."""
+    registry.load()
+    try:
+        adapter = registry.get(name)
+    except Exception:
+        importlib.import_module(module)
+        adapter = registry.get(name)
+    conn.send(compare(adapter, case, device))
+    conn.close()
+
+
+def _exit_description(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def _isolated(adapter: Adapter, case: Case, device: str, timeout_s: float) -> GateResult:
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_child, args=(sender, adapter.name, type(adapter).__module__, case, device), daemon=True
+    )
+    process.start()
+    sender.close()
+    try:
+        # poll() also returns when the child dies: the pipe then reads as EOF.
+        if not receiver.poll(timeout_s):
+            return _failed(adapter.name, "timeout", f"no result within {timeout_s:g} s")
+        try:
+            return receiver.recv()
+        except EOFError:
+            process.join()
+            return _failed(
+                adapter.name, "crashed", f"the gate process died ({_exit_description(process.exitcode)})"
+            )
+    finally:
+        receiver.close()
+        if process.is_alive():
+            process.kill()
+        process.join()
+
+
+def gate_adapter(
+    adapter: Adapter,
+    device: str,
+    *,
+    dtype: str | None = None,
+    isolate: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> GateResult:
+    """The gate's verdict on one adapter.
+
+    Args:
+        adapter: the adapter.
+        device: `cuda`, `cuda:<i>` or `cpu`.
+        dtype: input dtype; default bfloat16 where the adapter supports it (`gate_dtype`).
+        isolate: run the kernel in a spawned process (survives aborts and hangs).
+        timeout_s: with `isolate`, the time the process gets (first-call autotuning included).
+    """
+    prepared = _preflight(adapter, device, dtype)
+    if isinstance(prepared, GateResult):
+        return prepared
+    if isolate:
+        return _isolated(adapter, prepared, device, timeout_s)
+    return compare(adapter, prepared, device)
+
+
+def run_gate(
+    adapter_names: list[str] | None,
+    device: str,
+    *,
+    dtype: str | None = None,
+    isolate: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[GateResult]:
+    """Run the gate for the named adapters (all registered adapters when None), in registry order.
+
+    Args:
+        adapter_names: adapter names; an unknown name is a `UserError`.
+        device: `cuda`, `cuda:<i>` or `cpu`.
+        dtype: input dtype for every adapter; default bfloat16 where supported.
+        isolate: run each kernel in its own spawned process.
+        timeout_s: per-adapter time limit with `isolate`.
+
+    Returns:
+        One `GateResult` per adapter.
+    """
+    chosen = [registry.get(name) for name in adapter_names] if adapter_names else registry.adapters()
+    return [gate_adapter(a, device, dtype=dtype, isolate=isolate, timeout_s=timeout_s) for a in chosen]
+
+
+def failed_names(results: list[GateResult]) -> set[str]:
+    """Names of the adapters that ran and failed the gate (`passed is False`)."""
+    return {result.name for result in results if result.passed is False}
