@@ -42,11 +42,10 @@ from tfla_bench.baselines._common import (
     try_import,
     unknown_params_reason,
 )
+from tfla_bench.model.counts import mode_bytes, mode_flops
 from tfla_bench.model.families import (
     gla_byte_terms,
     gla_flop_terms,
-    mode_bytes,
-    mode_flops,
     simple_gla_byte_terms,
     simple_gla_flop_terms,
 )

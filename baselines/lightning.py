@@ -32,12 +32,11 @@ from tfla_bench.baselines._common import (
     try_import,
     unknown_params_reason,
 )
+from tfla_bench.model.counts import mode_bytes, mode_flops
 from tfla_bench.model.families import (
     LIGHTNING_BLOCK,
     lightning_byte_terms,
     lightning_flop_terms,
-    mode_bytes,
-    mode_flops,
 )
 from tfla_bench.registry import Adapter, register
 from tfla_bench.workloads import Case

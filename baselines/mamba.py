@@ -53,13 +53,12 @@ from tfla_bench.baselines._common import (
     uniform,
     unknown_params_reason,
 )
+from tfla_bench.model.counts import mode_bytes, mode_flops
 from tfla_bench.model.families import (
     causal_conv1d_bytes,
     causal_conv1d_flops,
     mamba2_byte_terms,
     mamba2_flop_terms,
-    mode_bytes,
-    mode_flops,
     selective_scan_bytes,
     selective_scan_flops,
 )

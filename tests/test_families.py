@@ -76,20 +76,6 @@ def test_causal_factor_scales_only_the_quadratic_term():
     assert (half.linear, half.constant) == (full.linear, full.constant)
 
 
-@pytest.mark.parametrize("family", sorted(families.BACKWARD_FLOP_FACTOR))
-def test_mode_totals(family):
-    assert families.mode_flops(10.0, family, "fw") == 10.0
-    assert families.mode_flops(10.0, family, "fwbw") == 10.0 * (1 + families.BACKWARD_FLOP_FACTOR[family])
-    assert families.mode_bytes(10.0, family, "fwbw") == 10.0 * (1 + families.BACKWARD_BYTE_FACTOR[family])
-
-
-def test_mode_totals_reject_unknown_family_and_mode():
-    with pytest.raises(ValueError, match="no backward factor"):
-        families.mode_flops(1.0, "attention", "fwbw")
-    with pytest.raises(ValueError, match="unknown mode"):
-        families.mode_bytes(1.0, "gla", "bw")
-
-
 @pytest.mark.parametrize(
     "call",
     [

@@ -29,14 +29,32 @@ FORMULATIONS = ("chunkwise", "parallel", "recurrent")
 # mlstm: an estimate; the paper counts only the forward pass. The TFLA backward is dominated by
 #   matmuls over the same tiles as the forward (dQ, dK, dV and the state gradients dC), about
 #   twice the forward matmul work, as for the gradient of any chain of matmuls.
-BACKWARD_FLOP_FACTOR: dict[str, float] = {"attention": 2.5, "mlstm": 2.0}
+# gla, mamba2, mamba, lightning: estimates on the same argument (the gradient of the same chain of
+#   matmuls); fla and Mamba2 also recompute the chunk states in the backward, which is not counted.
+BACKWARD_FLOP_FACTOR: dict[str, float] = {
+    "attention": 2.5,
+    "mlstm": 2.0,
+    "gla": 2.0,
+    "mamba2": 2.0,
+    "mamba": 2.0,
+    "lightning": 2.0,
+}
 
 # Backward bytes as a multiple of forward bytes (fwbw = (1 + factor) * fw).
 # attention: exact for the count below: the backward reads q, k, v, o, dO and writes dq, dk, dv,
 #   i.e. 4*(Dqk + Dv) elements per token against 2*(Dqk + Dv) in the forward.
 # mlstm: an estimate; the backward reads the inputs, the stored chunk states and dH and writes
 #   the input gradients and the state gradients, about twice the forward traffic.
-BACKWARD_BYTE_FACTOR: dict[str, float] = {"attention": 2.0, "mlstm": 2.0}
+# gla, mamba2, mamba, lightning: estimates; they read the inputs, the chunk states and dO and write
+#   the input and state gradients, about twice the forward traffic.
+BACKWARD_BYTE_FACTOR: dict[str, float] = {
+    "attention": 2.0,
+    "mlstm": 2.0,
+    "gla": 2.0,
+    "mamba2": 2.0,
+    "mamba": 2.0,
+    "lightning": 2.0,
+}
 
 
 @dataclass(frozen=True)

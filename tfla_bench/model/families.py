@@ -38,15 +38,6 @@ import math
 
 from tfla_bench.errors import UserError
 from tfla_bench.model.counts import ChunkTerms
-from tfla_bench.workloads import MODES
-
-# Backward cost as a multiple of the forward cost (fwbw = (1 + factor) * fw). Estimates, like the
-# mLSTM factor of `tfla_bench.model.counts`: the backward of these chunkwise kernels is the gradient
-# of the same chain of matmuls (about twice the forward matmul work) and reads the inputs, the chunk
-# states and dO and writes the input and state gradients (about twice the forward traffic).
-# fla and Mamba2 also recompute the chunk states in the backward; recomputation is not counted.
-BACKWARD_FLOP_FACTOR: dict[str, float] = {"gla": 2.0, "mamba2": 2.0, "mamba": 2.0, "lightning": 2.0}
-BACKWARD_BYTE_FACTOR: dict[str, float] = {"gla": 2.0, "mamba2": 2.0, "mamba": 2.0, "lightning": 2.0}
 
 # fla's GLA splits each chunk into sub-chunks of 16 for the intra-chunk scores (chunk_gla_fwd_intra_gk).
 GLA_SUB_CHUNK = 16
@@ -378,21 +369,3 @@ def causal_conv1d_bytes(*, seq_len: float, channels: float, io_bytes: float = 2)
     """
     _require_positive(seq_len=seq_len, channels=channels, io_bytes=io_bytes)
     return 2 * float(seq_len) * channels * io_bytes
-
-
-def _mode_total(fw_value: float, factors: dict[str, float], family: str, mode: str) -> float:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if family not in factors:
-        raise ValueError(f"no backward factor for family {family!r}; known: {', '.join(sorted(factors))}")
-    return fw_value if mode == "fw" else fw_value * (1 + factors[family])
-
-
-def mode_flops(fw_flops: float, family: str, mode: str) -> float:
-    """FLOPs of one call in `mode` ("fw" or "fwbw") from its forward FLOPs (`BACKWARD_FLOP_FACTOR`)."""
-    return _mode_total(fw_flops, BACKWARD_FLOP_FACTOR, family, mode)
-
-
-def mode_bytes(fw_bytes: float, family: str, mode: str) -> float:
-    """Bytes of one call in `mode` ("fw" or "fwbw") from its forward bytes (`BACKWARD_BYTE_FACTOR`)."""
-    return _mode_total(fw_bytes, BACKWARD_BYTE_FACTOR, family, mode)
