@@ -1,9 +1,22 @@
 """The kernel registry: one `Adapter` per benchmarkable kernel.
 
-Adapters in `tfla_bench.kernels.adapters` and in every module of `tfla_bench.baselines` register
-themselves with the `@register` class decorator when imported; third-party packages plug in
-through the entry-point group `tfla_bench.adapters` (the entry point names a module to import, or
-a callable to call, that registers its adapters).
+Where adapters come from (all imported by `load()`, in every process that needs them):
+
+- built-ins: `tfla_bench.kernels.adapters` and every module of `tfla_bench.baselines` register
+  themselves with the `@register` class decorator when imported;
+- third-party packages: the entry-point group `tfla_bench.adapters`; an entry point names a module
+  (importing it registers its adapters) or a callable (called once). A plugin that fails to load
+  does not stop the suite: it becomes an unavailable pseudo-adapter named after the entry point,
+  whose reason is the import error, so `tfla-bench list` and the sweep rows show what broke;
+- ad hoc modules: the environment variable `TFLA_BENCH_PLUGINS=module1,module2` names modules that
+  `load()` imports as well (for adapters outside an installed package, and for tests). A module
+  named there that does not import is the user's mistake: a `UserError`.
+
+Benchmark workers are separate processes (spawned, not forked), so they see only what they import.
+They call `load()`, inherit `TFLA_BENCH_PLUGINS` from the parent's environment, and are also sent
+the module that defines each case's adapter (`adapter_module`), which they import when the name is
+not registered yet. An adapter registered in the parent by any importable module therefore reaches
+the worker without further set-up.
 
 An adapter never imports its library at module import time: `available()` tries the import and
 returns the reason it cannot run, so a missing package is a row with a reason, not a crash.
@@ -12,9 +25,10 @@ returns the reason it cannot run, so a missing package is a row with a reason, n
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfla_bench.errors import UserError
 from tfla_bench.workloads import DTYPES, MODES, Case
@@ -23,6 +37,7 @@ if TYPE_CHECKING:
     import torch
 
 ENTRY_POINT_GROUP = "tfla_bench.adapters"
+PLUGINS_ENV = "TFLA_BENCH_PLUGINS"
 
 
 class Adapter:
@@ -56,18 +71,20 @@ class Adapter:
         """Why this case is unsupported (head-dim limits, chunk-size rules), or None."""
         return None
 
-    def make_inputs(self, case: Case, device: str) -> dict[str, torch.Tensor]:
+    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
         """Inputs for `forward` in the library's layout and value ranges.
 
-        Tensors that receive gradients in `fwbw` have `requires_grad=True`.
+        Tensors that receive gradients in `fwbw` have `requires_grad=True`. Besides tensors, the
+        dict may hold plain settings that `forward` needs from `case.params` (e.g. `causal`); the
+        runner only touches the tensors (it resets their `.grad`).
         """
         raise NotImplementedError
 
-    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
         """Run the kernel once and return the output tensor that the backward pass starts from."""
         raise NotImplementedError
 
-    def reference(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         """The same math in plain PyTorch (for the correctness gate), or None if there is none."""
         return None
 
@@ -78,6 +95,27 @@ class Adapter:
     def bytes(self, case: Case, mode: str) -> float:
         """Analytic bytes moved to and from device memory by one call in `mode`."""
         raise NotImplementedError
+
+
+class BrokenPlugin(Adapter):
+    """Stands in for an entry-point plugin that failed to load; always unavailable with the error."""
+
+    family = "plugin"
+    layout = "-"
+
+    def __init__(self, name: str = "", reason: str = "") -> None:
+        self.name = name
+        self.reason = reason
+        self.constraints = "plugin failed to load"
+
+    def available(self) -> str | None:
+        return self.reason
+
+    def flops(self, case: Case, mode: str) -> float:
+        return float("nan")
+
+    def bytes(self, case: Case, mode: str) -> float:
+        return float("nan")
 
 
 _ADAPTERS: dict[str, Adapter] = {}
@@ -96,26 +134,59 @@ def register(cls: type[Adapter]) -> type[Adapter]:
 
 
 def load() -> None:
-    """Import the built-in adapter modules and the entry-point plugins (once)."""
+    """Import the built-in adapter modules and the entry-point plugins (once), and the modules in
+    `TFLA_BENCH_PLUGINS` (checked on every call, so a variable set later is still honoured)."""
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    import tfla_bench.baselines as baselines
+    if not _loaded:
+        _loaded = True
+        import tfla_bench.baselines as baselines
 
-    importlib.import_module("tfla_bench.kernels.adapters")
-    for module in pkgutil.iter_modules(baselines.__path__):
-        importlib.import_module(f"tfla_bench.baselines.{module.name}")
+        importlib.import_module("tfla_bench.kernels.adapters")
+        for module in pkgutil.iter_modules(baselines.__path__):
+            importlib.import_module(f"tfla_bench.baselines.{module.name}")
+        load_entry_points()
+    load_plugin_modules(plugin_modules_from_env())
+
+
+def load_entry_points() -> None:
+    """Load every entry point of `tfla_bench.adapters`; a failing one becomes a `BrokenPlugin`."""
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        loaded = entry.load()
-        if callable(loaded):
-            loaded()
+        try:
+            loaded = entry.load()
+            if callable(loaded):
+                loaded()
+        except Exception as exc:  # a third-party plugin's failure must not stop the suite
+            message = str(exc).strip().splitlines()
+            detail = f"{type(exc).__name__}: {message[-1]}" if message else type(exc).__name__
+            if entry.name not in _ADAPTERS:
+                _ADAPTERS[entry.name] = BrokenPlugin(
+                    entry.name, f"plugin {entry.value!r} failed to load: {detail}"
+                )
+
+
+def plugin_modules_from_env() -> list[str]:
+    """The module names listed in `TFLA_BENCH_PLUGINS` (comma-separated), in order."""
+    return [name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(",") if name.strip()]
+
+
+def load_plugin_modules(modules: list[str]) -> None:
+    """Import adapter modules by name; a module that does not import is a `UserError`."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UserError(f"cannot import adapter module {module!r} ({PLUGINS_ENV}): {exc}") from exc
 
 
 def adapters() -> list[Adapter]:
     """Every registered adapter, sorted by family and name."""
     load()
     return sorted(_ADAPTERS.values(), key=lambda a: (a.family, a.name))
+
+
+def families() -> set[str]:
+    """The family names of all registered adapters."""
+    return {adapter.family for adapter in adapters()}
 
 
 def get(name: str) -> Adapter:

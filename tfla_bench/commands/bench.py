@@ -1,7 +1,296 @@
-"""CLI commands: placeholder until this group's issue lands."""
+"""CLI commands `list`, `run` (ad hoc cases from flags) and `sweep` (a TOML spec).
 
+Examples::
+
+    tfla-bench list --json
+    tfla-bench run --kernel sdpa_cudnn,mlstm_torch --seq-len 2048,8192 --tokens 65536 --heads 32 \\
+        --head-dim-qk 128 --mode fw,fwbw --param causal=false
+    tfla-bench sweep experiments/sdpa_h100.toml --kernel sdpa_cudnn --dry-run
+    tfla-bench sweep experiments/smoke.toml --out /tmp/smoke-run
+    tfla-bench sweep --resume results/runs/smoke-20250101-120000
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
 import typer
+from rich.table import Table
+
+from tfla_bench import registry, runner, specs
+from tfla_bench.errors import UserError
+from tfla_bench.specs import Spec
+
+KernelOption = Annotated[
+    list[str] | None,
+    typer.Option("--kernel", "-k", help="kernel name; repeat or comma-separate (sweep: filter the spec's)"),
+]
+OutOption = Annotated[
+    Path | None, typer.Option("--out", help="run directory (default results/runs/<spec>-<timestamp>)")
+]
+GpusOption = Annotated[
+    str | None, typer.Option("--gpus", help="GPUs to use: a count N (the first N) or a list such as 0,2")
+]
+WarmupOption = Annotated[int | None, typer.Option("--warmup", help="untimed calls after the first call")]
+RepsOption = Annotated[int | None, typer.Option("--reps", help="timed calls (median, p20, p80, min)")]
+TimeoutOption = Annotated[
+    float | None, typer.Option("--timeout", help="seconds per case, first call included (default 900)")
+]
+FlushOption = Annotated[
+    bool | None, typer.Option("--l2-flush/--no-l2-flush", help="zero a 2x-L2 buffer before each timed call")
+]
+GraphOption = Annotated[
+    bool | None, typer.Option("--cuda-graph/--no-cuda-graph", help="time CUDA-graph replays of one call")
+]
+GradOption = Annotated[
+    str | None,
+    typer.Option("--grad", help="fwbw upstream gradient: fixed (randn, made once) or sum (out.sum())"),
+]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="print the expanded cases and exit")]
 
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to the main app."""
+    """Add `list`, `run` and `sweep` to the main app."""
+    app.command("list")(list_adapters)
+    app.command("run")(run)
+    app.command("sweep")(sweep)
+
+
+def list_adapters(
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
+) -> None:
+    """List every kernel adapter: family, layout, modes, dtypes, availability (with reason), constraints."""
+    entries = []
+    for adapter in registry.adapters():
+        reason = adapter.available()
+        entries.append(
+            {
+                "name": adapter.name,
+                "family": adapter.family,
+                "layout": adapter.layout,
+                "modes": list(adapter.modes),
+                "dtypes": list(adapter.dtypes),
+                "cpu_capable": adapter.cpu_capable,
+                "uses_chunk_size": adapter.uses_chunk_size,
+                "available": reason is None,
+                "reason": reason,
+                "constraints": adapter.constraints,
+                "module": type(adapter).__module__,
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(entries, indent=2))
+        return
+    table = Table(title=f"{len(entries)} kernel adapter(s)")
+    for column in ("name", "family", "layout", "modes", "dtypes", "cpu"):
+        table.add_column(column, no_wrap=True)
+    for column in ("available", "constraints"):
+        table.add_column(column, overflow="fold")
+    for entry in entries:
+        table.add_row(
+            entry["name"],
+            entry["family"],
+            entry["layout"],
+            ",".join(entry["modes"]),
+            " ".join(entry["dtypes"]),
+            "yes" if entry["cpu_capable"] else "no",
+            "[green]yes[/]" if entry["available"] else f"[red]no[/]: {entry['reason']}",
+            entry["constraints"],
+        )
+    runner.make_console().print(table)
+
+
+def run(
+    kernel: KernelOption = None,
+    seq_len: Annotated[
+        str | None, typer.Option("--seq-len", help="sequence length(s), e.g. 2048,8192")
+    ] = None,
+    tokens: Annotated[
+        str | None, typer.Option("--tokens", help="tokens per batch: batch = tokens/seq_len")
+    ] = None,
+    batch: Annotated[str | None, typer.Option("--batch", help="batch size(s), instead of --tokens")] = None,
+    heads: Annotated[str | None, typer.Option("--heads", help="number of heads")] = None,
+    embedding_dim: Annotated[
+        str | None,
+        typer.Option("--embedding-dim", help="heads = embedding_dim / head_dim_v, instead of --heads"),
+    ] = None,
+    head_dim_qk: Annotated[str | None, typer.Option("--head-dim-qk", help="query/key head dim(s)")] = None,
+    head_dim_v: Annotated[
+        str | None, typer.Option("--head-dim-v", help="value head dim(s) (default: --head-dim-qk)")
+    ] = None,
+    chunk_size: Annotated[
+        str | None, typer.Option("--chunk-size", help="chunk size(s), for kernels that take one")
+    ] = None,
+    mode: Annotated[str, typer.Option("--mode", help="fw, fwbw or fw,fwbw")] = "fw,fwbw",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="bfloat16, float16 or float32 (or a list)")
+    ] = "bfloat16",
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="kernel parameter key=value (repeat; a,b expands)")
+    ] = None,
+    expand: Annotated[str, typer.Option("--expand", help="grid or zip for several lists")] = "grid",
+    name: Annotated[str, typer.Option("--name", help="run name (directory prefix)")] = "adhoc",
+    out: OutOption = None,
+    gpus: GpusOption = None,
+    warmup: WarmupOption = None,
+    reps: RepsOption = None,
+    timeout: TimeoutOption = None,
+    l2_flush: FlushOption = None,
+    cuda_graph: GraphOption = None,
+    grad: GradOption = None,
+    dry_run: DryRunOption = False,
+) -> None:
+    """Measure kernels at shapes given as flags (the same spec a TOML file would give)."""
+    kernels = _names(kernel)
+    if not kernels:
+        raise UserError("run needs --kernel NAME (see tfla-bench list)")
+    for flag, value in (("--seq-len", seq_len), ("--head-dim-qk", head_dim_qk)):
+        if value is None:
+            raise UserError(f"run needs {flag}")
+    if (tokens is None) == (batch is None):
+        raise UserError("run needs exactly one of --tokens and --batch")
+    if (heads is None) == (embedding_dim is None):
+        raise UserError("run needs exactly one of --heads and --embedding-dim")
+    shape: dict[str, Any] = {
+        "seq_len": _ints("--seq-len", seq_len),
+        "head_dim_qk": _ints("--head-dim-qk", head_dim_qk),
+        "head_dim_v": _ints("--head-dim-v", head_dim_v if head_dim_v is not None else head_dim_qk),
+    }
+    for key, flag, value in (
+        ("tokens", "--tokens", tokens),
+        ("batch", "--batch", batch),
+        ("num_heads", "--heads", heads),
+        ("embedding_dim", "--embedding-dim", embedding_dim),
+        ("chunk_size", "--chunk-size", chunk_size),
+    ):
+        if value is not None:
+            shape[key] = _ints(flag, value)
+    raw: dict[str, Any] = {
+        "name": name,
+        "description": "ad hoc run from the command line",
+        "kernels": kernels,
+        "modes": _names([mode]),
+        "dtype": _names([dtype]),
+        "expand": expand,
+        "params": _params(param or []),
+        "shape": shape,
+    }
+    spec = specs.parse_spec(raw, "command line")
+    _execute(spec, None, out, None, gpus, dry_run, warmup, reps, timeout, l2_flush, cuda_graph, grad)
+
+
+def sweep(
+    spec_path: Annotated[
+        Path | None,
+        typer.Argument(metavar="SPEC", help="TOML spec (optional with --resume)", show_default=False),
+    ] = None,
+    out: OutOption = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="continue this run directory; finished cases are kept")
+    ] = None,
+    kernel: KernelOption = None,
+    gpus: GpusOption = None,
+    warmup: WarmupOption = None,
+    reps: RepsOption = None,
+    timeout: TimeoutOption = None,
+    l2_flush: FlushOption = None,
+    cuda_graph: GraphOption = None,
+    grad: GradOption = None,
+    dry_run: DryRunOption = False,
+) -> None:
+    """Run every case of a spec, each in an isolated worker; rows go to <run dir>/results.csv."""
+    if spec_path is not None:
+        spec = specs.load_spec(spec_path)
+    elif resume is not None:
+        spec = runner.load_run_spec(resume)
+    else:
+        raise UserError("sweep needs a SPEC file (or --resume DIR)")
+    _execute(
+        spec, _names(kernel), out, resume, gpus, dry_run, warmup, reps, timeout, l2_flush, cuda_graph, grad
+    )
+
+
+def _execute(
+    spec: Spec,
+    only: list[str] | None,
+    out: Path | None,
+    resume: Path | None,
+    gpus: str | None,
+    dry_run: bool,
+    warmup: int | None,
+    reps: int | None,
+    timeout: float | None,
+    l2_flush: bool | None,
+    cuda_graph: bool | None,
+    grad: str | None,
+) -> None:
+    """Apply measurement flags, expand, and either print the cases or run them and print the summary."""
+    if grad is not None and grad not in specs.GRAD_MODES:
+        raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {grad!r}")
+    for flag, value, minimum in (("--warmup", warmup, 0), ("--reps", reps, 1)):
+        if value is not None and value < minimum:
+            raise UserError(f"{flag}: expected an integer >= {minimum}, got {value}")
+    if timeout is not None and timeout <= 0:
+        raise UserError(f"--timeout: expected a positive number of seconds, got {timeout:g}")
+    spec = spec.with_measurement(
+        warmup=warmup, reps=reps, timeout_s=timeout, l2_flush=l2_flush, cuda_graph=cuda_graph, grad=grad
+    )
+    cases = specs.expand(spec, only or None)
+    stdout = runner.make_console()
+    if dry_run:
+        stdout.print(runner.cases_table(cases, cuda=torch.cuda.is_available()))
+        return
+    run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
+    devices = runner.select_devices(gpus)
+    start = time.monotonic()
+    report = runner.run_sweep(spec, cases, run_dir, resume=resuming, devices=devices)
+    stdout.print(runner.summary_table(report.rows))
+    stdout.print(
+        f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} kept; "
+        f"{time.monotonic() - start:.1f} s; results in {run_dir / runner.RESULTS_FILE}"
+    )
+
+
+def _names(values: list[str] | None) -> list[str]:
+    """Repeated and comma-separated option values, flattened, without duplicates."""
+    names = [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+    return list(dict.fromkeys(names))
+
+
+def _ints(flag: str, text: str) -> int | list[int]:
+    """`2048` -> 2048, `2048,8192` -> [2048, 8192]; a `UserError` naming the flag otherwise."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        values = [int(part) for part in parts]
+    except ValueError as exc:
+        raise UserError(f"{flag}: expected an integer or a comma list of integers, got {text!r}") from exc
+    if not values or any(value <= 0 for value in values):
+        raise UserError(f"{flag}: expected positive integers, got {text!r}")
+    return values[0] if len(values) == 1 else values
+
+
+def _params(entries: list[str]) -> dict[str, Any]:
+    """`--param key=value` entries: values parsed as bool, int, float or string; `a,b` is a list."""
+    params: dict[str, Any] = {}
+    for entry in entries:
+        key, sep, text = entry.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--param: expected key=value, got {entry!r}")
+        values = [_scalar(part.strip()) for part in text.split(",")]
+        params[key.strip()] = values[0] if len(values) == 1 else values
+    return params
+
+
+def _scalar(text: str) -> bool | int | float | str:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text

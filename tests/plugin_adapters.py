@@ -1,0 +1,161 @@
+"""Test-only adapters (CPU) that crash, hang, fail or count their calls.
+
+Importing this module registers them. Tests import it only through
+`plugin_support.registered_test_adapters()`, which removes them again afterwards. Spawned workers
+inherit `sys.path` (pytest puts `tests/` on it) and import this module themselves, because the
+runner sends each job with the module of its adapter; the CLI tests also name it in
+`TFLA_BENCH_PLUGINS`, as a user would name an unpackaged adapter module.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from tfla_bench.registry import Adapter, register
+from tfla_bench.workloads import Case
+
+
+class _Tiny(Adapter):
+    """y = x * w elementwise on `[B, H, T, Dv]`; x (and w) receive gradients in fwbw."""
+
+    family = "test"
+    cpu_capable = True
+    constraints = "test adapter"
+
+    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
+        shape = (case.batch, case.num_heads, case.seq_len, case.head_dim_v)
+        grad = case.mode == "fwbw"
+        dtype = getattr(torch, case.dtype)
+        return {
+            "x": torch.randn(shape, device=device, dtype=dtype).requires_grad_(grad),
+            "w": torch.randn(shape, device=device, dtype=dtype).requires_grad_(grad),
+        }
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["x"] * inputs["w"]
+
+    def flops(self, case: Case, mode: str) -> float:
+        elements = case.batch * case.num_heads * case.seq_len * case.head_dim_v
+        return float(elements if mode == "fw" else 3 * elements)
+
+    def bytes(self, case: Case, mode: str) -> float:
+        return 3.0 * 4 * case.batch * case.num_heads * case.seq_len * case.head_dim_v
+
+
+@register
+class Abort(_Tiny):
+    """Kills its process like a failed LLVM assertion."""
+
+    name = "test_abort"
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        print("test_abort: about to abort", flush=True)
+        os.abort()
+
+
+@register
+class Sleep(_Tiny):
+    """Hangs like an endless autotune."""
+
+    name = "test_sleep"
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        time.sleep(3600)
+        return inputs["x"]
+
+
+@register
+class Unavailable(_Tiny):
+    """Its library is missing."""
+
+    name = "test_unavailable"
+
+    def available(self) -> str | None:
+        return "needs the package frobnicate"
+
+
+@register
+class Oom(_Tiny):
+    """Runs out of device memory (raised on purpose, so it also happens on CPU)."""
+
+    name = "test_oom"
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 GiB.")
+
+
+@register
+class Raise(_Tiny):
+    """Raises an ordinary exception with a multi-line message."""
+
+    name = "test_raise"
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        raise ValueError("while launching the kernel:\nblock size 96 is not a power of two")
+
+
+@register
+class Chunked(_Tiny):
+    """Takes a chunk size, which must not exceed the sequence length."""
+
+    name = "test_chunked"
+    family = "test_chunked_family"
+    uses_chunk_size = True
+    modes = ("fw",)
+    dtypes = ("float32",)
+
+    def check(self, case: Case) -> str | None:
+        if case.chunk_size is None or case.chunk_size > case.seq_len:
+            return f"chunk_size {case.chunk_size} must be <= seq_len {case.seq_len}"
+        return None
+
+
+class _CountingMul(torch.autograd.Function):
+    """x * w that counts its forward and backward calls and keeps the last upstream gradient."""
+
+    forwards = 0
+    backwards = 0
+    last_grad: torch.Tensor | None = None
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        _CountingMul.forwards += 1
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _CountingMul.backwards += 1
+        _CountingMul.last_grad = grad.detach().clone()
+        x, w = ctx.saved_tensors
+        return grad * w, grad * x
+
+
+@register
+class Counting(_Tiny):
+    """Counts calls (in-process tests) and keeps its last inputs for inspection."""
+
+    name = "test_counting"
+    counter = _CountingMul
+    last_inputs: dict[str, Any] | None = None
+
+    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
+        inputs = super().make_inputs(case, device)
+        Counting.last_inputs = inputs
+        return inputs
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return _CountingMul.apply(inputs["x"], inputs["w"])
+
+    @staticmethod
+    def reset() -> None:
+        _CountingMul.forwards = 0
+        _CountingMul.backwards = 0
+        _CountingMul.last_grad = None
+
+
+ADAPTERS = (Abort, Sleep, Unavailable, Oom, Raise, Chunked, Counting)

@@ -1,0 +1,139 @@
+"""`tfla-bench list`, `run` and `sweep`: output, run directories, and exit code 2 on bad input."""
+
+import json
+
+import pytest
+from plugin_support import registered_test_adapters
+
+from tfla_bench import registry, results
+from tfla_bench.cli import main
+
+SPEC = """
+name = "cli"
+kernels = ["sdpa_math", "test_unavailable"]
+modes = ["fw", "fwbw"]
+dtype = "float32"
+warmup = 1
+reps = 2
+timeout_s = 60
+[shape]
+tokens = 64
+seq_len = [16, 32]
+num_heads = 2
+head_dim_qk = 8
+head_dim_v = 16
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def with_test_adapters():
+    with registered_test_adapters():
+        yield
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    """Name the test adapters in TFLA_BENCH_PLUGINS, as a user would for an unpackaged module."""
+    monkeypatch.setenv(registry.PLUGINS_ENV, "plugin_adapters")
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    path = tmp_path / "cli.toml"
+    path.write_text(SPEC)
+    return path
+
+
+def test_list_json(capsys, plugins):
+    assert main(["list", "--json"]) == 0
+    entries = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)}
+    assert entries["sdpa_math"]["available"] is True and entries["sdpa_math"]["cpu_capable"] is True
+    assert entries["sdpa_math"]["family"] == "attention" and entries["sdpa_math"]["layout"] == "BHTD"
+    assert entries["test_unavailable"]["reason"] == "needs the package frobnicate"
+    assert set(entries["test_chunked"]) >= {"modes", "dtypes", "constraints", "uses_chunk_size"}
+
+
+def test_list_table(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa_math" in out and "sdpa_cudnn" in out
+
+
+def test_sweep_end_to_end_then_refuse_then_resume(capsys, plugins, spec_file, tmp_path):
+    out_dir = tmp_path / "run"
+    assert main(["sweep", str(spec_file), "--out", str(out_dir), "--reps", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "median runtime (ms) by seq_len" in printed and "unavailable" in printed
+    rows = results.read_rows(out_dir / "results.csv")
+    assert len(rows) == 8
+    assert {r.status for r in rows if r.case.kernel == "sdpa_math"} == {"ok"}
+    assert json.loads((out_dir / "env.json").read_text())["measurement"]["reps"] == 3
+
+    assert main(["sweep", str(spec_file), "--out", str(out_dir)]) == 2
+    assert "already holds results" in capsys.readouterr().err
+
+    log_size = (out_dir / "worker-0.log").stat().st_size
+    assert main(["sweep", "--resume", str(out_dir)]) == 0
+    assert "0 case(s) run" in capsys.readouterr().out
+    assert (out_dir / "worker-0.log").stat().st_size == log_size  # no worker was started
+    assert len(results.read_rows(out_dir / "results.csv")) == 8
+
+
+def test_run_ad_hoc_dry_run(capsys, tmp_path):
+    args = ["run", "-k", "sdpa_math,sdpa_flash", "--seq-len", "64,128", "--tokens", "256", "--heads", "4"]
+    args += ["--head-dim-qk", "32", "--mode", "fwbw", "--param", "causal=false", "--dry-run"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "4 case(s)" in out
+    assert "B4 T64 H4 Dqk32 Dv32" in out and "B2 T128 H4 Dqk32 Dv32" in out and "causal=False" in out
+
+
+def test_sweep_dry_run_writes_nothing(capsys, spec_file, tmp_path, plugins):
+    assert main(["sweep", str(spec_file), "--dry-run", "--kernel", "test_unavailable"]) == 0
+    out = capsys.readouterr().out
+    assert "4 case(s)" in out and "needs the package frobnicate" in out
+    assert not (tmp_path / "results").exists()
+
+
+SHAPE = ["--seq-len", "64", "--batch", "1", "--heads", "1", "--head-dim-qk", "8"]
+BAD_RUNS = [
+    (["run", "-k", "nope", *SHAPE], "known kernels"),
+    (
+        ["run", "-k", "sdpa_math", "--seq-len", "64", "--heads", "1", "--head-dim-qk", "8"],
+        "--tokens and --batch",
+    ),
+    (["run", "-k", "sdpa_math", *SHAPE, "--seq-len", "6x"], "--seq-len"),
+    (["run", "-k", "sdpa_math", *SHAPE, "--mode", "bw"], "key 'modes'"),
+    (["run", "-k", "sdpa_math", *SHAPE, "--param", "causal"], "--param: expected key=value"),
+    (["run", "-k", "sdpa_math", *SHAPE, "--grad", "mean"], "--grad: expected one of fixed, sum"),
+    (["sweep", "missing.toml"], "cannot read spec missing.toml"),
+    (["sweep"], "needs a SPEC"),
+    (["sweep", "--bogus-flag"], "No such option"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), BAD_RUNS)
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, expected):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("replace", "expected"),
+    [
+        (("num_heads = 2", "num_heads = 2\nnum_head = 2"), "unknown key 'num_head' in [shape]"),
+        (("reps = 2", 'reps = "two"'), "key 'reps': expected an integer >= 1, got 'two'"),
+        (('"test_unavailable"', '"test_unavailabel"'), "unknown kernel 'test_unavailabel'; known kernels:"),
+    ],
+)
+def test_bad_spec_exit_2(capsys, spec_file, replace, expected):
+    spec_file.write_text(SPEC.replace(*replace))
+    assert main(["sweep", str(spec_file), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and str(spec_file) in err and err.count("\n") == 1
+
+
+def test_unknown_kernel_filter_exit_2(capsys, spec_file):
+    assert main(["sweep", str(spec_file), "--kernel", "sdpa_mat", "--dry-run"]) == 2
+    assert "unknown kernel 'sdpa_mat'; known kernels: " in capsys.readouterr().err

@@ -1,0 +1,325 @@
+"""The measurement core and the sweep runner on CPU, with test adapters that crash, hang and fail."""
+
+import _thread
+import csv
+import json
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from plugin_support import registered_test_adapters
+
+from tfla_bench import registry, results, runner, specs, timing
+from tfla_bench.errors import UserError
+from tfla_bench.specs import MeasureSettings
+from tfla_bench.worker import measure_case
+from tfla_bench.workloads import Case
+
+ENV_KEYS = {
+    "gpu_name",
+    "gpu_count",
+    "sm_count",
+    "gpu_memory_bytes",
+    "driver",
+    "cuda",
+    "torch",
+    "triton",
+    "python",
+    "packages",
+    "git_sha",
+    "host",
+    "spec",
+    "published",
+    "started_at",
+    "measurement",
+}
+KERNELS = [
+    "sdpa_math",
+    "test_abort",
+    "test_raise",
+    "test_oom",
+    "test_sleep",
+    "test_unavailable",
+    "test_counting",
+]
+TIMEOUT_S = 4.0
+
+
+def tiny_spec(kernels: list[str], modes: list[str], seq_len: list[int] | None = None) -> specs.Spec:
+    raw = {
+        "name": "runner-test",
+        "kernels": kernels,
+        "modes": modes,
+        "dtype": "float32",
+        "warmup": 1,
+        "reps": 2,
+        "timeout_s": TIMEOUT_S,
+        "published": "nothing",
+        "shape": {"batch": 1, "seq_len": seq_len or [16], "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
+    }
+    return specs.parse_spec(raw, "test")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin_adapters():
+    with registered_test_adapters() as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def sweep(plugin_adapters, tmp_path_factory):
+    """One sweep over every failure kind, one case each."""
+    spec = tiny_spec(KERNELS, ["fw"])
+    cases = specs.expand(spec)
+    run_dir = tmp_path_factory.mktemp("run") / "sweep"
+    report = runner.run_sweep(spec, cases, run_dir, devices=["cpu"])
+    return spec, cases, report
+
+
+def by_kernel(rows):
+    grouped = {}
+    for row in rows:
+        grouped.setdefault(row.case.kernel, []).append(row)
+    return grouped
+
+
+def test_every_failure_becomes_a_row_and_the_sweep_goes_on(sweep):
+    _, cases, report = sweep
+    rows = by_kernel(report.rows)
+    assert len(report.rows) == len(cases) == len(KERNELS)
+    assert {r.status for r in rows["test_abort"]} == {"crashed"}
+    assert all("SIGABRT" in r.error and "about to abort" in r.error for r in rows["test_abort"])
+    assert {r.status for r in rows["test_sleep"]} == {"timeout"}
+    assert all(f"{TIMEOUT_S:g} s" in r.error for r in rows["test_sleep"])
+    assert {(r.status, r.error) for r in rows["test_unavailable"]} == {
+        ("unavailable", "needs the package frobnicate")
+    }
+    assert {r.status for r in rows["test_oom"]} == {"oom"}
+    assert {(r.status, r.error) for r in rows["test_raise"]} == {
+        ("error", "ValueError: block size 96 is not a power of two")
+    }
+    # Cases after the crash and the hang ran on replacement workers.
+    for kernel in ("sdpa_math", "test_counting"):
+        for row in rows[kernel]:
+            assert row.status == "ok" and row.device == "cpu"
+            assert 0 < row.min_ms <= row.p20_ms <= row.median_ms <= row.p80_ms
+            assert row.first_call_s > 0 and row.tflops == pytest.approx(row.flops / row.median_ms / 1e9)
+            assert row.gbps == pytest.approx(row.bytes / row.median_ms / 1e6)
+            # Memory is not measured on CPU: empty, not zero.
+            assert row.peak_memory_bytes is None and row.peak_memory_above_inputs_bytes is None
+            assert "not measured" in row.note
+    assert report.decided == 1 and report.dispatched == len(cases) - 1
+    assert report.worker_starts == 3  # the first, then one after the abort and one after the hang
+
+
+def test_csv_schema_and_env_json(sweep):
+    spec, _, report = sweep
+    with (report.run_dir / "results.csv").open(newline="") as handle:
+        header = next(csv.reader(handle))
+    assert header == list(results.CASE_COLUMNS) + list(results.METRIC_COLUMNS)
+    for column in ("median_ms", "p20_ms", "p80_ms", "min_ms", "first_call_s", "peak_memory_bytes", "error"):
+        assert column in header
+    env = json.loads((report.run_dir / "env.json").read_text())
+    assert ENV_KEYS <= set(env)
+    assert env["spec"] == "runner-test" and env["published"] == "nothing"
+    assert env["measurement"]["reps"] == 2 and env["measurement"]["clock"] == "time.perf_counter"
+    assert env["torch"] == torch.__version__ and env["gpu_count"] == 0
+    assert "torch" in env["packages"] and "fla-core" in env["packages"]
+    assert (report.run_dir / "worker-0.log").exists()
+    assert specs.parse_spec(json.loads((report.run_dir / "spec.json").read_text()), "x") == specs.parse_spec(
+        spec.to_dict(), "x"
+    )
+
+
+def test_resume_reruns_nothing_finished(sweep, tmp_path):
+    spec, cases, report = sweep
+    run_dir = tmp_path / "copy"
+    run_dir.mkdir()
+    for name in ("results.csv", "spec.json", "env.json"):
+        (run_dir / name).write_bytes((report.run_dir / name).read_bytes())
+    again = runner.run_sweep(spec, cases, run_dir, resume=True, devices=["cpu"])
+    assert again.dispatched == 0 and again.worker_starts == 0
+    assert again.decided == 1  # the unavailable row is decided again (free), nothing else
+    assert sorted(r.case.key for r in again.rows) == sorted(c.key for c in cases)
+    assert {r.case.key: r.status for r in again.rows} == {r.case.key: r.status for r in report.rows}
+    env = json.loads((run_dir / "env.json").read_text())
+    assert len(env["resumed"]) == 1
+
+    # Drop the sdpa_math rows as if the run had been interrupted: only those cases run again.
+    kept = [r for r in again.rows if r.case.kernel != "sdpa_math"]
+    results.rewrite(run_dir / "results.csv", kept, results.read_header(run_dir / "results.csv"))
+    third = runner.run_sweep(spec, cases, run_dir, resume=True, devices=["cpu"])
+    assert third.dispatched == 1 and third.worker_starts == 1
+    assert {r.case.kernel for r in third.rows if r.status == "ok"} == {"sdpa_math", "test_counting"}
+    assert len(third.rows) == len(cases)
+
+
+def test_resolve_run_dir_refuses_existing_results(sweep, tmp_path):
+    _, _, report = sweep
+    with pytest.raises(UserError, match="already holds results"):
+        runner.resolve_run_dir("x", report.run_dir, None)
+    assert runner.resolve_run_dir("x", None, report.run_dir) == (report.run_dir, True)
+    assert runner.resolve_run_dir("x", tmp_path / "new", None) == (tmp_path / "new", False)
+    with pytest.raises(UserError, match="not a run directory"):
+        runner.resolve_run_dir("x", None, tmp_path)
+    assert runner.default_run_dir("smoke").parent == Path("results/runs")
+
+
+def counting_case(mode: str) -> Case:
+    return Case(
+        "test_counting", mode, "float32", batch=1, seq_len=8, num_heads=2, head_dim_qk=4, head_dim_v=4
+    )
+
+
+@pytest.mark.parametrize("grad", ["fixed", "sum"])
+def test_fwbw_calls_backward_every_time_and_never_accumulates(plugin_adapters, grad):
+    adapter = registry.get("test_counting")
+    adapter.reset()
+    settings = MeasureSettings(warmup=3, reps=4, grad=grad)
+    result = measure_case(adapter, counting_case("fwbw"), settings, "cpu")
+    assert result.status == "ok", result.error
+    calls = 1 + settings.warmup + settings.reps  # first call, warmup, timed (no memory call on CPU)
+    counter = plugin_adapters.Counting.counter
+    assert counter.forwards == counter.backwards == calls
+    inputs = plugin_adapters.Counting.last_inputs
+    upstream = counter.last_grad
+    if grad == "sum":
+        assert torch.equal(upstream, torch.ones_like(upstream))
+    # One backward's gradient, not `calls` of them summed up.
+    assert torch.allclose(inputs["x"].grad, upstream * inputs["w"].detach())
+    assert torch.allclose(inputs["w"].grad, upstream * inputs["x"].detach())
+
+
+def test_fixed_upstream_gradient_is_made_once(plugin_adapters):
+    adapter = registry.get("test_counting")
+    seen = []
+    original = plugin_adapters._CountingMul.backward
+
+    def spy(ctx, grad):
+        seen.append(grad.detach().clone())
+        return original(ctx, grad)
+
+    plugin_adapters._CountingMul.backward = staticmethod(spy)
+    try:
+        measure_case(adapter, counting_case("fwbw"), MeasureSettings(warmup=1, reps=2), "cpu")
+    finally:
+        plugin_adapters._CountingMul.backward = staticmethod(original)
+    assert len(seen) == 4
+    assert all(torch.equal(g, seen[0]) for g in seen) and not torch.equal(seen[0], torch.ones_like(seen[0]))
+
+
+def test_fw_never_calls_backward(plugin_adapters):
+    adapter = registry.get("test_counting")
+    adapter.reset()
+    result = measure_case(adapter, counting_case("fw"), MeasureSettings(warmup=1, reps=2), "cpu")
+    assert result.status == "ok"
+    assert plugin_adapters.Counting.counter.forwards == 4
+    assert plugin_adapters.Counting.counter.backwards == 0
+
+
+def test_percentiles_and_summary():
+    stats = timing.summarize([5.0, 1.0, 4.0, 2.0, 3.0])
+    assert (stats.median_ms, stats.min_ms, stats.reps) == (3.0, 1.0, 5)
+    assert stats.p20_ms == pytest.approx(1.8) and stats.p80_ms == pytest.approx(4.2)
+    assert timing.percentile([7.0], 80) == 7.0
+
+
+def test_decide_in_the_parent():
+    spec = tiny_spec(["sdpa_math", "sdpa_flash", "test_chunked", "test_counting"], ["fw", "fwbw"])
+    cases = specs.expand(spec)
+    decided, to_run = runner.plan(cases, cuda=False, failed_check={"test_counting": "gate: rel. RMS 0.3"})
+    status = {(r.case.kernel, r.case.mode): (r.status, r.error) for r in decided}
+    assert status[("sdpa_flash", "fw")] == ("unavailable", "needs CUDA")
+    assert (
+        status[("test_chunked", "fwbw")][0] == "unsupported"
+        and "mode fwbw" in status[("test_chunked", "fwbw")][1]
+    )
+    assert status[("test_chunked", "fw")] == ("unsupported", "chunk_size None must be <= seq_len 16")
+    assert status[("test_counting", "fwbw")] == ("failed_check", "gate: rel. RMS 0.3")
+    assert {p.case.kernel for p in to_run} == {"sdpa_math"}
+    assert all(p.flops > 0 and p.bytes > 0 for p in to_run)
+
+
+def test_sharding_is_stable_and_spread():
+    keys = [f"k{i}" for i in range(200)]
+    first = [runner.shard_of(key, 4) for key in keys]
+    assert first == [runner.shard_of(key, 4) for key in keys]
+    assert set(first) == {0, 1, 2, 3}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_devices_without_cuda():
+    assert runner.select_devices(None) == ["cpu"]
+    with pytest.raises(UserError, match="no CUDA device"):
+        runner.select_devices("2")
+
+
+def test_broken_entry_point_becomes_an_unavailable_adapter(monkeypatch):
+    class Entry:
+        name = "broken_plugin"
+        value = "missing_pkg.adapters"
+
+        def load(self):
+            raise ModuleNotFoundError("No module named 'missing_pkg'")
+
+    monkeypatch.setattr(registry, "_ADAPTERS", dict(registry._ADAPTERS))
+    monkeypatch.setattr(registry, "entry_points", lambda group: [Entry()])
+    registry.load_entry_points()
+    adapter = registry.get("broken_plugin")
+    assert adapter.available() == (
+        "plugin 'missing_pkg.adapters' failed to load: ModuleNotFoundError: No module named 'missing_pkg'"
+    )
+
+
+def test_plugins_env_imports_modules(monkeypatch, tmp_path):
+    (tmp_path / "extra_adapters_for_test.py").write_text(
+        "from plugin_adapters import _Tiny\nfrom tfla_bench.registry import register\n\n"
+        "@register\nclass Extra(_Tiny):\n    name = 'test_extra'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_ADAPTERS", dict(registry._ADAPTERS))
+    monkeypatch.setenv(registry.PLUGINS_ENV, "extra_adapters_for_test")
+    assert registry.get("test_extra").family == "test"
+    monkeypatch.setenv(registry.PLUGINS_ENV, "no_such_module_here")
+    with pytest.raises(UserError, match="cannot import adapter module 'no_such_module_here'"):
+        registry.load()
+
+
+def test_ctrl_c_keeps_rows_and_kills_workers(tmp_path):
+    spec = tiny_spec(["sdpa_math", "test_sleep"], ["fw"])
+    spec = spec.with_measurement(timeout_s=120.0)
+    csv_path = tmp_path / "run" / "results.csv"
+
+    def press_ctrl_c_after_first_row():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(results.read_rows(csv_path)) < 1:
+            time.sleep(0.1)
+        time.sleep(0.5)  # the worker is now inside test_sleep
+        _thread.interrupt_main()
+
+    threading.Thread(target=press_ctrl_c_after_first_row, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_sweep(spec, specs.expand(spec), tmp_path / "run", devices=["cpu"])
+    assert [(r.case.kernel, r.status) for r in results.read_rows(csv_path)] == [("sdpa_math", "ok")]
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "graph"])
+def test_gpu_sweep_records_memory_and_device_facts(tmp_path, cuda_graph):
+    raw = tiny_spec(["sdpa_math", "sdpa_cudnn"], ["fw", "fwbw"], seq_len=[256]).to_dict()
+    raw.update(dtype="bfloat16", cuda_graph=cuda_graph, timeout_s=300.0)
+    raw["shape"].update(head_dim_qk=64, head_dim_v=64)
+    spec = specs.parse_spec(raw, "gpu test")
+    report = runner.run_sweep(spec, specs.expand(spec), tmp_path / "run", devices=["cuda:0"])
+    for row in report.rows:
+        assert row.status == "ok", row.error
+        assert row.device == "cuda:0" and row.note == ""
+        assert row.peak_memory_bytes > row.peak_memory_above_inputs_bytes > 0
+        assert 0 < row.min_ms <= row.median_ms
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert env["gpu_name"] and env["sm_count"] > 0 and env["gpu_memory_bytes"] > 0
+    assert env["measurement"]["clock"] == "cuda_events" and env["measurement"]["flush_bytes"] >= 256_000_000

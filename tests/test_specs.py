@@ -1,0 +1,191 @@
+"""Spec parsing and expansion: constant tokens, embedding dim, grid/zip, overrides, errors."""
+
+from pathlib import Path
+
+import pytest
+from plugin_support import registered_test_adapters
+
+from tfla_bench import specs
+from tfla_bench.errors import UserError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def with_test_adapters():
+    with registered_test_adapters():
+        yield
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+BASE = """
+name = "t"
+kernels = ["sdpa_math", "test_chunked"]
+modes = ["fw"]
+dtype = "float32"
+[shape]
+tokens = 65536
+seq_len = [2048, 8192]
+num_heads = 16
+head_dim_qk = 128
+head_dim_v = 256
+chunk_size = [64, 128]
+"""
+
+
+def test_constant_tokens_and_chunk_size_only_where_used(tmp_path):
+    cases = specs.expand(specs.load_spec(write(tmp_path, BASE)))
+    attention = [c for c in cases if c.kernel == "sdpa_math"]
+    chunked = [c for c in cases if c.kernel == "test_chunked"]
+    # sdpa_math ignores chunk_size: the two chunk sizes collapse into one case per seq_len.
+    assert [(c.batch, c.seq_len, c.chunk_size) for c in attention] == [(32, 2048, None), (8, 8192, None)]
+    assert sorted((c.batch, c.seq_len, c.chunk_size) for c in chunked) == [
+        (8, 8192, 64),
+        (8, 8192, 128),
+        (32, 2048, 64),
+        (32, 2048, 128),
+    ]
+    assert all(c.batch * c.seq_len == 65536 for c in cases)
+    assert len({c.key for c in cases}) == len(cases)
+
+
+def test_embedding_dim_gives_heads_and_zip_pairs_lists(tmp_path):
+    text = """
+name = "z"
+kernels = ["sdpa_math"]
+modes = ["fw", "fwbw"]
+expand = "zip"
+[shape]
+batch = 2
+seq_len = [256, 512]
+embedding_dim = 1024
+head_dim_qk = [64, 128]
+head_dim_v = [128, 256]
+"""
+    cases = specs.expand(specs.load_spec(write(tmp_path, text)))
+    fw = [(c.seq_len, c.head_dim_qk, c.head_dim_v, c.num_heads) for c in cases if c.mode == "fw"]
+    assert fw == [(256, 64, 128, 8), (512, 128, 256, 4)]
+    assert [c.mode for c in cases] == ["fw", "fw", "fwbw", "fwbw"]
+    assert {c.dtype for c in cases} == {"bfloat16"}
+
+
+def test_grid_is_the_cartesian_product_with_seq_len_fastest(tmp_path):
+    text = BASE.replace('kernels = ["sdpa_math", "test_chunked"]', 'kernels = ["sdpa_math"]').replace(
+        "head_dim_qk = 128", "head_dim_qk = [64, 128]"
+    )
+    cases = specs.expand(specs.load_spec(write(tmp_path, text)))
+    assert [(c.head_dim_qk, c.seq_len) for c in cases] == [(64, 2048), (64, 8192), (128, 2048), (128, 8192)]
+
+
+def test_family_and_kernel_overrides_kernel_wins(tmp_path):
+    text = (
+        BASE.replace('kernels = ["sdpa_math", "test_chunked"]', 'kernels = ["sdpa_math", "sdpa_flash"]')
+        + """
+[override.attention]
+embedding_dim = 4096
+head_dim_qk = 128
+head_dim_v = 128
+params = { causal = false }
+[override.sdpa_flash]
+num_heads = 8
+modes = ["fw", "fwbw"]
+params = { causal = [true, false] }
+"""
+    )
+    cases = specs.expand(specs.load_spec(write(tmp_path, text)))
+    math_cases = [c for c in cases if c.kernel == "sdpa_math"]
+    flash = [c for c in cases if c.kernel == "sdpa_flash"]
+    assert {(c.num_heads, c.head_dim_qk, c.head_dim_v, c.param("causal")) for c in math_cases} == {
+        (32, 128, 128, False)
+    }
+    assert {c.mode for c in math_cases} == {"fw"}
+    # The kernel table replaces embedding_dim by num_heads and lists causal; the family dims stay.
+    assert {(c.num_heads, c.head_dim_v) for c in flash} == {(8, 128)}
+    assert {(c.mode, c.param("causal")) for c in flash} == {
+        ("fw", True),
+        ("fw", False),
+        ("fwbw", True),
+        ("fwbw", False),
+    }
+    assert len(flash) == 8
+
+
+def test_to_dict_round_trips_and_measurement_overrides(tmp_path):
+    spec = specs.load_spec(write(tmp_path, BASE + "[override.test_chunked_family]\nchunk_size = 32\n"))
+    again = specs.parse_spec(spec.to_dict(), "copy")
+    assert specs.expand(again) == specs.expand(spec)
+    changed = spec.with_measurement(reps=3, timeout_s=5.0, l2_flush=False, grad=None)
+    assert (changed.measurement.reps, changed.measurement.timeout_s, changed.measurement.l2_flush) == (
+        3,
+        5.0,
+        False,
+    )
+    assert changed.measurement.grad == spec.measurement.grad == "fixed"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (BASE.replace('name = "t"', 'name = "t"\nrepz = 3'), "unknown key 'repz'"),
+        (
+            BASE.replace("num_heads = 16", 'num_heads = "16"'),
+            "key 'shape.num_heads': expected a positive integer",
+        ),
+        (BASE.replace("num_heads = 16", "num_heads = 16\nnum_head = 2"), "unknown key 'num_head' in [shape]"),
+        (BASE.replace('modes = ["fw"]', 'modes = ["bw"]'), "key 'modes': expected one or a list of fw, fwbw"),
+        (BASE.replace('name = "t"', 'name = "t"\nreps = 0'), "key 'reps': expected an integer >= 1"),
+        (
+            BASE.replace('name = "t"', 'name = "t"\nl2_flush = "yes"'),
+            "key 'l2_flush': expected true or false",
+        ),
+        (BASE.replace("tokens = 65536", "tokens = 65536\nbatch = 4"), "gives both 'tokens' and 'batch'"),
+        (BASE.replace("tokens = 65536", "tokens = 65535"), "tokens 65535 is not a multiple of seq_len 2048"),
+        (BASE.replace("test_chunked", "nope"), "unknown kernel 'nope'; known kernels: "),
+        (BASE + "[override.gla2]\nnum_heads = 4\n", "[override.gla2] matches no kernel family"),
+        (BASE + "[override.attention]\nwarmup = 4\n", "unknown key 'warmup' in [override.attention]"),
+        (BASE.replace("num_heads = 16", ""), "needs 'num_heads' or 'embedding_dim'"),
+        ("name = 't'\nkernels = [", "not valid TOML"),
+    ],
+)
+def test_bad_specs_name_file_and_key(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(UserError) as info:
+        specs.expand(specs.load_spec(path))
+    message = str(info.value)
+    assert expected in message
+    assert str(path) in message or "unknown kernel" in message
+    assert "\n" not in message
+
+
+def test_zip_needs_lists_of_one_length(tmp_path):
+    text = BASE.replace('dtype = "float32"', 'dtype = "float32"\nexpand = "zip"').replace(
+        "chunk_size = [64, 128]", "chunk_size = [64, 128, 256]"
+    )
+    with pytest.raises(UserError, match="chunk_size has 3, seq_len has 2"):
+        specs.expand(specs.load_spec(write(tmp_path, text)))
+
+
+def test_kernel_filter(tmp_path):
+    spec = specs.load_spec(write(tmp_path, BASE))
+    assert {c.kernel for c in specs.expand(spec, ["test_chunked"])} == {"test_chunked"}
+    with pytest.raises(UserError, match="not in spec 't'"):
+        specs.expand(spec, ["sdpa_flash"])
+    with pytest.raises(UserError, match="unknown kernel 'nope'"):
+        specs.expand(spec, ["nope"])
+
+
+@pytest.mark.parametrize("name", ["smoke", "sdpa_h100"])
+def test_experiment_specs_expand(name):
+    spec = specs.load_spec(REPO / "experiments" / f"{name}.toml")
+    cases = specs.expand(spec)
+    assert cases and {c.kernel for c in cases} == set(spec.kernels)
+    if name == "sdpa_h100":
+        assert {(c.batch, c.seq_len) for c in cases} == {(32, 2048), (8, 8192)}
+        assert {(c.num_heads, c.head_dim_qk, c.head_dim_v) for c in cases} == {(32, 128, 128)}
+        cudnn = {c.param("causal") for c in cases if c.kernel == "sdpa_cudnn"}
+        assert cudnn == {True, False}

@@ -1,0 +1,166 @@
+"""The environment record of a run (`env.json` beside `results.csv`).
+
+GPU facts come from the benchmark worker (`DeviceInfo`), so the parent process never creates a
+CUDA context of its own, and from `nvidia-smi` (driver, clocks, power limit) when it is present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import tfla_bench
+from tfla_bench.specs import Spec
+from tfla_bench.worker import DeviceInfo
+
+# Baseline and peer kernel libraries, plus the libraries they build on.
+PACKAGES = (
+    "tfla-bench",
+    "torch",
+    "triton",
+    "numpy",
+    "einops",
+    "fla-core",
+    "flash-linear-attention",
+    "mamba-ssm",
+    "causal-conv1d",
+    "lightning-attn",
+    "mlstm-kernels",
+    "flash-attn",
+    "flash-attn-3",
+    "flash-attn-4",
+    "nvidia-cutlass-dsl",
+    "tilelang",
+    "nvidia-cudnn-cu12",
+    "nvidia-cudnn-cu13",
+)
+_SMI_FIELDS = {
+    "driver_version": "driver",
+    "clocks.sm": "sm_clock_mhz",
+    "clocks.max.sm": "max_sm_clock_mhz",
+    "clocks.mem": "memory_clock_mhz",
+    "clocks.max.mem": "max_memory_clock_mhz",
+    "power.limit": "power_limit_w",
+}
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def collect(
+    spec: Spec, devices: list[str], device_info: DeviceInfo | None, measurement: dict[str, Any]
+) -> dict[str, Any]:
+    """Build the environment record.
+
+    Args:
+        spec: the spec being run (its name and published dataset are recorded).
+        devices: the worker devices (`cpu` or `cuda:<i>`).
+        device_info: what the first worker reported about its device, or None if no worker ran.
+        measurement: the measurement settings (warmup, reps, flush, graph, grad, timeout, clock).
+    """
+    cuda = torch.cuda.is_available()
+    first_gpu = int(devices[0].partition(":")[2] or 0) if devices and devices[0].startswith("cuda") else None
+    smi = _nvidia_smi(first_gpu) if first_gpu is not None else {}
+    info = device_info if device_info is not None and device_info.device.startswith("cuda") else None
+    return {
+        "gpu_name": info.name if info else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "sm_count": info.sm_count if info else None,
+        "gpu_memory_bytes": info.memory_bytes if info else None,
+        "l2_cache_bytes": info.l2_cache_bytes if info else None,
+        "compute_capability": info.compute_capability if info else None,
+        "clocks": {key: value for key, value in smi.items() if key != "driver"} or None,
+        "driver": smi.get("driver"),
+        "cuda": torch.version.cuda,
+        "cudnn": info.cudnn if info else None,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "python": platform.python_version(),
+        "packages": {name: _version(name) for name in PACKAGES},
+        "git_sha": _git("rev-parse", "HEAD"),
+        "git_dirty": _git_dirty(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "tfla_bench": tfla_bench.__version__,
+        "spec": spec.name,
+        "spec_source": spec.source,
+        "description": spec.description,
+        "published": spec.published,
+        "devices": devices,
+        "device_info": dataclasses.asdict(device_info) if device_info else None,
+        "started_at": now_iso(),
+        "command": sys.argv,
+        "measurement": measurement,
+    }
+
+
+def write(path: Path, env: dict[str, Any]) -> None:
+    """Write the record as indented JSON."""
+    path.write_text(json.dumps(env, indent=2, sort_keys=False) + "\n")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _repo_root() -> Path:
+    return Path(tfla_bench.__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(_repo_root()), *args], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _git_dirty() -> bool | None:
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)
+
+
+def _nvidia_smi(index: int) -> dict[str, Any]:
+    query = ",".join(_SMI_FIELDS)
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", str(index)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if done.returncode != 0 or not done.stdout.strip():
+        return {}
+    values = [value.strip() for value in done.stdout.strip().splitlines()[0].split(",")]
+    record: dict[str, Any] = {}
+    for key, value in zip(_SMI_FIELDS.values(), values, strict=False):
+        if key == "driver":
+            record[key] = value
+            continue
+        try:
+            record[key] = float(value)
+        except ValueError:
+            record[key] = None
+    return record

@@ -1,0 +1,60 @@
+"""Peak device memory of one call: `torch.cuda.max_memory_allocated` after a reset.
+
+Reported twice: absolute (everything the process holds during the call: inputs, the upstream
+gradient, outputs, saved activations, gradients, kernel workspaces) and above what was allocated
+right after `make_inputs`. The caching allocator's reserved-but-free memory is not counted. On CPU
+nothing is measured: the values are None (empty cells), never zero.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tfla_bench.timing import is_cuda, synchronize
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Peak allocated bytes of one call; None where not measured (CPU)."""
+
+    peak_bytes: int | None
+    above_inputs_bytes: int | None
+
+
+def allocated_bytes(device: str) -> int | None:
+    """Bytes currently allocated by tensors on `device`; None on CPU."""
+    if not is_cuda(device):
+        return None
+    synchronize(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def measure_peak(fn: Callable[[], Any], device: str, inputs_bytes: int | None) -> PeakMemory:
+    """Run `fn` once and return its peak allocated memory.
+
+    Args:
+        fn: the call to measure.
+        device: `cpu` or a CUDA device.
+        inputs_bytes: `allocated_bytes` right after the inputs were made.
+    """
+    if not is_cuda(device) or inputs_bytes is None:
+        return PeakMemory(None, None)
+    gc.collect()
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return PeakMemory(peak, peak - inputs_bytes)
+
+
+def release(device: str) -> None:
+    """Free what the last case left behind, so the next case starts from an empty allocator."""
+    gc.collect()
+    if is_cuda(device):
+        torch.cuda.empty_cache()

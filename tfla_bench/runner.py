@@ -1,0 +1,538 @@
+"""The sweep runner: every case of a spec measured in isolated worker processes, one CSV row per case.
+
+Measurement method
+------------------
+Each case runs in a worker process that owns one device (`tfla_bench.worker`):
+
+1. Inputs: `torch.manual_seed(0)`, then `adapter.make_inputs(case, device)` in the library's layout
+   and value ranges. The memory allocated right after is the inputs baseline.
+2. First call: one call between two synchronizations, timed with `time.perf_counter`, is
+   `first_call_s`. It contains Triton compilation and autotuning, cuDNN plan building and lazy
+   imports, which is why it is kept apart from the runtime.
+3. Warmup: `warmup` untimed calls (paper: 10).
+4. Peak memory (CUDA): `torch.cuda.reset_peak_memory_stats`, one call, `max_memory_allocated` is
+   `peak_memory_bytes`; minus the inputs baseline it is `peak_memory_above_inputs_bytes`. The L2
+   flush buffer does not exist yet and is not counted. The paper's numbers include its 256e6-byte
+   flush buffer and accumulated gradients, so they sit above ours. On CPU memory is not measured:
+   the cells are empty and the row's note says so.
+5. Runtime: `reps` timed calls (paper: 30). Before each, outside the timed window, every input
+   gradient is set to None and, on GPU with `l2_flush` (default on, as in the paper), a buffer of
+   max(2 x L2, 256e6) bytes is zeroed so the call starts with a cold L2. Each call is bracketed by
+   CUDA events on the current stream (GPU) or `time.perf_counter` (CPU, same loop); the event
+   times are read after one final synchronize. Reported: the median (the headline number), p20,
+   p80 and min. With `cuda_graph`, one call is captured in a CUDA graph and its replays are timed,
+   which removes launch overhead.
+
+A call is, in `fw`, the forward under `torch.no_grad()`; in `fwbw`, the forward and then the
+backward from a fixed upstream gradient (`grad = "fixed"`: one `randn_like(out)` made on the
+first call and reused) or from `out.sum()` (`grad = "sum"`, the sum inside the timed call, as in
+the paper). Gradients are set to None before every call, never accumulated, so each call
+allocates them afresh, like a training step after `zero_grad(set_to_none=True)`.
+`tflops` = flops / median and `gbps` = bytes / median, from the adapter's analytic counts.
+
+Robustness
+----------
+- Statuses decided here, before any worker is involved: `unavailable` (the adapter's
+  `available()` reason, or "needs CUDA" for an adapter that is not CPU-capable on a machine
+  without CUDA), `unsupported` (mode or dtype not supported, or the adapter's `check(case)`
+  reason), `failed_check` (the adapter failed the correctness gate; not run).
+- Statuses from the worker: `ok`, `oom` (CUDA out of memory, caught; the worker goes on),
+  `error` (any other exception, with its last line). From the parent: `crashed` (the worker died:
+  abort, segfault, LLVM assertion) and `timeout` (no result within `timeout_s`, first call
+  included; the worker is killed), both with the last lines of the worker's log. The worker is
+  replaced before the next case; the sweep goes on.
+- One persistent worker per device (spawned, so torch import and CUDA init are paid once per
+  worker), cases sent one at a time. Cases are sharded over devices by a stable hash of
+  `Case.key`, so a resumed run gives every case the same device.
+- Rows are appended to `results.csv` as they finish and flushed; `env.json` is written before the
+  first case runs; `spec.json` holds the spec for `--resume`. Ctrl-C kills the workers and keeps
+  every row already written.
+- `--resume DIR` keeps every finished row and runs only the other cases. Finished means any
+  status except `unavailable`, `unsupported` and `failed_check`: those cost nothing to decide
+  again and may change after an install or a fix, so their rows are replaced. A case that
+  crashed, hung, ran out of memory or raised keeps its row (delete the row to retry it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from tfla_bench import envinfo, registry, results
+from tfla_bench.errors import UserError
+from tfla_bench.results import ResultRow
+from tfla_bench.specs import Spec, parse_spec
+from tfla_bench.worker import Job, Measurement, Worker
+from tfla_bench.workloads import Case
+
+RUNS_DIR = Path("results") / "runs"
+RESULTS_FILE = "results.csv"
+ENV_FILE = "env.json"
+SPEC_FILE = "spec.json"
+_STATUS_STYLE = {
+    "ok": "green",
+    "oom": "yellow",
+    "timeout": "yellow",
+    "crashed": "red",
+    "error": "red",
+    "failed_check": "red",
+    "unavailable": "dim",
+    "unsupported": "dim",
+}
+
+
+@dataclass
+class SweepReport:
+    """What a sweep did.
+
+    Attributes:
+        run_dir: the run directory.
+        rows: every row of `results.csv` after the sweep (kept rows of a resumed run included).
+        decided: cases given a status without running.
+        dispatched: cases sent to workers.
+        kept: finished rows kept from an earlier attempt (`--resume`).
+        worker_starts: worker processes started (restarts after a crash or timeout included).
+    """
+
+    run_dir: Path
+    rows: list[ResultRow]
+    decided: int = 0
+    dispatched: int = 0
+    kept: int = 0
+    worker_starts: int = 0
+
+
+@dataclass
+class _Planned:
+    """A case to run, with what the parent knows about it."""
+
+    case: Case
+    adapter: registry.Adapter
+    flops: float
+    bytes: float
+    shard: int = 0
+
+
+def default_run_dir(spec_name: str) -> Path:
+    """`results/runs/<spec>-<YYYYmmdd-HHMMSS>` (relative to the working directory)."""
+    return RUNS_DIR / f"{spec_name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def resolve_run_dir(spec_name: str, out: Path | None, resume: Path | None) -> tuple[Path, bool]:
+    """The run directory and whether it is resumed; refuses to overwrite results.
+
+    Args:
+        spec_name: for the default directory name.
+        out: `--out`, a new (or empty) run directory.
+        resume: `--resume`, an existing run directory.
+    """
+    if out is not None and resume is not None:
+        raise UserError("give --out or --resume, not both")
+    if resume is not None:
+        if not (resume / SPEC_FILE).exists():
+            raise UserError(f"--resume {resume}: not a run directory (no {SPEC_FILE})")
+        return resume, True
+    run_dir = out if out is not None else default_run_dir(spec_name)
+    if results.read_rows(run_dir / RESULTS_FILE):
+        raise UserError(
+            f"{run_dir} already holds results; continue it with --resume {run_dir} or pick another --out"
+        )
+    return run_dir, False
+
+
+def load_run_spec(run_dir: Path) -> Spec:
+    """The spec saved in a run directory (for `--resume` without a spec file)."""
+    path = run_dir / SPEC_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from exc
+    return parse_spec(raw, str(path))
+
+
+def select_devices(gpus: str | None) -> list[str]:
+    """Worker devices: every visible GPU, the first N (`--gpus N`), a list (`--gpus 0,2`), or `cpu`.
+
+    Args:
+        gpus: the `--gpus` value or None.
+    """
+    if not torch.cuda.is_available():
+        if gpus is not None:
+            raise UserError("--gpus: no CUDA device is visible")
+        return ["cpu"]
+    count = torch.cuda.device_count()
+    if gpus is None:
+        return [f"cuda:{index}" for index in range(count)]
+    try:
+        if "," in gpus:
+            indices = [int(part) for part in gpus.split(",") if part.strip()]
+        else:
+            indices = list(range(int(gpus)))
+    except ValueError as exc:
+        raise UserError(f"--gpus: expected a count or a comma list of GPU indices, got {gpus!r}") from exc
+    if not indices or len(set(indices)) != len(indices) or not all(0 <= i < count for i in indices):
+        raise UserError(f"--gpus {gpus}: {count} GPU(s) visible (indices 0..{count - 1}), no repeats")
+    return [f"cuda:{index}" for index in indices]
+
+
+def shard_of(key: str, shards: int) -> int:
+    """The worker index of a case key: a stable hash, the same in every process and every run."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % shards
+
+
+def decide(
+    case: Case,
+    adapter: registry.Adapter,
+    *,
+    cuda: bool,
+    unavailable: str | None,
+    failed_check: dict[str, str],
+) -> ResultRow | None:
+    """The row of a case that is not run (unavailable, unsupported, failed the gate), else None.
+
+    Args:
+        case: the case.
+        adapter: its adapter.
+        cuda: whether CUDA devices are used.
+        unavailable: the adapter's `available()` reason (asked once per adapter by the caller).
+        failed_check: adapter name to the reason it failed the correctness gate.
+    """
+
+    def row(status: str, reason: str) -> ResultRow:
+        return ResultRow(case=case, family=adapter.family, status=status, error=reason)
+
+    if not cuda and not adapter.cpu_capable:
+        return row("unavailable", "needs CUDA")
+    if unavailable:
+        return row("unavailable", unavailable)
+    if case.mode not in adapter.modes:
+        return row("unsupported", f"mode {case.mode} not supported (supports {', '.join(adapter.modes)})")
+    if case.dtype not in adapter.dtypes:
+        return row("unsupported", f"dtype {case.dtype} not supported (supports {', '.join(adapter.dtypes)})")
+    reason = adapter.check(case)
+    if reason:
+        return row("unsupported", reason)
+    if adapter.name in failed_check:
+        return row("failed_check", failed_check[adapter.name])
+    return None
+
+
+def plan(
+    cases: list[Case], *, cuda: bool, failed_check: dict[str, str] | None = None
+) -> tuple[list[ResultRow], list[_Planned]]:
+    """Split cases into rows decided now and cases to run (with their analytic counts)."""
+    failed_check = failed_check or {}
+    reasons: dict[str, str | None] = {}
+    decided, to_run = [], []
+    for case in cases:
+        adapter = registry.get(case.kernel)
+        if adapter.name not in reasons:
+            reasons[adapter.name] = adapter.available()
+        row = decide(case, adapter, cuda=cuda, unavailable=reasons[adapter.name], failed_check=failed_check)
+        if row is not None:
+            decided.append(row)
+        else:
+            to_run.append(
+                _Planned(case, adapter, adapter.flops(case, case.mode), adapter.bytes(case, case.mode))
+            )
+    return decided, to_run
+
+
+def run_sweep(
+    spec: Spec,
+    cases: list[Case],
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    devices: list[str] | None = None,
+    failed_check: dict[str, str] | None = None,
+    console: Console | None = None,
+) -> SweepReport:
+    """Measure `cases` and write `results.csv`, `env.json` and `spec.json` into `run_dir`.
+
+    Args:
+        spec: the spec the cases come from (saved for `--resume`; its measurement settings apply).
+        cases: from `specs.expand`.
+        run_dir: from `resolve_run_dir`.
+        resume: keep the finished rows already in `run_dir` and run only the other cases.
+        devices: worker devices (`select_devices`); default: every visible GPU, or `cpu`.
+        failed_check: adapter names that failed the correctness gate, with the reason; their cases
+            get status `failed_check` without running.
+        console: where progress goes (default: stderr).
+
+    Returns:
+        A `SweepReport`. Ctrl-C kills the workers and re-raises `KeyboardInterrupt` after the rows
+        written so far are safely on disk.
+    """
+    console = console or make_console(stderr=True)
+    devices = devices or select_devices(None)
+    cuda = devices[0] != "cpu"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = run_dir / RESULTS_FILE
+
+    kept: list[ResultRow] = []
+    columns = results.columns_for(cases)
+    if resume:
+        existing = results.read_rows(csv_path)
+        finished = {row.case.key for row in existing if row.finished}
+        cases = [case for case in cases if case.key not in finished]
+        todo = {case.key for case in cases}
+        kept = [row for row in existing if row.finished or row.case.key not in todo]
+        old_columns = results.read_header(csv_path)
+        columns = results.columns_for([*(row.case for row in kept), *cases])
+        columns = [*dict.fromkeys([*old_columns, *columns])] if old_columns else columns
+    # A fresh run starts a fresh file (an earlier attempt may have left a header and no rows).
+    results.rewrite(csv_path, kept, columns)
+    (run_dir / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+
+    if not cuda:
+        cpu_names = sorted({c.kernel for c in cases if registry.get(c.kernel).cpu_capable})
+        console.print(
+            "[bold]note:[/] no CUDA device: only CPU-capable adapters run "
+            f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
+        )
+    decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check)
+    writer = results.ResultWriter(csv_path, columns)
+    report = SweepReport(
+        run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
+    )
+    try:
+        for row in decided:
+            writer.write(row)
+        if kept:
+            console.print(f"resuming {run_dir}: {len(kept)} finished row(s) kept")
+        if decided:
+            console.print(f"{len(decided)} case(s) not run (unavailable, unsupported or failed check)")
+        workers = _start_workers(devices, to_run, run_dir, spec, cuda, console)
+        try:
+            _dispatch(to_run, workers, spec, writer, console)
+        finally:
+            for worker in workers:
+                worker.stop()
+            report.worker_starts = sum(worker.starts for worker in workers)
+    finally:
+        writer.close()
+    report.rows = results.read_rows(csv_path)
+    return report
+
+
+def _start_workers(
+    devices: list[str], to_run: list[_Planned], run_dir: Path, spec: Spec, cuda: bool, console: Console
+) -> list[Worker]:
+    """Launch one worker per device that has cases, then write `env.json` with the first one's facts."""
+    for planned in to_run:
+        planned.shard = shard_of(planned.case.key, len(devices))
+    used = sorted({planned.shard for planned in to_run})
+    workers = [Worker(device, run_dir / f"worker-{index}.log") for index, device in enumerate(devices)]
+    for index in used:
+        workers[index].launch()
+    failures = {index: workers[index].wait_ready() for index in used}
+    for index, failure in failures.items():
+        if failure:
+            console.print(f"[red]worker {index} ({devices[index]}): {failure}[/]")
+    info = next((workers[index].info for index in used if workers[index].info is not None), None)
+    measurement = {
+        **dataclasses.asdict(spec.measurement),
+        "clock": "cuda_events" if cuda else "time.perf_counter",
+        "memory": "torch.cuda.max_memory_allocated" if cuda else "not measured on CPU",
+        "flush_bytes": info.flush_bytes if info and spec.measurement.l2_flush else None,
+    }
+    env_path = run_dir / ENV_FILE
+    env = envinfo.collect(spec, devices, info, measurement)
+    if env_path.exists():
+        previous = json.loads(env_path.read_text())
+        previous.setdefault("resumed", []).append(env)
+        env = previous
+    envinfo.write(env_path, env)
+    return workers
+
+
+def _dispatch(
+    to_run: list[_Planned], workers: list[Worker], spec: Spec, writer: results.ResultWriter, console: Console
+) -> None:
+    """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come."""
+    if not to_run:
+        return
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    task = progress.add_task("starting", total=len(to_run))
+
+    def serve(worker: Worker, shard: list[_Planned]) -> None:
+        try:
+            for planned in shard:
+                if stop.is_set():
+                    return
+                with lock:
+                    progress.update(task, description=_label(planned.case))
+                job = Job(planned.case, type(planned.adapter).__module__, spec.measurement)
+                measurement = worker.run(job)
+                if stop.is_set():
+                    return  # interrupted: the worker was killed under us, this is not the kernel's fault
+                row = _row(planned, measurement)
+                with lock:
+                    writer.write(row)
+                    progress.console.print(_line(row))
+                    progress.advance(task)
+        except BaseException as exc:  # a bug: stop the sweep and re-raise it in the main thread
+            errors.append(exc)
+            stop.set()
+
+    shards = {index: [p for p in to_run if p.shard == index] for index in range(len(workers))}
+    threads = [
+        threading.Thread(target=serve, args=(workers[index], shard), daemon=True)
+        for index, shard in shards.items()
+        if shard
+    ]
+    with progress:
+        for thread in threads:
+            thread.start()
+        try:
+            while any(thread.is_alive() for thread in threads):
+                for thread in threads:
+                    thread.join(0.2)
+        except KeyboardInterrupt:
+            stop.set()
+            for worker in workers:
+                worker.interrupt()
+            for thread in threads:
+                thread.join(15)
+            console.print(f"interrupted: rows written so far are kept in {writer.path}")
+            raise
+    if errors:
+        raise errors[0]
+
+
+def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
+    median_s = measurement.median_ms / 1e3 if measurement.median_ms else None
+    return ResultRow(
+        case=planned.case,
+        family=planned.adapter.family,
+        status=measurement.status,
+        median_ms=measurement.median_ms,
+        p20_ms=measurement.p20_ms,
+        p80_ms=measurement.p80_ms,
+        min_ms=measurement.min_ms,
+        first_call_s=measurement.first_call_s,
+        peak_memory_bytes=measurement.peak_memory_bytes,
+        peak_memory_above_inputs_bytes=measurement.peak_memory_above_inputs_bytes,
+        flops=planned.flops,
+        bytes=planned.bytes,
+        tflops=planned.flops / median_s / 1e12 if median_s else None,
+        gbps=planned.bytes / median_s / 1e9 if median_s else None,
+        device=measurement.device,
+        error=measurement.error,
+        note=measurement.note,
+    )
+
+
+def _shape(case: Case) -> str:
+    chunk = f" L{case.chunk_size}" if case.chunk_size else ""
+    return f"B{case.batch} T{case.seq_len} H{case.num_heads} Dqk{case.head_dim_qk} Dv{case.head_dim_v}{chunk}"
+
+
+def _label(case: Case) -> str:
+    params = " ".join(f"{k}={v}" for k, v in sorted(case.params.items()))
+    return f"{case.kernel} {case.mode} {case.dtype} {_shape(case)} {params}".rstrip()
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A rich console; 160 columns wide when not a terminal, so logs and pipes keep one row per line."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=160)
+
+
+def _line(row: ResultRow) -> str:
+    style = _STATUS_STYLE.get(row.status, "")
+    if row.status == "ok":
+        memory = f", {row.peak_memory_bytes / 1e9:.2f} GB" if row.peak_memory_bytes is not None else ""
+        detail = f"{row.median_ms:.3f} ms{memory}"
+    else:
+        detail = row.error[:200]
+    return f"[{style}]{row.status:>11}[/] {_label(row.case)}: {detail}"
+
+
+def cases_table(cases: list[Case], *, cuda: bool) -> Table:
+    """The expanded cases of a dry run, with what would happen to each (`run` or the status and reason)."""
+    decided, _ = plan(cases, cuda=cuda)
+    fates = {row.case.key: f"{row.status}: {row.error}" for row in decided}
+    table = Table(title=f"{len(cases)} case(s)")
+    for column in ("kernel", "mode", "dtype", "shape"):
+        table.add_column(column, no_wrap=True)
+    for column in ("params", "plan"):
+        table.add_column(column, overflow="fold")
+    for case in cases:
+        params = " ".join(f"{k}={v}" for k, v in sorted(case.params.items()))
+        table.add_row(case.kernel, case.mode, case.dtype, _shape(case), params, fates.get(case.key, "run"))
+    return table
+
+
+def summary_table(rows: Iterable[ResultRow]) -> Table:
+    """Median ms per kernel configuration (rows) and seq_len (columns); the status where not ok."""
+    rows = list(rows)
+    seq_lens = sorted({row.case.seq_len for row in rows})
+    groups: dict[tuple, dict[int, ResultRow]] = {}
+    for row in rows:
+        case = row.case
+        key = (
+            case.kernel,
+            case.mode,
+            case.dtype,
+            case.num_heads,
+            case.head_dim_qk,
+            case.head_dim_v,
+            case.chunk_size,
+            tuple(sorted(case.params.items())),
+        )
+        groups.setdefault(key, {})[case.seq_len] = row
+    table = Table(title="median runtime (ms) by seq_len; the status where not ok")
+    for column in ("kernel", "mode", "dtype", "config"):
+        table.add_column(column)
+    for seq_len in seq_lens:
+        table.add_column(str(seq_len), justify="right")
+    for key in sorted(groups, key=str):
+        by_len = groups[key]
+        kernel, mode, dtype, heads, dqk, dv, chunk, params = key
+        config = f"H{heads} Dqk{dqk} Dv{dv}" + (f" L{chunk}" if chunk else "")
+        config += "".join(f" {k}={v}" for k, v in params)
+        cells = []
+        for seq_len in seq_lens:
+            row = by_len.get(seq_len)
+            if row is None:
+                cells.append("")
+            elif row.status == "ok" and row.median_ms is not None:
+                cells.append(f"{row.median_ms:.3f}")
+            else:
+                cells.append(f"[{_STATUS_STYLE.get(row.status, '')}]{row.status}[/]")
+        table.add_row(kernel, mode, dtype, config, *cells)
+    return table

@@ -1,0 +1,448 @@
+"""The isolated benchmark worker: one spawned process per device that measures cases one after another.
+
+The parent (`tfla_bench.runner`) talks to a worker through a pipe. The worker imports torch and
+initializes CUDA once, sends a `DeviceInfo`, then answers each `Job` with a `Measurement`. Its
+stdout and stderr go to a log file in the run directory (`worker-<i>.log`), so messages printed
+by native code (an LLVM assertion, a segfault's faulthandler trace) are kept; the parent quotes
+the last lines of the log when the worker dies.
+
+Outcomes: Python exceptions are caught inside the worker (`oom` for CUDA out-of-memory, after
+which the cache is emptied and the worker goes on; `error` for anything else, with the message's
+last line). A worker that dies or does not answer within the case timeout is killed by the parent
+and replaced before the next case (`crashed` / `timeout`). A CUDA error that poisons the context
+(illegal memory access, device-side assert) retires the worker after its row.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from tfla_bench.specs import MeasureSettings
+from tfla_bench.workloads import Case
+
+# Messages that mean the CUDA context is unusable for the rest of the process.
+_FATAL_CUDA_MARKERS = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "CUDA error: an illegal instruction",
+)
+LOG_TAIL_LINES = 8
+MAX_ERROR_CHARS = 1500
+STARTUP_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One case for a worker.
+
+    Attributes:
+        case: what to measure.
+        adapter_module: the module that registers the case's adapter, imported by the worker
+            when the adapter is not registered after `registry.load()`.
+        settings: how to measure.
+    """
+
+    case: Case
+    adapter_module: str
+    settings: MeasureSettings
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A worker's answer for one case (or the parent's record of a worker that died or hung)."""
+
+    status: str
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    min_ms: float | None = None
+    first_call_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_above_inputs_bytes: int | None = None
+    device: str = ""
+    error: str = ""
+    note: str = ""
+    fatal: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a worker found about its device (None fields on CPU)."""
+
+    device: str
+    name: str
+    sm_count: int | None = None
+    memory_bytes: int | None = None
+    l2_cache_bytes: int | None = None
+    compute_capability: str | None = None
+    flush_bytes: int | None = None
+    cudnn: int | None = None
+
+
+def measure_case(adapter: Any, case: Case, settings: MeasureSettings, device: str) -> Measurement:
+    """Measure one case in this process (the worker's job; tests call it directly).
+
+    Args:
+        adapter: the registry adapter of `case.kernel`.
+        case: the case.
+        settings: warmup, reps, L2 flush, CUDA graph, upstream-gradient mode.
+        device: `cpu` or `cuda:<i>`.
+
+    Returns:
+        `ok` with timings and memory, `oom`, or `error` with the exception's last line.
+    """
+    from tfla_bench import memory
+
+    try:
+        result = _measure(adapter, case, settings, device)
+    except Exception as exc:  # every kernel failure becomes a row; the sweep goes on
+        traceback.print_exc()
+        result = _failure(exc, device)
+    # Outside the except block, so the traceback (and the tensors its frames hold) is gone.
+    memory.release(device)
+    return result
+
+
+def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -> Measurement:
+    import torch
+
+    from tfla_bench import memory, timing
+
+    cuda = timing.is_cuda(device)
+    torch.manual_seed(0)
+    inputs = adapter.make_inputs(case, device)
+    inputs_bytes = memory.allocated_bytes(device)
+    leaves = [value for value in inputs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
+    if case.mode == "fwbw" and not leaves:
+        raise RuntimeError(f"{adapter.name}.make_inputs gave no tensor with requires_grad=True for fwbw")
+
+    def reset_grads() -> None:
+        for leaf in leaves:
+            leaf.grad = None
+
+    step = make_step(adapter, inputs, case.mode, settings.grad)
+    reset_grads()
+    first_call_s = timing.time_first_call(step, device)
+    for _ in range(settings.warmup):
+        reset_grads()
+        step()
+    reset_grads()
+    peak = memory.measure_peak(step, device, inputs_bytes)
+
+    flush = timing.L2Flush(device) if settings.l2_flush and cuda else None
+
+    def before_each() -> None:
+        reset_grads()
+        if flush is not None:
+            flush()
+
+    timed = timing.capture_cuda_graph(step, before_each) if settings.cuda_graph and cuda else step
+    stats = timing.time_calls(timed, reps=settings.reps, device=device, before_each=before_each)
+    return Measurement(
+        status="ok",
+        median_ms=stats.median_ms,
+        p20_ms=stats.p20_ms,
+        p80_ms=stats.p80_ms,
+        min_ms=stats.min_ms,
+        first_call_s=first_call_s,
+        peak_memory_bytes=peak.peak_bytes,
+        peak_memory_above_inputs_bytes=peak.above_inputs_bytes,
+        device=device,
+        note="" if cuda else "peak memory not measured on CPU",
+    )
+
+
+def make_step(adapter: Any, inputs: dict[str, Any], mode: str, grad: str) -> Callable[[], None]:
+    """One call of the workload: the forward, or forward + backward.
+
+    Args:
+        adapter: the adapter whose `forward(inputs)` is called.
+        inputs: from `adapter.make_inputs`.
+        mode: `fw` (run under `torch.no_grad`) or `fwbw`.
+        grad: `fixed` (backward from one `randn_like(out)`, made on the first call and reused)
+            or `sum` (`out.sum().backward()`, the sum inside the timed call as in the paper).
+    """
+    import torch
+
+    if mode == "fw":
+
+        def forward() -> None:
+            with torch.no_grad():
+                adapter.forward(inputs)
+
+        return forward
+
+    upstream: list[torch.Tensor] = []
+
+    def forward_backward() -> None:
+        out = adapter.forward(inputs)
+        if grad == "sum":
+            out.sum().backward()
+            return
+        if not upstream:
+            generator = torch.Generator(device=out.device).manual_seed(1)
+            upstream.append(torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=generator))
+        out.backward(upstream[0])
+
+    return forward_backward
+
+
+def _failure(exc: BaseException, device: str) -> Measurement:
+    import torch
+
+    message = str(exc)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    detail = f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")[:MAX_ERROR_CHARS]
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in message.lower():
+        return Measurement(status="oom", device=device, error=detail)
+    fatal = any(marker in message for marker in _FATAL_CUDA_MARKERS)
+    return Measurement(status="error", device=device, error=detail, fatal=fatal)
+
+
+def _device_info(device: str) -> DeviceInfo:
+    import platform
+
+    import torch
+
+    from tfla_bench import timing
+
+    if not timing.is_cuda(device):
+        return DeviceInfo(device=device, name=platform.processor() or platform.machine() or "cpu")
+    props = torch.cuda.get_device_properties(device)
+    return DeviceInfo(
+        device=device,
+        name=props.name,
+        sm_count=props.multi_processor_count,
+        memory_bytes=props.total_memory,
+        l2_cache_bytes=props.L2_cache_size,
+        compute_capability=f"{props.major}.{props.minor}",
+        flush_bytes=max(2 * props.L2_cache_size, timing.MIN_FLUSH_BYTES),
+        cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+    )
+
+
+def _adapter_for(job: Job) -> Any:
+    from tfla_bench import registry
+    from tfla_bench.errors import UserError
+
+    try:
+        return registry.get(job.case.kernel)
+    except UserError:
+        importlib.import_module(job.adapter_module)
+        return registry.get(job.case.kernel)
+
+
+def worker_main(conn: Connection, device: str, log_path: str) -> None:
+    """Entry point of the worker process: redirect output to the log, then serve jobs until told to stop."""
+    # Stays open for the process's lifetime: it backs file descriptors 1 and 2.
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    # Ctrl-C in the terminal reaches the whole process group; the parent decides and kills us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable()
+    print(f"=== worker pid {os.getpid()} on {device}", file=sys.stderr, flush=True)
+
+    import torch
+
+    from tfla_bench import registry, timing
+
+    registry.load()
+    if timing.is_cuda(device):
+        torch.cuda.set_device(device)
+    conn.send(("ready", _device_info(device)))
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        print(f"--- case {job.case.key}", file=sys.stderr, flush=True)
+        result = measure_case(_adapter_for(job), job.case, job.settings, device)
+        print(f"--- {result.status} {result.error}".rstrip(), file=sys.stderr, flush=True)
+        conn.send(("result", result))
+
+
+class Worker:
+    """The parent's handle on one worker process; restarts it after a crash or a timeout.
+
+    Args:
+        device: `cpu` or `cuda:<i>`.
+        log_path: file receiving the worker's stdout and stderr (appended across restarts).
+    """
+
+    def __init__(self, device: str, log_path: Path) -> None:
+        self.device = device
+        self.log_path = log_path
+        self.info: DeviceInfo | None = None
+        self.starts = 0
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to be ready."""
+        context = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = context.Pipe()
+        process = context.Process(
+            target=worker_main, args=(child_conn, self.device, str(self.log_path)), daemon=True
+        )
+        process.start()
+        # Without the parent's copy of the child's end, the pipe reports EOF when the worker dies.
+        child_conn.close()
+        self._process, self._conn = process, parent_conn
+        self.starts += 1
+
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> str | None:
+        """Wait for the worker's `DeviceInfo`; returns None, or why the worker did not start."""
+        offset = self._log_size()
+        outcome = self._receive(timeout_s)
+        if isinstance(outcome, tuple) and outcome[0] == "ready":
+            self.info = outcome[1]
+            return None
+        reason = "did not start within the timeout" if outcome == "timeout" else self._death()
+        self.kill()
+        return _join(f"worker failed to start ({reason})", self._tail(offset))
+
+    def run(self, job: Job) -> Measurement:
+        """Measure one job, (re)starting the worker if needed; a death or hang becomes a `Measurement`."""
+        if not self.alive:
+            self.launch()
+            failure = self.wait_ready()
+            if failure is not None:
+                return Measurement(status="crashed", device=self.device, error=failure[:MAX_ERROR_CHARS])
+        offset = self._log_size()
+        assert self._conn is not None
+        try:
+            self._conn.send(job)
+        except (BrokenPipeError, OSError):
+            pass  # the worker is gone; _receive reports how it died
+        outcome = self._receive(job.settings.timeout_s)
+        if isinstance(outcome, tuple) and outcome[0] == "result":
+            result: Measurement = outcome[1]
+            if result.fatal:
+                self.stop()
+            return result
+        if outcome == "timeout":
+            self.kill()
+            tail = self._tail(offset)
+            error = f"no result after {job.settings.timeout_s:g} s, worker killed"
+            return Measurement(status="timeout", device=self.device, error=_join(error, tail))
+        death = self._death()
+        self.kill()
+        return Measurement(status="crashed", device=self.device, error=_join(death, self._tail(offset)))
+
+    def stop(self) -> None:
+        """Ask the worker to exit, and kill it if it does not."""
+        if self._conn is not None and self.alive:
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            assert self._process is not None
+            self._process.join(10)
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the worker process (if any) and forget it."""
+        with self._lock:
+            if self._process is not None:
+                if self._process.is_alive():
+                    self._process.kill()
+                self._process.join(10)
+            if self._conn is not None:
+                self._conn.close()
+            self._process, self._conn = None, None
+
+    def interrupt(self) -> None:
+        """Kill the process only (safe from another thread): the thread serving this worker sees
+        it die and returns; its pipe is closed later by `stop` or `kill` in that thread."""
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
+
+    def _receive(self, timeout_s: float) -> tuple[str, Any] | str:
+        """A message, or `timeout`, or `died`."""
+        assert self._process is not None and self._conn is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            ready = wait([self._conn, self._process.sentinel], timeout=remaining)
+            if self._conn in ready:
+                try:
+                    return self._conn.recv()
+                except (EOFError, OSError):
+                    return "died"
+            if self._process.sentinel in ready:
+                # The result may have been sent just before a clean exit; drain it first.
+                if self._conn.poll(0):
+                    continue
+                return "died"
+
+    def _death(self) -> str:
+        assert self._process is not None
+        self._process.join(5)
+        code = self._process.exitcode
+        if code is None:
+            return "worker stopped answering"
+        if code < 0:
+            try:
+                return f"worker died ({signal.Signals(-code).name})"
+            except ValueError:
+                return f"worker died (signal {-code})"
+        return f"worker exited with code {code}"
+
+    def _log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def _tail(self, offset: int) -> str:
+        """The last lines the worker wrote since `offset`, joined with ` | `."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode("utf-8", errors="replace")
+        return summarize_log(text)
+
+
+def summarize_log(text: str) -> str:
+    """The last lines of a worker's output, joined with ` | `, for the error cell of a dead worker.
+
+    A faulthandler dump (after an abort or a segfault) is reduced to its first line and the
+    crashing thread's innermost frame; the lines printed before it (an LLVM assertion, the
+    library's last message) are kept.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("--- ")]
+    fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+    if fatal is not None:
+        dump = lines[fatal + 1 :]
+        current = next((i for i, line in enumerate(dump) if line.startswith("Current thread")), 0)
+        frames = [line for line in dump[current:] if line.startswith("File ")]
+        lines = [*lines[:fatal][-LOG_TAIL_LINES:], lines[fatal], *frames[:1]]
+    return " | ".join(lines[-LOG_TAIL_LINES - 2 :])[-MAX_ERROR_CHARS:]
+
+
+def _join(head: str, tail: str) -> str:
+    return f"{head}: {tail}" if tail else head
