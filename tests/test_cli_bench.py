@@ -137,3 +137,23 @@ def test_bad_spec_exit_2(capsys, spec_file, replace, expected):
 def test_unknown_kernel_filter_exit_2(capsys, spec_file):
     assert main(["sweep", str(spec_file), "--kernel", "sdpa_mat", "--dry-run"]) == 2
     assert "unknown kernel 'sdpa_mat'; known kernels: " in capsys.readouterr().err
+
+
+def test_sweep_check_marks_failing_kernel_without_running_it(
+    capsys, monkeypatch, plugins, spec_file, tmp_path
+):
+    from tfla_bench import correctness
+
+    seen = []
+
+    def fake_gate(names, device, **_):
+        seen.append((names, device))
+        return [correctness.GateResult("sdpa_math", "ok", 0.5, 1e-2, False, None)]
+
+    monkeypatch.setattr(correctness, "run_gate", fake_gate)
+    out_dir = tmp_path / "checked"
+    assert main(["sweep", str(spec_file), "--out", str(out_dir), "--check", "--kernel", "sdpa_math"]) == 0
+    assert seen == [(["sdpa_math"], "cpu")]
+    rows = results.read_rows(out_dir / "results.csv")
+    assert rows and all(row.status == "failed_check" for row in rows)
+    assert "0.5 > tolerance" in rows[0].error

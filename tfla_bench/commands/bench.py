@@ -19,9 +19,11 @@ from typing import Annotated, Any
 
 import torch
 import typer
+from rich.console import Console
 from rich.table import Table
 
-from tfla_bench import registry, runner, specs
+from tfla_bench import correctness, registry, runner, specs
+from tfla_bench.commands import check as check_command
 from tfla_bench.errors import UserError
 from tfla_bench.specs import Spec
 
@@ -51,6 +53,10 @@ GradOption = Annotated[
     typer.Option("--grad", help="fwbw upstream gradient: fixed (randn, made once) or sum (out.sum())"),
 ]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="print the expanded cases and exit")]
+CheckOption = Annotated[
+    bool,
+    typer.Option("--check", help="run the correctness gate first; a failing kernel's rows say failed_check"),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -143,6 +149,7 @@ def run(
     cuda_graph: GraphOption = None,
     grad: GradOption = None,
     dry_run: DryRunOption = False,
+    check: CheckOption = False,
 ) -> None:
     """Measure kernels at shapes given as flags (the same spec a TOML file would give)."""
     kernels = _names(kernel)
@@ -180,7 +187,7 @@ def run(
         "shape": shape,
     }
     spec = specs.parse_spec(raw, "command line")
-    _execute(spec, None, out, None, gpus, dry_run, warmup, reps, timeout, l2_flush, cuda_graph, grad)
+    _execute(spec, None, out, None, gpus, dry_run, check, warmup, reps, timeout, l2_flush, cuda_graph, grad)
 
 
 def sweep(
@@ -201,6 +208,7 @@ def sweep(
     cuda_graph: GraphOption = None,
     grad: GradOption = None,
     dry_run: DryRunOption = False,
+    check: CheckOption = False,
 ) -> None:
     """Run every case of a spec, each in an isolated worker; rows go to <run dir>/results.csv."""
     if spec_path is not None:
@@ -210,7 +218,19 @@ def sweep(
     else:
         raise UserError("sweep needs a SPEC file (or --resume DIR)")
     _execute(
-        spec, _names(kernel), out, resume, gpus, dry_run, warmup, reps, timeout, l2_flush, cuda_graph, grad
+        spec,
+        _names(kernel),
+        out,
+        resume,
+        gpus,
+        dry_run,
+        check,
+        warmup,
+        reps,
+        timeout,
+        l2_flush,
+        cuda_graph,
+        grad,
     )
 
 
@@ -221,6 +241,7 @@ def _execute(
     resume: Path | None,
     gpus: str | None,
     dry_run: bool,
+    check: bool,
     warmup: int | None,
     reps: int | None,
     timeout: float | None,
@@ -246,13 +267,28 @@ def _execute(
         return
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
     devices = runner.select_devices(gpus)
+    failed_check = _gate(sorted({case.kernel for case in cases}), devices[0], stdout) if check else {}
     start = time.monotonic()
-    report = runner.run_sweep(spec, cases, run_dir, resume=resuming, devices=devices)
+    report = runner.run_sweep(
+        spec, cases, run_dir, resume=resuming, devices=devices, failed_check=failed_check
+    )
     stdout.print(runner.summary_table(report.rows))
     stdout.print(
         f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} kept; "
         f"{time.monotonic() - start:.1f} s; results in {run_dir / runner.RESULTS_FILE}"
     )
+
+
+def _gate(names: list[str], device: str, console: Console) -> dict[str, str]:
+    """Run the correctness gate on `names` and return the failing ones with the reason."""
+    results = correctness.run_gate(names, device)
+    console.print(check_command.gate_table(results))
+    return {
+        result.name: result.reason
+        or f"max relative error {result.max_rel_error:.3g} > tolerance {result.tolerance:.3g}"
+        for result in results
+        if result.passed is False
+    }
 
 
 def _names(values: list[str] | None) -> list[str]:

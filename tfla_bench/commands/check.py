@@ -70,7 +70,7 @@ def check(
     if as_json:
         typer.echo(json.dumps([_json_row(result) for result in results], indent=2))
     else:
-        Console().print(_table(results))
+        Console().print(gate_table(results))
     if failed_names(results):
         raise typer.Exit(code=1)
 
@@ -93,7 +93,7 @@ def _json_row(result: GateResult) -> dict[str, object]:
     return row
 
 
-def _table(results: list[GateResult]) -> Table:
+def gate_table(results: list[GateResult]) -> Table:
     failed = failed_names(results)
     title = f"correctness gate: {len(results)} adapter(s), {len(failed)} failed"
     table = Table(title=title)
