@@ -9,6 +9,9 @@ BIN := $(VENV)/bin
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 CPU_TORCH := torch==2.13.0
 CPU_TRITON := triton==3.6.0
+# Triton 3.6's CPU interpreter calls int() on 1-element arrays (runtime loop bounds), which NumPy >= 2.3
+# rejects; the interpreter is how the kernels are tested without a GPU.
+CPU_NUMPY := "numpy<2.3"
 OUT ?= results/figures
 WHEELHOUSE ?= wheelhouse
 # Target of `make wheelhouse`: the GPU node's Python version and platform tag.
@@ -37,7 +40,7 @@ $(VENV)/.torch: $(BIN)/python
 ifeq ($(HAS_CUDA),yes)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch
 else
-	$(BIN)/python -m pip install -q $(CPU_TORCH) $(CPU_TRITON)
+	$(BIN)/python -m pip install -q $(CPU_TORCH) $(CPU_TRITON) $(CPU_NUMPY)
 endif
 	touch $@
 

@@ -1,0 +1,473 @@
+"""`mlstm_tfla` (our Triton TFLA kernels) against the float64 PyTorch references.
+
+On the CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1), so
+the shapes are small and the block sizes are overridden to exercise multi-tile loops. The `gpu`
+tests repeat the checks in bfloat16 at the paper's sizes.
+
+Error bound for float32 (CPU): relative RMS error `||x - x_ref|| / ||x_ref|| < 1e-4` on the output,
+the final state and every gradient. float32's unit roundoff is 6e-8; the kernels' sums have at most
+a few thousand terms (random-sign rounding grows like sqrt(n): ~3e-6) and the log-gate cumulative
+sums reach |b| ~ 50 here, so exp(b_t - b_j) carries a relative error ~|b| * 6e-8 ~ 3e-6; the
+measured errors are 1e-7..1e-5. A real mistake (one gate off by a step, a chunk-boundary term
+dropped, a wrong max state) moves the result by O(1/T) ~ 1e-2, two orders above the bound.
+
+mLSTMexp gradients are compared through a loss that is invariant to a per-step scale of h
+(RMS-normalized h times fixed weights): the kernels drop the gradient through the normalizer
+(appendix B.3), which is exact exactly then.
+"""
+
+import pytest
+import torch
+
+from tfla_bench import registry
+from tfla_bench.kernels.reference import mlstm_chunkwise, mlstm_recurrent, state_names
+from tfla_bench.kernels.tfla import TFLABlocks, default_blocks, mlstm_tfla
+from tfla_bench.workloads import Case
+
+FP32_RTOL = 1e-4
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Small tiles for the CPU interpreter, so a chunk spans several tiles and a head dim several blocks.
+SMALL_BLOCKS = dict(
+    block_seq_q=16,
+    block_seq_kv=16,
+    block_qk=16,
+    block_v=16,
+    block_state_seq=16,
+    block_state_qk=16,
+    block_state_v=16,
+)
+
+
+def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def make_inputs(batch, heads, seq_len, dqk, dv, *, seed=0, i_range=(-3.0, 3.0), f_range=(-1.0, 6.0)):
+    gen = torch.Generator().manual_seed(seed)
+
+    def uniform(lo, hi, *shape):
+        return lo + (hi - lo) * torch.rand(*shape, generator=gen)
+
+    q = torch.randn(batch, heads, seq_len, dqk, generator=gen)
+    k = torch.randn(batch, heads, seq_len, dqk, generator=gen)
+    v = torch.randn(batch, heads, seq_len, dv, generator=gen)
+    i = uniform(*i_range, batch, heads, seq_len)
+    f = uniform(*f_range, batch, heads, seq_len)
+    return [q, k, v, i, f]
+
+
+def make_state(gate, normalize, batch, heads, dqk, dv, *, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    parts = {
+        "C": 0.5 * torch.randn(batch, heads, dqk, dv, generator=gen),
+        "n": torch.rand(batch, heads, dqk, generator=gen),
+        "m": torch.randn(batch, heads, generator=gen),
+    }
+    return [parts[name] for name in state_names(gate, normalize)]
+
+
+def loss_fn(h, final_state, weights, gate):
+    """Scale-invariant in each h_t; the final state enters as C * exp(m), which does not depend on
+    the max-state convention (a loss on the stabilized C alone would differentiate through m)."""
+    h = h.double()
+    loss = (h / h.pow(2).mean(-1, keepdim=True).sqrt() * weights["h"]).sum()
+    C = final_state[0].double()
+    if gate == "exp":
+        C = C * final_state[2].double().exp()[..., None, None]
+    return loss + (C * weights["C"]).sum()
+
+
+def make_weights(batch, heads, seq_len, dqk, dv, seed=7):
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "h": torch.randn(batch, heads, seq_len, dv, generator=gen, dtype=torch.float64).to(DEVICE),
+        "C": torch.randn(batch, heads, dqk, dv, generator=gen, dtype=torch.float64).to(DEVICE),
+    }
+
+
+def run_with_grads(fn, inputs, state, weights, gate):
+    """`fn(q, k, v, i, f, state) -> (h, final_state)`; returns h, final state and every input's gradient."""
+    leaves = [x.detach().to(DEVICE, copy=True).requires_grad_() for x in inputs]
+    state_leaves = [x.detach().to(DEVICE, copy=True).requires_grad_() for x in state]
+    h, final = fn(*leaves, tuple(state_leaves) if state_leaves else None)
+    loss_fn(h, final, weights, gate).backward()
+    return h, final, [x.grad for x in leaves + state_leaves]
+
+
+def reference_fn(gate, normalize):
+    def fn(q, k, v, i, f, state):
+        return mlstm_recurrent(
+            q.double(),
+            k.double(),
+            v.double(),
+            i.double(),
+            f.double(),
+            gate=gate,
+            normalize=normalize,
+            initial_state=tuple(s.double() for s in state) if state else None,
+        )
+
+    return fn
+
+
+def tfla_fn(gate, normalize, chunk_size, **blocks):
+    def fn(q, k, v, i, f, state):
+        return mlstm_tfla(
+            q,
+            k,
+            v,
+            i,
+            f,
+            gate=gate,
+            normalize=normalize,
+            chunk_size=chunk_size,
+            initial_state=state,
+            return_final_state=True,
+            **blocks,
+        )
+
+    return fn
+
+
+def assert_all_close(actual, expected, rtol, names):
+    for name, a, b in zip(names, actual, expected, strict=True):
+        assert torch.isfinite(a).all(), f"{name} is not finite"
+        if b.abs().max() < 1e-9 * max(x.abs().max() for x in expected):
+            # the n_0 gradient: zero through a scale-invariant loss; our kernels return exact zeros
+            assert (a == 0).all(), f"{name} should be zero"
+            continue
+        err = rel_rms(a, b)
+        assert err < rtol, f"{name}: relative RMS error {err:.2e} >= {rtol:.0e}"
+
+
+GRAD_NAMES = ["dq", "dk", "dv", "di", "df"]
+
+
+def check_against_reference(
+    gate,
+    normalize,
+    batch,
+    heads,
+    seq_len,
+    dqk,
+    dv,
+    chunk_size,
+    *,
+    with_state=True,
+    blocks=None,
+    seed=0,
+    i_range=(-3.0, 3.0),
+    f_range=(-1.0, 6.0),
+):
+    inputs = make_inputs(batch, heads, seq_len, dqk, dv, seed=seed, i_range=i_range, f_range=f_range)
+    state = make_state(gate, normalize, batch, heads, dqk, dv) if with_state else []
+    weights = make_weights(batch, heads, seq_len, dqk, dv)
+    h_ref, s_ref, g_ref = run_with_grads(reference_fn(gate, normalize), inputs, state, weights, gate)
+    h, s, g = run_with_grads(
+        tfla_fn(gate, normalize, chunk_size, **(blocks or {})), inputs, state, weights, gate
+    )
+    names = state_names(gate, normalize)
+    assert_all_close([h, *s], [h_ref, *s_ref], FP32_RTOL, ["h", *names])
+    assert_all_close(g, g_ref, FP32_RTOL, GRAD_NAMES + [f"d{n}0" for n in names][: len(state)])
+
+
+# (gate, normalize, B, NH, T, Dqk, Dv, L, small blocks): T/L from 1 to 8, partial last chunks
+# (T=48 with L=32, T=96 with L=64), Dqk != Dv.
+CASES = [
+    ("exp", False, 2, 3, 48, 16, 32, 16, False),
+    ("exp", False, 2, 3, 96, 32, 64, 64, True),
+    ("exp", False, 2, 3, 256, 16, 32, 32, False),
+    ("exp", False, 2, 3, 64, 32, 64, 64, True),
+    ("sig", False, 2, 3, 48, 16, 32, 32, False),
+    ("sig", False, 2, 3, 96, 32, 64, 32, True),
+    ("sig", False, 2, 3, 256, 16, 32, 64, False),
+    ("sig", True, 2, 3, 96, 16, 32, 64, True),
+]
+
+
+def case_id(case):
+    gate, normalize, batch, heads, seq_len, dqk, dv, chunk, small = case
+    name = f"{gate}{'-norm' if normalize else ''}-B{batch}-T{seq_len}-H{heads}-Dqk{dqk}-Dv{dv}-L{chunk}"
+    return name + ("-tiles16" if small else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_matches_recurrent_reference(case):
+    gate, normalize, batch, heads, seq_len, dqk, dv, chunk, small = case
+    check_against_reference(
+        gate, normalize, batch, heads, seq_len, dqk, dv, chunk, blocks=SMALL_BLOCKS if small else None
+    )
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_without_initial_state(gate):
+    check_against_reference(gate, False, 2, 3, 48, 16, 32, 16, with_state=False)
+
+
+def test_exp_trained_gate_ranges():
+    # Input gates near -10 and forget gates from -5 to 12 (the paper's trained ranges, Fig. 4).
+    check_against_reference("exp", False, 2, 3, 96, 16, 32, 32, i_range=(-11.0, -9.0), f_range=(-5.0, 12.0))
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_chunk_size_invariance(gate):
+    inputs = [x.to(DEVICE) for x in make_inputs(2, 3, 128, 16, 32, seed=3)]
+    outputs = {chunk: mlstm_tfla(*inputs, gate=gate, chunk_size=chunk) for chunk in (16, 32, 64, 128)}
+    for chunk in (16, 32, 64):
+        assert rel_rms(outputs[chunk], outputs[128]) < FP32_RTOL
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_state_passing(gate):
+    # Two halves with the carried state (and chained gradients) equal one full run.
+    batch, heads, seq_len, dqk, dv, split = 2, 3, 96, 16, 32, 48
+    inputs = make_inputs(batch, heads, seq_len, dqk, dv, seed=4)
+    weights = make_weights(batch, heads, seq_len, dqk, dv)
+    h_full, s_full, g_full = run_with_grads(tfla_fn(gate, False, 32), inputs, [], weights, gate)
+
+    def two_halves(q, k, v, i, f, state):
+        first = (q[:, :, :split], k[:, :, :split], v[:, :, :split], i[..., :split], f[..., :split])
+        second = (q[:, :, split:], k[:, :, split:], v[:, :, split:], i[..., split:], f[..., split:])
+        h_a, s_a = mlstm_tfla(*first, gate=gate, chunk_size=16, return_final_state=True)
+        h_b, s_b = mlstm_tfla(*second, gate=gate, chunk_size=32, initial_state=s_a, return_final_state=True)
+        return torch.cat([h_a, h_b], dim=2), s_b
+
+    h, s, g = run_with_grads(two_halves, inputs, [], weights, gate)
+    assert_all_close([h, *s], [h_full, *s_full], FP32_RTOL, ["h", *state_names(gate, False)])
+    assert_all_close(g, g_full, FP32_RTOL, GRAD_NAMES)
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_padding_matches_the_unpadded_reference(gate):
+    # T = 40 is not a multiple of 16: pad=True appends steps that leave the state unchanged.
+    check_pad = make_inputs(2, 3, 40, 16, 32, seed=5)
+    state = make_state(gate, False, 2, 3, 16, 32)
+    weights = make_weights(2, 3, 40, 16, 32)
+    h_ref, s_ref, g_ref = run_with_grads(reference_fn(gate, False), check_pad, state, weights, gate)
+
+    def padded(q, k, v, i, f, state):
+        return mlstm_tfla(
+            q, k, v, i, f, gate=gate, chunk_size=32, initial_state=state, return_final_state=True, pad=True
+        )
+
+    h, s, g = run_with_grads(padded, check_pad, state, weights, gate)
+    assert h.shape == h_ref.shape
+    assert_all_close([h, *s], [h_ref, *s_ref], FP32_RTOL, ["h", *state_names(gate, False)])
+    assert_all_close(g, g_ref, FP32_RTOL, GRAD_NAMES + ["dC0", "dn0", "dm0"][: len(state)])
+
+
+def test_second_backward_recomputes_the_states():
+    inputs = [x.to(DEVICE).requires_grad_() for x in make_inputs(1, 2, 32, 16, 16, seed=6)]
+    h = mlstm_tfla(*inputs, gate="sig", chunk_size=16)
+    first = torch.autograd.grad(h.square().sum(), inputs, retain_graph=True)
+    second = torch.autograd.grad(h.square().sum(), inputs)
+    for a, b in zip(first, second, strict=True):
+        assert rel_rms(a, b) < 1e-6
+
+
+def test_default_blocks():
+    # the Fig. 5 setting at T = 2048: 32 sequences x 16 heads
+    blocks = default_blocks(128, 256, 128, torch.bfloat16, batch_heads=512)
+    assert (blocks.seq_q, blocks.seq_kv, blocks.qk, blocks.v) == (64, 64, 128, 128)
+    assert (blocks.state_qk, blocks.state_v) == (64, 64)
+    # T = 32768 (2 sequences): smaller state blocks give the recurrent kernels more programs
+    long = default_blocks(128, 256, 128, torch.bfloat16, batch_heads=32)
+    assert (long.state_qk, long.state_v) == (32, 32)
+    small = default_blocks(48, 80, 16, torch.float32)
+    assert (small.seq_q, small.qk, small.v, small.state_seq) == (16, 16, 16, 16)
+    assert isinstance(small, TFLABlocks)
+
+
+def good_inputs(**shape):
+    dims = dict(batch=1, heads=2, seq_len=32, dqk=16, dv=16) | shape
+    return [
+        x.to(DEVICE)
+        for x in make_inputs(dims["batch"], dims["heads"], dims["seq_len"], dims["dqk"], dims["dv"])
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda x: x.update(q=x["q"][0]), "q must have shape"),
+        (lambda x: x.update(k=x["k"][:, :, :16]), "k must have the shape of q"),
+        (lambda x: x.update(v=x["v"][:, :1]), "v must have shape"),
+        (lambda x: x.update(i=x["i"][..., :16]), "i must have shape"),
+        (lambda x: x.update(f=x["f"][..., None]), "f must have shape"),
+        (lambda x: x.update(q=x["q"].double(), k=x["k"].double()), "q must be bfloat16, float16 or float32"),
+        (lambda x: x.update(v=x["v"].half()), "v must have the dtype of q"),
+        (lambda x: x.update(f=x["f"].long()), "f must be a floating-point tensor"),
+        (lambda x: x.update(chunk_size=24), "chunk_size must be a power of two"),
+        (lambda x: x.update(chunk_size=64), "chunk_size must be at most the sequence length T=32"),
+        (lambda x: x.update(gate="relu"), "gate must be one of"),
+        (lambda x: x.update(q=x["q"][..., :8], k=x["k"][..., :8]), "head dim Dqk"),
+        (lambda x: x.update(v=torch.zeros(1, 2, 32, 24, device=DEVICE)), "head dim Dv"),
+        (
+            lambda x: x.update(initial_state=(torch.zeros(1, 2, 16, 16, device=DEVICE),)),
+            "initial_state must be a tuple",
+        ),
+        (
+            lambda x: x.update(gate="sig", initial_state=torch.zeros(1, 2, 16, 8, device=DEVICE)),
+            "initial_state C must have shape",
+        ),
+        (lambda x: x.update(block_seq_q=32, chunk_size=16), "block_seq_q must be a power of two"),
+        (lambda x: x.update(block_v=32), "block_v must be a power of two >= 16 dividing"),
+    ],
+)
+def test_bad_input_raises_value_error(change, match):
+    q, k, v, i, f = good_inputs()
+    args = dict(q=q, k=k, v=v, i=i, f=f, chunk_size=16)
+    change(args)
+    with pytest.raises(ValueError, match=match):
+        mlstm_tfla(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("i"), args.pop("f"), **args)
+
+
+def test_sequence_length_not_multiple_of_16_names_t():
+    q, k, v, i, f = good_inputs(seq_len=40)
+    with pytest.raises(ValueError, match="T=40 must be a multiple of 16"):
+        mlstm_tfla(q, k, v, i, f, chunk_size=16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+def test_tensors_on_different_devices():
+    q, k, v, i, f = good_inputs()
+    with pytest.raises(ValueError, match="k must be on the device of q"):
+        mlstm_tfla(q, k.cpu(), v, i, f, chunk_size=16)
+
+
+# ---- GPU: bfloat16 at the paper's sizes against the float32 chunkwise reference -------------------
+# Error budget for bfloat16 inputs (unit roundoff 2^-9 ~ 2e-3): both sides see the same bf16 q, k, v;
+# the kernels round S * D, the states and dH to bf16 before their products (~2e-3 relative each,
+# random sign, so sums keep ~2e-3 relative) and round h, dq, dk, dv to bf16 (another ~2e-3). The
+# forget-gate gradient adds a within-chunk reverse cumsum of q.dq - k.dk, which cancels the pairs
+# after each step and so loses about 4x. Measured with the CPU interpreter (bf16 dot emulated in
+# fp32) at this very case: h 6e-3, C 4e-3, dq 1e-2, dk 1e-2, dv 4e-3, di 9e-3, df 3e-2; the bounds
+# leave ~3x for the GPU's accumulation order. Two bf16 runs (another chunk size, split state) are
+# compared with the sum of two such errors.
+BF16_RTOL = {"h": 2e-2, "C": 2e-2, "dq": 3e-2, "dk": 3e-2, "dv": 2e-2, "di": 3e-2, "df": 8e-2}
+BF16_RUN_TO_RUN_RTOL = 3e-2
+
+
+def chunkwise_fp32(gate):
+    def fn(q, k, v, i, f, state):
+        return mlstm_chunkwise(
+            q.float(),
+            k.float(),
+            v.float(),
+            i.float(),
+            f.float(),
+            gate=gate,
+            chunk_size=64,
+            initial_state=state,
+        )
+
+    return fn
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_gpu_bf16_paper_size(gate):
+    batch, heads, seq_len, dqk, dv = 1, 2, 8192, 128, 256
+    inputs = make_inputs(batch, heads, seq_len, dqk, dv, seed=8, i_range=(-11.0, 2.0), f_range=(-5.0, 12.0))
+    inputs[:3] = [x.bfloat16() for x in inputs[:3]]  # both sides see the same bf16 q, k, v
+    weights = make_weights(batch, heads, seq_len, dqk, dv)
+    h_ref, s_ref, g_ref = run_with_grads(chunkwise_fp32(gate), inputs, [], weights, gate)
+    h, s, g = run_with_grads(tfla_fn(gate, False, 128), inputs, [], weights, gate)
+    assert h.dtype == torch.bfloat16
+    for name, a, b in zip(["h", "C", *GRAD_NAMES], [h, s[0], *g], [h_ref, s_ref[0], *g_ref], strict=True):
+        assert torch.isfinite(a).all(), name
+        assert rel_rms(a, b) < BF16_RTOL[name], f"{name}: {rel_rms(a, b):.2e}"
+
+
+# float16 (unit roundoff 2^-11): measured the same way at T = 2048 with the default gate ranges,
+# h 3e-4, dq/dk/dv/di 5e-4, df 2e-3. (At the trained gate ranges some h_t underflow in float16,
+# which makes the RMS-normalized test loss itself undefined; bfloat16 covers those ranges.)
+FP16_RTOL = {"h": 2e-3, "C": 2e-3, "dq": 3e-3, "dk": 3e-3, "dv": 3e-3, "di": 3e-3, "df": 1e-2}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_gpu_fp16(gate):
+    batch, heads, seq_len, dqk, dv = 1, 2, 2048, 128, 256
+    inputs = make_inputs(batch, heads, seq_len, dqk, dv, seed=11)
+    inputs[:3] = [x.half() for x in inputs[:3]]
+    weights = make_weights(batch, heads, seq_len, dqk, dv)
+    h_ref, s_ref, g_ref = run_with_grads(chunkwise_fp32(gate), inputs, [], weights, gate)
+    h, s, g = run_with_grads(tfla_fn(gate, False, 128), inputs, [], weights, gate)
+    assert h.dtype == torch.float16
+    for name, a, b in zip(["h", "C", *GRAD_NAMES], [h, s[0], *g], [h_ref, s_ref[0], *g_ref], strict=True):
+        assert torch.isfinite(a).all(), name
+        assert rel_rms(a, b) < FP16_RTOL[name], f"{name}: {rel_rms(a, b):.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_gpu_bf16_state_passing_and_chunk_invariance(gate):
+    inputs = [x.cuda() for x in make_inputs(2, 4, 8192, 128, 256, seed=9)]
+    inputs[:3] = [x.bfloat16() for x in inputs[:3]]
+    h_full = mlstm_tfla(*inputs, gate=gate, chunk_size=128)
+    for chunk in (64, 256, 1024):
+        assert rel_rms(mlstm_tfla(*inputs, gate=gate, chunk_size=chunk), h_full) < BF16_RUN_TO_RUN_RTOL
+    half = [x[:, :, :4096] for x in inputs]
+    rest = [x[:, :, 4096:] for x in inputs]
+    h_a, state = mlstm_tfla(*half, gate=gate, chunk_size=128, return_final_state=True)
+    h_b = mlstm_tfla(*rest, gate=gate, chunk_size=128, initial_state=state)
+    assert rel_rms(torch.cat([h_a, h_b], dim=2), h_full) < BF16_RUN_TO_RUN_RTOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("gate", "normalize"), [("exp", False), ("sig", False), ("sig", True)])
+def test_gpu_fp32_matches_float64_reference(gate, normalize):
+    # Compiled kernels (not the interpreter) in float32 with full-precision products: the CPU bound holds.
+    check_against_reference(gate, normalize, 2, 3, 1024, 64, 128, 128, seed=10)
+
+
+# ---- adapters ---------------------------------------------------------------------------------------
+def adapter_case(kernel, **changes):
+    fields = dict(kernel=kernel, mode="fwbw", dtype="float32", batch=2, seq_len=128, num_heads=2,
+                  head_dim_qk=32, head_dim_v=64, chunk_size=64)  # fmt: skip
+    return Case(**(fields | changes))
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({}, None),
+        ({"seq_len": 120}, "seq_len must be a multiple of 16"),
+        ({"chunk_size": 48}, "chunk_size must be a power of two"),
+        ({"chunk_size": 256}, "larger than seq_len"),
+        ({"head_dim_qk": 8}, "head_dim_qk must be a multiple of 16"),
+        ({"head_dim_v": 2048}, "head_dim_v must be a multiple of 16 in"),
+        ({"params": {"causal": True}}, "unknown param"),
+    ],
+)
+def test_tfla_adapter_check(changes, reason):
+    for name in ("tfla_exp", "tfla_sig"):
+        adapter = registry.get(name)
+        result = adapter.check(adapter_case(name, **changes))
+        assert (result is None) if reason is None else (reason in result)
+        assert adapter.uses_chunk_size
+    assert registry.get("tfla_sig").check(adapter_case("tfla_sig", params={"normalize": True})) is None
+
+
+def test_tfla_adapter_counts_scale_with_batch_and_mode():
+    adapter = registry.get("tfla_sig")
+    small, large = adapter_case("tfla_sig", batch=1), adapter_case("tfla_sig", batch=4)
+    assert adapter.flops(large, "fw") == pytest.approx(4 * adapter.flops(small, "fw"))
+    assert adapter.flops(small, "fwbw") > adapter.flops(small, "fw") > 0
+    assert adapter.bytes(small, "fwbw") > adapter.bytes(small, "fw") > 0
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_mlstm_torch_adapter_matches_its_reference(gate):
+    adapter = registry.get("mlstm_torch")
+    case = adapter_case("mlstm_torch", chunk_size=None, params={"gate": gate})
+    assert adapter.check(case) is None
+    assert adapter.available() is None and adapter.cpu_capable
+    inputs = adapter.make_inputs(case, "cpu")
+    out = adapter.forward(inputs)
+    out.sum().backward()
+    assert inputs["q"].grad is not None
+    assert rel_rms(out.detach(), adapter.reference(inputs)) < FP32_RTOL
+    assert adapter.flops(case, "fw") > 0 and adapter.bytes(case, "fw") > 0
+    assert "gate must be exp or sig" in adapter.check(adapter_case("mlstm_torch", params={"gate": "tanh"}))
