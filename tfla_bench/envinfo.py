@@ -90,7 +90,8 @@ def collect(
         "triton": _version("triton"),
         "python": platform.python_version(),
         "packages": {name: _version(name) for name in PACKAGES},
-        "git_sha": _git("rev-parse", "HEAD"),
+        # A copy of the tree without .git (e.g. shipped to a GPU node) can name its commit in the env.
+        "git_sha": _git("rev-parse", "HEAD") or os.environ.get(GIT_SHA_ENV),
         "git_dirty": _git_dirty(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -122,6 +123,9 @@ def _version(distribution: str) -> str | None:
 
 def _repo_root() -> Path:
     return Path(tfla_bench.__file__).resolve().parent.parent
+
+
+GIT_SHA_ENV = "TFLA_BENCH_GIT_SHA"
 
 
 def _git(*args: str) -> str | None:
