@@ -323,3 +323,18 @@ def test_gpu_sweep_records_memory_and_device_facts(tmp_path, cuda_graph):
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["gpu_name"] and env["sm_count"] > 0 and env["gpu_memory_bytes"] > 0
     assert env["measurement"]["clock"] == "cuda_events" and env["measurement"]["flush_bytes"] >= 256_000_000
+
+
+def test_a_kernel_that_keeps_crashing_the_same_way_is_not_rerun(tmp_path):
+    spec = tiny_spec(["test_abort", "sdpa_math"], ["fw"], seq_len=[16, 32, 48, 64])
+    cases = specs.expand(spec)
+    report = runner.run_sweep(spec, cases, tmp_path / "run", devices=["cpu"])
+    aborts = [row for row in report.rows if row.case.kernel == "test_abort"]
+    assert [row.status for row in aborts] == ["crashed"] * 4
+    ran, skipped = aborts[: runner.CRASH_REPEATS], aborts[runner.CRASH_REPEATS :]
+    assert all("SIGABRT" in row.error and not row.error.startswith("not run") for row in ran)
+    assert all(
+        row.error.startswith("not run: the previous 2 cases") and "SIGABRT" in row.error for row in skipped
+    )
+    assert report.worker_starts == 1 + runner.CRASH_REPEATS
+    assert {row.status for row in report.rows if row.case.kernel == "sdpa_math"} == {"ok"}

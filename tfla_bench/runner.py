@@ -86,6 +86,8 @@ from tfla_bench.worker import Job, Measurement, Worker
 from tfla_bench.workloads import Case
 
 RUNS_DIR = Path("results") / "runs"
+# Consecutive identical crashes of one kernel after which its remaining cases are not run.
+CRASH_REPEATS = 2
 RESULTS_FILE = "results.csv"
 ENV_FILE = "env.json"
 SPEC_FILE = "spec.json"
@@ -387,6 +389,7 @@ def _dispatch(
         console=console,
     )
     task = progress.add_task("starting", total=len(to_run))
+    crashes = _CrashGuard()
 
     def serve(worker: Worker, shard: list[_Planned]) -> None:
         try:
@@ -395,11 +398,15 @@ def _dispatch(
                     return
                 with lock:
                     progress.update(task, description=_label(planned.case))
-                job = Job(planned.case, type(planned.adapter).__module__, spec.measurement)
-                measurement = worker.run(job)
-                if stop.is_set():
-                    return  # interrupted: the worker was killed under us, this is not the kernel's fault
-                row = _row(planned, measurement)
+                    row = crashes.verdict(planned)
+                if row is None:
+                    job = Job(planned.case, type(planned.adapter).__module__, spec.measurement)
+                    measurement = worker.run(job)
+                    if stop.is_set():
+                        return  # interrupted: the worker was killed under us, this is not the kernel's fault
+                    row = _row(planned, measurement)
+                    with lock:
+                        crashes.record(row)
                 with lock:
                     writer.write(row)
                     progress.console.print(_line(row))
@@ -431,6 +438,39 @@ def _dispatch(
             raise
     if errors:
         raise errors[0]
+
+
+class _CrashGuard:
+    """Stops re-running a kernel that keeps killing its worker the same way.
+
+    Each crash costs a worker restart and, for a Triton kernel, a compile that ends in the same abort
+    (the official xl_chunk exp kernel hits an LLVM assertion on every shape under Triton 3.6). After
+    `CRASH_REPEATS` consecutive crashes of one kernel with the same error, its remaining cases get
+    status `crashed` with an error saying they were not run; any other outcome resets the count.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[str, int]] = {}
+
+    def verdict(self, planned: _Planned) -> ResultRow | None:
+        error, count = self._last.get(planned.case.kernel, ("", 0))
+        if count < CRASH_REPEATS:
+            return None
+        return ResultRow(
+            case=planned.case,
+            family=planned.adapter.family,
+            status="crashed",
+            error=f"not run: the previous {count} cases of this kernel crashed the same way: {error}",
+        )
+
+    def record(self, row: ResultRow) -> None:
+        """Count a row of a case that ran."""
+        kernel = row.case.kernel
+        if row.status != "crashed":
+            self._last.pop(kernel, None)
+            return
+        last_error, count = self._last.get(kernel, ("", 0))
+        self._last[kernel] = (row.error or "", count + 1 if row.error == last_error else 1)
 
 
 def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
