@@ -72,9 +72,11 @@ class TFLABlocks:
         state_seq: steps per tile of the recurrent kernels.
         state_qk: state rows per recurrent-kernel program (divides `Dqk`).
         state_v: state columns per recurrent-kernel program (divides `Dv`).
-        num_warps: warps per program of the parallel kernels.
-        num_stages: software-pipelining stages of the parallel kernels.
+        num_warps: warps per program of the parallel forward kernel.
+        num_stages: software-pipelining stages of the parallel forward kernel.
         state_num_warps: warps per program of the recurrent kernels.
+        bwd_seq_q, bwd_seq_kv, bwd_num_warps, bwd_num_stages: `seq_q`, `seq_kv`, `num_warps` and
+            `num_stages` of the three parallel backward kernels (dQ, dK, dV), tuned apart from the forward.
     """
 
     seq_q: int
@@ -87,6 +89,10 @@ class TFLABlocks:
     num_warps: int = 4
     num_stages: int = 2
     state_num_warps: int = 4
+    bwd_seq_q: int = 64
+    bwd_seq_kv: int = 64
+    bwd_num_warps: int = 4
+    bwd_num_stages: int = 2
 
 
 def _largest_pow2_divisor(n: int, cap: int) -> int:
@@ -123,6 +129,10 @@ def default_blocks(
         num_warps=8 if seq * max(qk, v) >= 64 * 128 else 4,
         num_stages=2,
         state_num_warps=4,
+        bwd_seq_q=seq,
+        bwd_seq_kv=seq,
+        bwd_num_warps=8 if seq * max(qk, v) >= 64 * 128 else 4,
+        bwd_num_stages=2,
     )
 
 
@@ -228,15 +238,15 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, cfg: _Con
         DQK=dqk,
         DV=dv_dim,
         L=cfg.chunk_size,
-        BLOCK_LQ=blk.seq_q,
-        BLOCK_LKV=blk.seq_kv,
+        BLOCK_LQ=blk.bwd_seq_q,
+        BLOCK_LKV=blk.bwd_seq_kv,
         BLOCK_DQK=blk.qk,
         BLOCK_DV=blk.v,
-        num_warps=blk.num_warps,
-        num_stages=blk.num_stages,
+        num_warps=blk.bwd_num_warps,
+        num_stages=blk.bwd_num_stages,
     )
-    n_seq_tiles = cfg.chunk_size // blk.seq_q
-    n_kv_tiles = cfg.chunk_size // blk.seq_kv
+    n_seq_tiles = cfg.chunk_size // blk.bwd_seq_q
+    n_kv_tiles = cfg.chunk_size // blk.bwd_seq_kv
 
     dq = torch.empty_like(q)
     qdq = torch.empty(dqk // blk.qk, bh, seq_len, dtype=torch.float32, device=q.device)
@@ -412,7 +422,7 @@ def _check_state(initial_state, gate, normalize, q, dv):
 def _resolve_blocks(dqk, dv, chunk_size, dtype, batch_heads, overrides: dict) -> TFLABlocks:
     defaults = default_blocks(dqk, dv, chunk_size, dtype, batch_heads)
     blocks = replace(defaults, **{k: x for k, x in overrides.items() if x is not None})
-    for name in ("seq_q", "seq_kv", "state_seq"):
+    for name in ("seq_q", "seq_kv", "state_seq", "bwd_seq_q", "bwd_seq_kv"):
         size = getattr(blocks, name)
         if not (_is_pow2(size) and 16 <= size <= chunk_size):
             raise ValueError(
@@ -424,11 +434,12 @@ def _resolve_blocks(dqk, dv, chunk_size, dtype, batch_heads, overrides: dict) ->
             raise ValueError(
                 f"block_{name} must be a power of two >= 16 dividing the head dim {dim}, got {size}"
             )
-    for name in ("num_warps", "state_num_warps"):
+    for name in ("num_warps", "state_num_warps", "bwd_num_warps"):
         if not _is_pow2(getattr(blocks, name)):
             raise ValueError(f"{name} must be a power of two, got {getattr(blocks, name)}")
-    if blocks.num_stages < 1:
-        raise ValueError(f"num_stages must be at least 1, got {blocks.num_stages}")
+    for name in ("num_stages", "bwd_num_stages"):
+        if getattr(blocks, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(blocks, name)}")
     return blocks
 
 
@@ -456,6 +467,10 @@ def mlstm_tfla(
     num_warps: int | None = None,
     num_stages: int | None = None,
     state_num_warps: int | None = None,
+    bwd_block_seq_q: int | None = None,
+    bwd_block_seq_kv: int | None = None,
+    bwd_num_warps: int | None = None,
+    bwd_num_stages: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The mLSTM with the TFLA xl_chunk kernels (Triton), differentiable.
 
@@ -476,7 +491,8 @@ def mlstm_tfla(
         pad: if `T` is not a multiple of 16, pad the sequence with steps that leave the state
             unchanged (forget gate 1, input gate 0) instead of raising.
         block_seq_q, block_seq_kv, block_qk, block_v, block_state_seq, block_state_qk, block_state_v,
-        num_warps, num_stages, state_num_warps: override the `default_blocks` heuristic (`TFLABlocks`).
+        num_warps, num_stages, state_num_warps, bwd_block_seq_q, bwd_block_seq_kv, bwd_num_warps,
+        bwd_num_stages: override the `default_blocks` heuristic (`TFLABlocks`).
 
     Returns:
         `h` `[B, NH, T, Dv]` in the dtype of `q`, or `(h, final_state)` with `return_final_state`.
@@ -513,6 +529,10 @@ def mlstm_tfla(
         num_warps=num_warps,
         num_stages=num_stages,
         state_num_warps=state_num_warps,
+        bwd_seq_q=bwd_block_seq_q,
+        bwd_seq_kv=bwd_block_seq_kv,
+        bwd_num_warps=bwd_num_warps,
+        bwd_num_stages=bwd_num_stages,
     )
     blocks = _resolve_blocks(q.shape[-1], dv, chunk_size, q.dtype, q.shape[0] * q.shape[1], overrides)
     cfg = _Config(

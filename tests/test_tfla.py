@@ -35,6 +35,8 @@ SMALL_BLOCKS = dict(
     block_state_seq=16,
     block_state_qk=16,
     block_state_v=16,
+    bwd_block_seq_q=16,
+    bwd_block_seq_kv=16,
 )
 
 
