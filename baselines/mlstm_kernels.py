@@ -32,24 +32,18 @@ from typing import TYPE_CHECKING, Any
 from tfla_bench.baselines._common import (
     bool_param,
     cuda_reason,
-    element_bytes,
-    generator,
-    grad_if,
     is_installed,
     is_power_of_two,
-    randn,
-    torch_dtype,
     try_import,
     unknown_params_reason,
 )
-from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
+from tfla_bench.kernels.adapters import mlstm_counts, mlstm_inputs
 from tfla_bench.registry import Adapter, register
 from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch
 
-FORGET_GATE_BIAS = 3.0
 MIN_HEAD_DIM = 16
 XL_MIN_CHUNKED_SEQ_LEN = 128
 XL_BLOCK = 64
@@ -119,19 +113,8 @@ class _MlstmKernelsPeer(Adapter):
         return None
 
     def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
-        """q, k `[B, NH, T, Dqk]`, v `[B, NH, T, Dv]`, i, f `[B, NH, T]` (pre-activations), chunk_size."""
-        gen = generator(case, device)
-        dtype = torch_dtype(case.dtype)
-        shape_qk = (case.batch, case.num_heads, case.seq_len, case.head_dim_qk)
-        gate_shape = (case.batch, case.num_heads, case.seq_len)
-        inputs: dict[str, Any] = {
-            "q": randn(shape_qk, gen, device, dtype),
-            "k": randn(shape_qk, gen, device, dtype),
-            "v": randn((case.batch, case.num_heads, case.seq_len, case.head_dim_v), gen, device, dtype),
-            "i": randn(gate_shape, gen, device, dtype),
-            "f": (randn(gate_shape, gen, device, torch_dtype("float32")) + FORGET_GATE_BIAS).to(dtype),
-        }
-        grad_if(inputs, ("q", "k", "v", "i", "f"), case.mode)
+        """Our mLSTM inputs (`kernels.adapters.mlstm_inputs`, the same as TFLA's) plus the chunk size."""
+        inputs = mlstm_inputs(case, device)
         inputs["chunk_size"] = self.chunk(case)
         return inputs
 
@@ -159,30 +142,10 @@ class _MlstmKernelsPeer(Adapter):
         return h
 
     def flops(self, case: Case, mode: str) -> float:
-        per_head = mlstm_flops(
-            self.gate,
-            "chunkwise",
-            seq_len=case.seq_len,
-            chunk_size=self.chunk(case),
-            head_dim_qk=case.head_dim_qk,
-            head_dim_v=case.head_dim_v,
-        )
-        return mode_flops(case.batch * case.num_heads * per_head, "mlstm", mode)
+        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[0]
 
     def bytes(self, case: Case, mode: str) -> float:
-        size = element_bytes(case.dtype)
-        per_head = mlstm_bytes(
-            self.gate,
-            "chunkwise",
-            seq_len=case.seq_len,
-            chunk_size=self.chunk(case),
-            head_dim_qk=case.head_dim_qk,
-            head_dim_v=case.head_dim_v,
-            qkv_bytes=size,
-            gate_bytes=size,
-            state_bytes=4,
-        )
-        return mode_bytes(case.batch * case.num_heads * per_head, "mlstm", mode)
+        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[1]
 
 
 @register

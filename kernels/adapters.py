@@ -65,7 +65,7 @@ def mlstm_inputs(case: Case, device: str) -> dict[str, Any]:
     return inputs
 
 
-def _mlstm_counts(
+def mlstm_counts(
     case: Case, mode: str, gate: str, formulation: str, chunk_size: int | None
 ) -> tuple[float, float]:
     """(FLOPs, bytes) of one call: the model's per-head counts times batch * heads, in `mode`."""
@@ -125,10 +125,10 @@ class MlstmTorch(Adapter):
         return h
 
     def flops(self, case: Case, mode: str) -> float:
-        return _mlstm_counts(case, mode, self._gate(case), "parallel", None)[0]
+        return mlstm_counts(case, mode, self._gate(case), "parallel", None)[0]
 
     def bytes(self, case: Case, mode: str) -> float:
-        return _mlstm_counts(case, mode, self._gate(case), "parallel", None)[1]
+        return mlstm_counts(case, mode, self._gate(case), "parallel", None)[1]
 
 
 class _TFLAAdapter(Adapter):
@@ -193,10 +193,10 @@ class _TFLAAdapter(Adapter):
         return h
 
     def flops(self, case: Case, mode: str) -> float:
-        return _mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[0]
+        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[0]
 
     def bytes(self, case: Case, mode: str) -> float:
-        return _mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[1]
+        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[1]
 
 
 @register
@@ -295,7 +295,7 @@ class LimitChunk(Adapter):
         return h
 
     def flops(self, case: Case, mode: str) -> float:
-        return _mlstm_counts(case, mode, "exp", "chunkwise", self.chunk(case))[0]
+        return mlstm_counts(case, mode, "exp", "chunkwise", self.chunk(case))[0]
 
     def bytes(self, case: Case, mode: str) -> float:
-        return _mlstm_counts(case, mode, "exp", "chunkwise", self.chunk(case))[1]
+        return mlstm_counts(case, mode, "exp", "chunkwise", self.chunk(case))[1]

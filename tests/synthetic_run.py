@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from tfla_bench import results
 from tfla_bench.model.counts import (
     attention_bytes,
     attention_flops,
@@ -31,33 +32,8 @@ H100_NAME = "NVIDIA H100 80GB HBM3"
 RUNTIME_FACTOR = {"tfla_sig": 0.9, "tfla_exp": 1.1, "limit_chunk": 1.25, "sdpa_cudnn": 0.8, "mamba2": 1.5}
 MEMORY_FACTOR = 0.95
 
-SCHEMA = [
-    "kernel",
-    "mode",
-    "dtype",
-    "batch",
-    "seq_len",
-    "num_heads",
-    "head_dim_qk",
-    "head_dim_v",
-    "chunk_size",
-    "family",
-    "status",
-    "median_ms",
-    "p20_ms",
-    "p80_ms",
-    "min_ms",
-    "first_call_s",
-    "peak_memory_bytes",
-    "peak_memory_above_inputs_bytes",
-    "flops",
-    "bytes",
-    "tflops",
-    "gbps",
-    "device",
-    "error",
-    "note",
-]
+# The runner's CSV schema (case columns, then metrics), without param_* columns.
+SCHEMA = [*results.CASE_COLUMNS, *results.METRIC_COLUMNS]
 
 FAMILIES = {
     "tfla_sig": "mlstm",
