@@ -1,0 +1,34 @@
+"""`pip install .` ships kernels/ and baselines/ inside the tfla_bench namespace, never top-level."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_maps_kernels_and_baselines_into_the_namespace(tmp_path):
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path]
+    subprocess.run([*build, str(REPO)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("tfla_bench-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "tfla_bench/kernels/tfla.py" in names and "tfla_bench/baselines/sdpa.py" in names
+    assert not [name for name in names if name.split("/")[0] in ("kernels", "baselines")]
+
+    target = tmp_path / "site"
+    install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True)
+    probe = (
+        "import tfla_bench.kernels.adapters, tfla_bench.baselines.sdpa, tfla_bench;"
+        "print(tfla_bench.kernels.adapters.__file__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).is_relative_to(target)
