@@ -44,6 +44,8 @@ _FATAL_CUDA_MARKERS = (
 LOG_TAIL_LINES = 8
 MAX_ERROR_CHARS = 1500
 STARTUP_TIMEOUT_S = 600.0
+# How long an interrupted sweep waits for a killed worker to be reaped.
+INTERRUPT_JOIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -376,10 +378,12 @@ class Worker:
 
     def interrupt(self) -> None:
         """Kill the process only (safe from another thread): the thread serving this worker sees
-        it die and returns; its pipe is closed later by `stop` or `kill` in that thread."""
+        it die and returns; its pipe is closed later by `stop` or `kill` in that thread. Waits for
+        the process to be reaped, so no worker outlives an interrupted sweep."""
         process = self._process
         if process is not None and process.is_alive():
             process.kill()
+            process.join(INTERRUPT_JOIN_S)
 
     def _receive(self, timeout_s: float) -> tuple[str, Any] | str:
         """A message, or `timeout`, or `died`."""
