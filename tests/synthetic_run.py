@@ -129,6 +129,8 @@ def row(
         "device": "cuda:0" if ok else "",
         "error": error,
         "note": "",
+        "warmup": 10 if ok else math.nan,
+        "reps": 30 if ok else math.nan,
     }
     record.update({f"param_{k}": v for k, v in params.items()})
     return record

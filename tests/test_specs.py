@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from plugin_support import registered_test_adapters
 
-from tfla_bench import specs
+from tfla_bench import registry, specs
 from tfla_bench.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,7 +147,8 @@ def test_to_dict_round_trips_and_measurement_overrides(tmp_path):
         (BASE.replace("tokens = 65536", "tokens = 65535"), "tokens 65535 is not a multiple of seq_len 2048"),
         (BASE.replace("test_chunked", "nope"), "unknown kernel 'nope'; known kernels: "),
         (BASE + "[override.gla2]\nnum_heads = 4\n", "[override.gla2] matches no kernel family"),
-        (BASE + "[override.attention]\nwarmup = 4\n", "unknown key 'warmup' in [override.attention]"),
+        (BASE + "[override.attention]\nreps = 0\n", "override.attention.reps"),
+        (BASE + "[override.attention]\ntimeout_s = 4\n", "unknown key 'timeout_s' in [override.attention]"),
         (BASE.replace("num_heads = 16", ""), "needs 'num_heads' or 'embedding_dim'"),
         ("name = 't'\nkernels = [", "not valid TOML"),
     ],
@@ -189,3 +190,16 @@ def test_experiment_specs_expand(name):
         assert {(c.num_heads, c.head_dim_qk, c.head_dim_v) for c in cases} == {(32, 128, 128)}
         cudnn = {c.param("causal") for c in cases if c.kernel == "sdpa_cudnn"}
         assert cudnn == {True, False}
+
+
+def test_override_warmup_and_reps_apply_per_kernel_and_the_command_line_wins(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text(BASE + "[override.attention]\nwarmup = 25\nreps = 100\n")
+    spec = specs.load_spec(path)
+    attention = next(a for a in registry.adapters() if a.family == "attention")
+    other = next(a for a in registry.adapters() if a.family != "attention")
+    assert (spec.measurement_for(attention).warmup, spec.measurement_for(attention).reps) == (25, 100)
+    assert spec.measurement_for(other) == spec.measurement
+    assert specs.parse_spec(spec.to_dict(), "round trip").measurement_for(attention).reps == 100
+    forced = spec.with_measurement(reps=3)
+    assert forced.measurement_for(attention).reps == 3 and forced.measurement_for(attention).warmup == 25

@@ -46,6 +46,8 @@ METRIC_COLUMNS = (
     "device",
     "error",
     "note",
+    "warmup",
+    "reps",
 )
 STATUSES = ("ok", "crashed", "oom", "timeout", "unavailable", "unsupported", "error", "failed_check")
 # Statuses decided in the parent without running anything: re-deciding them is free and reflects the
@@ -89,6 +91,8 @@ class ResultRow:
     device: str = ""
     error: str = ""
     note: str = ""
+    warmup: int | None = None
+    reps: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -81,7 +81,7 @@ from rich.table import Table
 from tfla_bench import envinfo, registry, results
 from tfla_bench.errors import UserError
 from tfla_bench.results import ResultRow
-from tfla_bench.specs import Spec, parse_spec
+from tfla_bench.specs import MeasureSettings, Spec, parse_spec
 from tfla_bench.worker import Job, Measurement, Worker
 from tfla_bench.workloads import Case
 
@@ -400,11 +400,12 @@ def _dispatch(
                     progress.update(task, description=_label(planned.case))
                     row = crashes.verdict(planned)
                 if row is None:
-                    job = Job(planned.case, type(planned.adapter).__module__, spec.measurement)
+                    settings = spec.measurement_for(planned.adapter)
+                    job = Job(planned.case, type(planned.adapter).__module__, settings)
                     measurement = worker.run(job)
                     if stop.is_set():
                         return  # interrupted: the worker was killed under us, this is not the kernel's fault
-                    row = _row(planned, measurement)
+                    row = _row(planned, measurement, settings)
                     with lock:
                         crashes.record(row)
                 with lock:
@@ -473,7 +474,7 @@ class _CrashGuard:
         self._last[kernel] = (row.error or "", count + 1 if row.error == last_error else 1)
 
 
-def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
+def _row(planned: _Planned, measurement: Measurement, settings: MeasureSettings) -> ResultRow:
     median_s = measurement.median_ms / 1e3 if measurement.median_ms else None
     return ResultRow(
         case=planned.case,
@@ -493,6 +494,8 @@ def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
         device=measurement.device,
         error=measurement.error,
         note=measurement.note,
+        warmup=settings.warmup,
+        reps=settings.reps,
     )
 
 

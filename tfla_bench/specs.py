@@ -7,10 +7,11 @@ element by element (`expand = "zip"`, all lists of one length). Derived shapes:
 - `tokens = N` instead of `batch`: batch = N / seq_len (the paper's constant-token runs);
 - `embedding_dim = E` instead of `num_heads`: num_heads = E / head_dim_v.
 
-`[override.<family or adapter name>]` replaces shape keys, `modes` and `params` for the matching
-kernels (the adapter-name table wins over the family table). `params` (top level or per override)
-become `Case.params`; a list value there is expanded like a shape list. `chunk_size` is dropped
-(None) for adapters whose `uses_chunk_size` is false, and duplicate cases are removed.
+`[override.<family or adapter name>]` replaces shape keys, `modes`, `params`, `warmup` and `reps`
+for the matching kernels (the adapter-name table wins over the family table). `params` (top level
+or per override) become `Case.params`; a list value there is expanded like a shape list.
+`chunk_size` is dropped (None) for adapters whose `uses_chunk_size` is false, and duplicate cases
+are removed.
 
 Every mistake in a spec is a `UserError` naming the file, the key and what was expected.
 """
@@ -39,7 +40,7 @@ SHAPE_KEYS = (
     "head_dim_v",
     "chunk_size",
 )
-OVERRIDE_KEYS = (*SHAPE_KEYS, "modes", "params")
+OVERRIDE_KEYS = (*SHAPE_KEYS, "modes", "params", "warmup", "reps")
 TOP_KEYS = (
     "name",
     "description",
@@ -97,11 +98,17 @@ class MeasureSettings:
 
 @dataclass(frozen=True)
 class Override:
-    """Per-family or per-adapter replacements: shape keys, modes and params."""
+    """Per-family or per-adapter replacements: shape keys, modes, params, warmup and reps.
+
+    The paper timed some kernels with other warmup/reps than the rest of a figure (FlashAttention in
+    the const-token runs: 25/100 against 10/30); a run row records the warmup and reps it used.
+    """
 
     shape: dict[str, Any] = field(default_factory=dict)
     modes: tuple[str, ...] | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    warmup: int | None = None
+    reps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,9 @@ class Spec:
                 entry["modes"] = list(override.modes)
             if override.params:
                 entry["params"] = dict(override.params)
+            for key in ("warmup", "reps"):
+                if getattr(override, key) is not None:
+                    entry[key] = getattr(override, key)
             table["override"][name] = entry
         return table
 
@@ -168,7 +178,24 @@ class Spec:
             return self
         raw = self.to_dict()
         raw.update(given)
+        # A warmup or reps given here (the command line) applies to every kernel, overrides included.
+        for entry in raw["override"].values():
+            for key in ("warmup", "reps"):
+                if key in given:
+                    entry.pop(key, None)
         return parse_spec(raw, self.source)
+
+    def measurement_for(self, adapter: registry.Adapter) -> MeasureSettings:
+        """The settings for one adapter's cases: family, then adapter overrides of warmup and reps."""
+        settings = self.measurement
+        for target in (adapter.family, adapter.name):
+            override = self.overrides.get(target)
+            if override is None:
+                continue
+            for key in ("warmup", "reps"):
+                if getattr(override, key) is not None:
+                    settings = dataclasses.replace(settings, **{key: getattr(override, key)})
+        return settings
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -237,7 +264,12 @@ def parse_spec(raw: dict[str, Any], source: str) -> Spec:
             where.choice_list(table["modes"], f"{label}.modes", MODES) if "modes" in table else None
         )
         override_params = where.params(table.get("params", {}), f"{label}.params")
-        overrides[target] = Override(override_shape, override_modes, override_params)
+        override_runs = {
+            key: where.integer(table[key], f"{label}.{key}", minimum=0 if key == "warmup" else 1)
+            for key in ("warmup", "reps")
+            if key in table
+        }
+        overrides[target] = Override(override_shape, override_modes, override_params, **override_runs)
     published = raw.get("published")
     return Spec(
         name=name,
