@@ -37,7 +37,7 @@ from tfla_bench.baselines._common import (
     try_import,
     unknown_params_reason,
 )
-from tfla_bench.kernels.adapters import mlstm_counts, mlstm_inputs
+from tfla_bench.kernels.adapters import mlstm_counts, mlstm_inputs, mlstm_reference
 from tfla_bench.registry import Adapter, register
 from tfla_bench.workloads import Case
 
@@ -130,16 +130,7 @@ class _MlstmKernelsPeer(Adapter):
         )
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """`tfla_bench.kernels.reference.mlstm_parallel` in float64 (eps 1e-6, the kernels' value)."""
-        import torch
-
-        from tfla_bench.kernels.reference import mlstm_parallel
-
-        q, k, v, i, f = (inputs[name].detach().to(torch.float64) for name in ("q", "k", "v", "i", "f"))
-        h, _ = mlstm_parallel(
-            q, k, v, i, f, gate=self.gate, eps=1e-6, normalize=inputs.get("normalize", False)
-        )
-        return h
+        return mlstm_reference(inputs, self.gate, inputs.get("normalize", False))
 
     def flops(self, case: Case, mode: str) -> float:
         return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[0]

@@ -85,6 +85,14 @@ def _float64(inputs: dict[str, Any]) -> list[torch.Tensor]:
     return [inputs[name].detach().to(torch.float64) for name in ("q", "k", "v", "i", "f")]
 
 
+def mlstm_reference(inputs: dict[str, Any], gate: str, normalize: bool = False) -> torch.Tensor:
+    """`reference.mlstm_parallel` in float64 on an mLSTM adapter's inputs (eps 1e-6, as the kernels)."""
+    from tfla_bench.kernels.reference import mlstm_parallel
+
+    h, _ = mlstm_parallel(*_float64(inputs), gate=gate, normalize=normalize)
+    return h
+
+
 @register
 class MlstmTorch(Adapter):
     """The fully parallel stabilized mLSTM in PyTorch (appendix B.1); param `gate` (exp or sig)."""
@@ -184,13 +192,7 @@ class _TFLAAdapter(Adapter):
         return mlstm_tfla(*(inputs[name] for name in ("q", "k", "v", "i", "f")), **self._kwargs(inputs))
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """`reference.mlstm_parallel` in float64 (eps 1e-6, as the kernels)."""
-        from tfla_bench.kernels.reference import mlstm_parallel
-
-        kwargs = self._kwargs(inputs)
-        kwargs.pop("chunk_size")
-        h, _ = mlstm_parallel(*_float64(inputs), **kwargs)
-        return h
+        return mlstm_reference(inputs, self.gate, inputs.get("normalize", False))
 
     def flops(self, case: Case, mode: str) -> float:
         return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[0]
@@ -288,11 +290,7 @@ class LimitChunk(Adapter):
         return mlstm_limit_chunk(*qkvif, chunk_size=inputs["chunk_size"])
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """`reference.mlstm_parallel` (mLSTMexp) in float64 (eps 1e-6, as the kernel)."""
-        from tfla_bench.kernels.reference import mlstm_parallel
-
-        h, _ = mlstm_parallel(*_float64(inputs), gate="exp")
-        return h
+        return mlstm_reference(inputs, "exp")
 
     def flops(self, case: Case, mode: str) -> float:
         return mlstm_counts(case, mode, "exp", "chunkwise", self.chunk(case))[0]

@@ -9,9 +9,9 @@ Two-level sequence parallelism ("xl_chunk"):
    One program per (d_hv block, L_hq tile, chunk, batch*head) loops over the L_kv tiles up to the
    causal diagonal and over the d_qk blocks (Fig. 3). mLSTMexp follows Algorithm 1 with the running
    max rescaling, but computes the inter-chunk product first and lets it seed the running max, so
-   one accumulator serves both parts (the second accumulator of Algorithm 1 spilled registers on
-   sm_90); mLSTMsig needs no max state and adds both products into one tile as they come
-   (section 4, appendix C.2).
+   one accumulator serves both parts (with the second accumulator of Algorithm 1, an offline
+   Triton compile for sm_90 reported register spills); mLSTMsig needs no max state and adds both
+   products into one tile as they come (section 4, appendix C.2).
 
 Layout: `q, k` `[BH, T, DQK]`, `v, h` `[BH, T, DV]` contiguous; the cumulative log gates `b`
 (within-chunk cumsum of log forget gates) and the log input gates are `[BH, T]` float32; per-chunk

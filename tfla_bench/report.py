@@ -33,19 +33,12 @@ from tfla_bench.model.hardware import ACCELERATORS, Accelerator, detect_accelera
 from tfla_bench.plots.measured import measured_figures, own_accelerator, roofline_fractions
 from tfla_bench.plots.runs import DPI, run_figures
 from tfla_bench.published import PUBLISHED_GPU_NOTE, PUBLISHED_MEMORY_NOTE, mapping_table
+from tfla_bench.results import CASE_COLUMNS
 
 REPORT_FILE = "report.html"
 DEFAULT_ACCELERATORS = ("h100", "h200")
 RESULT_COLUMNS = (
-    "kernel",
-    "mode",
-    "dtype",
-    "batch",
-    "seq_len",
-    "num_heads",
-    "head_dim_qk",
-    "head_dim_v",
-    "chunk_size",
+    *CASE_COLUMNS,
     "status",
     "median_ms",
     "p20_ms",

@@ -114,7 +114,7 @@ class ResultRow:
     def from_csv(cls, cells: dict[str, str]) -> ResultRow:
         """Parse a row written by `to_csv` (param values come back as bool, int, float or str)."""
         params = {
-            key.removeprefix("param_"): _parse_param(value)
+            key.removeprefix("param_"): parse_param(value)
             for key, value in cells.items()
             if key.startswith("param_") and value != ""
         }
@@ -215,9 +215,10 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _parse_param(text: str) -> bool | int | float | str:
-    if text in ("True", "False"):
-        return text == "True"
+def parse_param(text: str) -> bool | int | float | str:
+    """A param value from text (a CSV cell or a `--param` flag): bool, int, float or str."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for parse in (int, float):
         try:
             return parse(text)

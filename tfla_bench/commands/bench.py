@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tfla_bench import correctness, registry, runner, specs
+from tfla_bench import correctness, registry, results, runner, specs
 from tfla_bench.commands import check as check_command
 from tfla_bench.errors import UserError
 from tfla_bench.specs import Spec
@@ -316,17 +316,6 @@ def _params(entries: list[str]) -> dict[str, Any]:
         key, sep, text = entry.partition("=")
         if not sep or not key.strip():
             raise UserError(f"--param: expected key=value, got {entry!r}")
-        values = [_scalar(part.strip()) for part in text.split(",")]
+        values = [results.parse_param(part.strip()) for part in text.split(",")]
         params[key.strip()] = values[0] if len(values) == 1 else values
     return params
-
-
-def _scalar(text: str) -> bool | int | float | str:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for parse in (int, float):
-        try:
-            return parse(text)
-        except ValueError:
-            pass
-    return text

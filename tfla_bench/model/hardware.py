@@ -2,9 +2,10 @@
 
 V100, A100, H100 (SXM) and B200 are the TFLA paper's table 18 (non-sparse values). H100 PCIe
 and H200 are not in the paper; they come from NVIDIA's data sheets (dense bf16 = half the
-with-sparsity number). These are data-sheet peaks: a measured roofline sits below them (on a
-lent H100 80GB HBM3, a bf16 8192^3 matmul reaches ~798e12 FLOP/s and a device-to-device copy
-~3.0e12 bytes/s), which `--peak-flops` / `--bandwidth` can express.
+with-sparsity number). These are data-sheet peaks: a measured roofline sits below them (the
+project's shared MODEL_FORMULAS.md reports, for a lent H100 80GB HBM3, ~798e12 FLOP/s for a bf16
+8192^3 matmul and ~3.0e12 bytes/s for a device-to-device copy), which `--peak-flops` /
+`--bandwidth` can express.
 """
 
 from __future__ import annotations
