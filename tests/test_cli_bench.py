@@ -157,3 +157,15 @@ def test_sweep_check_marks_failing_kernel_without_running_it(
     rows = results.read_rows(out_dir / "results.csv")
     assert rows and all(row.status == "failed_check" for row in rows)
     assert "0.5 > tolerance" in rows[0].error
+    gate = json.loads((out_dir / "check.json").read_text())
+    assert gate["device"] == "cpu"
+    assert gate["results"] == [
+        {
+            "name": "sdpa_math",
+            "status": "ok",
+            "max_rel_error": 0.5,
+            "tolerance": 1e-2,
+            "passed": False,
+            "reason": None,
+        }
+    ]

@@ -119,3 +119,18 @@ def test_cli_report_with_out_and_published_none(tmp_path, capsys):
     assert out.is_file() and not (run_dir / "report.html").exists()
     assert f"wrote {out}" in capsys.readouterr().out.replace("\n", "")
     assert '<section id="comparison">' not in out.read_text()
+
+
+def test_report_shows_the_gate_of_a_checked_sweep(tmp_path):
+    from tfla_bench import correctness
+
+    run_dir = write_run(tmp_path / "fig5_consttoken-20250101-000000", fw_rows()[:4])
+    assert 'id="gate"' not in build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])
+    gate = [
+        correctness.GateResult("tfla_sig", "ok", 3.1e-3, 2e-2, True, None),
+        correctness.GateResult("mlstm_kernels_exp", "crashed", None, None, False, "killed by SIGABRT"),
+    ]
+    correctness.write_gate(run_dir / correctness.CHECK_FILE, gate, "NVIDIA H100 80GB HBM3")
+    page = build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])
+    assert '<section id="gate">' in page and 'id="gate"' in page
+    assert "killed by SIGABRT" in page and "on NVIDIA H100 80GB HBM3" in page

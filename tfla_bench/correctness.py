@@ -32,12 +32,15 @@ Triton 3.6) or hangs in autotuning yields a `crashed` / `timeout` result and the
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
 import math
 import multiprocessing
 import signal
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfla_bench import registry
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
 
 TOLERANCES: dict[str, float] = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 5e-3}
 DEFAULT_TIMEOUT_S = 900.0
+CHECK_FILE = "check.json"  # the gate of `sweep --check`, kept in the run directory
 
 # Statuses of a gate result. `passed` is True/False for "ok" and False for "error", "crashed" and
 # "timeout" (an available adapter that cannot produce a checked output fails the gate); None for
@@ -381,3 +385,19 @@ def run_gate(
 def failed_names(results: list[GateResult]) -> set[str]:
     """Names of the adapters that ran and failed the gate (`passed is False`)."""
     return {result.name for result in results if result.passed is False}
+
+
+def json_row(result: GateResult) -> dict[str, object]:
+    """`result` as a JSON-ready dict (a non-finite error becomes None; the reason says why)."""
+    row = dataclasses.asdict(result)
+    error = row["max_rel_error"]
+    if isinstance(error, float) and not math.isfinite(error):
+        row["max_rel_error"] = None
+    return row
+
+
+def write_gate(path: Path, results: list[GateResult], device_name: str) -> Path:
+    """Write the gate's results (`{"device": ..., "results": [...]}`) to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"device": device_name, "results": [json_row(r) for r in results]}, indent=2))
+    return path

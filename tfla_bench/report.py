@@ -1,7 +1,8 @@
 """One self-contained HTML page per run (`tfla-bench report RUN_DIR`).
 
-The page holds the environment (env.json), a status summary, every result row, the rows that did
-not run with their reasons, the comparison with the published data set (per mode, plain and
+The page holds the environment (env.json), the correctness gate when the sweep ran with
+`--check` (check.json), a status summary, every result row, the rows that did not run with their
+reasons, the comparison with the published data set (per mode, plain and
 roofline-normalized where the run's GPU is known, plus both sides' unmatched rows), the roofline
 fraction per kernel, the published-kernel mapping, and every figure of `tfla_bench.plots.runs`
 and `tfla_bench.plots.measured`, embedded as base64 PNG: one file to open, nothing beside it.
@@ -29,6 +30,7 @@ from tfla_bench.compare import (
     published_only_summary,
     resolve_published_name,
 )
+from tfla_bench.correctness import CHECK_FILE
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator, detect_accelerator
 from tfla_bench.plots.measured import measured_figures, own_accelerator, roofline_fractions
 from tfla_bench.plots.runs import DPI, run_figures
@@ -96,6 +98,22 @@ def _env_tables(env: dict[str, Any]) -> str:
             table = pd.DataFrame({"name": list(value), "value": [json.dumps(v) for v in value.values()]})
             parts.append(f"<h3>{html.escape(key)}</h3>" + frame_html(table, f"env-{key}"))
     return "\n".join(parts)
+
+
+def gate_table(run_dir: Path) -> tuple[str, pd.DataFrame] | None:
+    """The device and table of the run's correctness gate (`check.json` of `sweep --check`), or None."""
+    path = Path(run_dir) / CHECK_FILE
+    if not path.exists():
+        return None
+    gate = json.loads(path.read_text())
+    columns = ["name", "status", "max_rel_error", "tolerance", "passed", "reason"]
+    table = pd.DataFrame(gate["results"], columns=columns).rename(columns={"name": "kernel"})
+    return str(gate.get("device", "?")), table
+
+
+def _gate_section(device: str, table: pd.DataFrame) -> str:
+    intro = f"<p>Forward output of each kernel against a PyTorch reference, on {html.escape(device)}.</p>"
+    return intro + frame_html(table, "gate")
 
 
 def status_summary(results: pd.DataFrame) -> pd.DataFrame:
@@ -195,6 +213,11 @@ def build_report(run: Run, published: str | None, accelerators: list[Accelerator
     fractions = roofline_fractions(run, accelerators)
     sections: list[tuple[str, str, Callable[[], str]]] = [
         ("environment", "Environment", lambda: _env_tables(run.env)),
+    ]
+    gate = gate_table(run.run_dir)
+    if gate is not None:
+        sections.append(("gate", "Correctness gate", lambda: _gate_section(*gate)))
+    sections += [
         ("status", "Status summary", lambda: frame_html(status_summary(run.results), "status-summary")),
         ("results", "Results", lambda: frame_html(results_table(run.results), "results")),
         ("failures", "Rows that did not run", lambda: frame_html(failures_table(run.results), "failures")),

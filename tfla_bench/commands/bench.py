@@ -267,7 +267,8 @@ def _execute(
         return
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
     devices = runner.select_devices(gpus)
-    failed_check = _gate(sorted({case.kernel for case in cases}), devices[0], stdout) if check else {}
+    kernels = sorted({case.kernel for case in cases})
+    failed_check = _gate(kernels, devices[0], run_dir, stdout) if check else {}
     start = time.monotonic()
     report = runner.run_sweep(
         spec, cases, run_dir, resume=resuming, devices=devices, failed_check=failed_check
@@ -279,10 +280,12 @@ def _execute(
     )
 
 
-def _gate(names: list[str], device: str, console: Console) -> dict[str, str]:
-    """Run the correctness gate on `names` and return the failing ones with the reason."""
+def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dict[str, str]:
+    """Run the correctness gate on `names`, keep it as `<run_dir>/check.json`, return the failing ones."""
     results = correctness.run_gate(names, device)
     console.print(check_command.gate_table(results))
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
+    correctness.write_gate(run_dir / correctness.CHECK_FILE, results, gpu)
     return {
         result.name: result.reason
         or f"max relative error {result.max_rel_error:.3g} > tolerance {result.tolerance:.3g}"

@@ -17,9 +17,7 @@ Examples::
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import re
 from typing import Annotated
 
@@ -27,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tfla_bench.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, run_gate
+from tfla_bench.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, json_row, run_gate
 from tfla_bench.errors import UserError
 from tfla_bench.workloads import DTYPES
 
@@ -68,7 +66,7 @@ def check(
         list(dict.fromkeys(names)) or None, _device(device), dtype=dtype, isolate=isolate, timeout_s=timeout
     )
     if as_json:
-        typer.echo(json.dumps([_json_row(result) for result in results], indent=2))
+        typer.echo(json.dumps([json_row(result) for result in results], indent=2))
     else:
         Console().print(gate_table(results))
     if failed_names(results):
@@ -83,14 +81,6 @@ def _device(text: str) -> str:
     if text in ("cpu", "cuda") or re.fullmatch(r"cuda:\d+", text):
         return text
     raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
-
-
-def _json_row(result: GateResult) -> dict[str, object]:
-    row = dataclasses.asdict(result)
-    error = row["max_rel_error"]
-    if isinstance(error, float) and not math.isfinite(error):
-        row["max_rel_error"] = None  # JSON has no NaN; the reason says the output was not finite
-    return row
 
 
 def gate_table(results: list[GateResult]) -> Table:
