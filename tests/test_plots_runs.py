@@ -91,12 +91,37 @@ def test_runtime_figure_draws_only_ok_rows_and_names_the_rest(fig5):
     assert not any(label.startswith(("fa3", "mlstm_kernels_exp")) for label in labels_fw | labels_fwbw)
     # Rows without a published counterpart get no dashed line.
     assert "sdpa_flash" in labels_fw and published_label("sdpa_flash") not in labels_fw
-    note = fig.get_supxlabel()
+    note = " ".join(fig.get_supxlabel().split())  # wrapped to the figure's width
     assert "fa3 fw (unavailable)" in note and "mlstm_kernels_exp fwbw (crashed)" in note
     assert "gla fwbw (unsupported)" in note
     legend_texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "published (H100)" in legend_texts and "tfla_sig L128" in legend_texts
     assert not any(text.startswith("_") for text in legend_texts)
+
+
+def test_the_not_drawn_note_is_wrapped_to_the_figure_width(tmp_path):
+    rows = fig5_rows()
+    for r in [r for r in rows if r["kernel"] == "fa3"]:
+        for name in ("mamba", "mamba2_split_conv", "fa2", "simple_gla", "lightning2"):
+            rows.append({**r, "kernel": name})
+    fig = runtime_vs_seq_len_figure(load_run(write_run(tmp_path / "fig5_consttoken-20250101-000000", rows)))
+    lines = fig.get_supxlabel().splitlines()
+    assert len(lines) >= 2 and "mamba2_split_conv fwbw (unavailable)" in " ".join(" ".join(lines).split())
+    assert max(len(line) for line in lines) <= fig.get_figwidth() * 19
+
+
+def test_runtime_axis_turns_log_when_kernels_differ_by_orders_of_magnitude(tmp_path):
+    rows = fig5_rows()
+    close = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000000", rows))
+    for ax in runtime_vs_seq_len_figure(close).axes:
+        assert ax.get_yscale() == "linear"  # the synthetic kernels lie within 20x of each other
+    for r in rows:
+        if r["kernel"] == "sdpa_flash":
+            r["median_ms"] *= 100  # attention at long sequences against linear RNNs (Fig. 5)
+    far = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000001", rows))
+    for ax in runtime_vs_seq_len_figure(far).axes:
+        assert ax.get_yscale() == "log"
+    assert [ax.get_yscale() for ax in memory_vs_seq_len_figure(far).axes] == ["linear", "linear"]
 
 
 def test_without_published_data_there_are_no_dashed_lines(fig5):

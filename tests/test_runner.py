@@ -338,3 +338,13 @@ def test_a_kernel_that_keeps_crashing_the_same_way_is_not_rerun(tmp_path):
     )
     assert report.worker_starts == 1 + runner.CRASH_REPEATS
     assert {row.status for row in report.rows if row.case.kernel == "sdpa_math"} == {"ok"}
+
+
+def test_git_sha_named_in_the_env_wins_over_a_stale_checkout(monkeypatch):
+    from tfla_bench import envinfo
+
+    monkeypatch.setenv(envinfo.GIT_SHA_ENV, "0123abcd")
+    assert envinfo._git_state() == {"git_sha": "0123abcd", "git_dirty": None}
+    monkeypatch.delenv(envinfo.GIT_SHA_ENV)
+    state = envinfo._git_state()
+    assert state["git_sha"] != "0123abcd" and set(state) == {"git_sha", "git_dirty"}

@@ -90,9 +90,8 @@ def collect(
         "triton": _version("triton"),
         "python": platform.python_version(),
         "packages": {name: _version(name) for name in PACKAGES},
-        # A copy of the tree without .git (e.g. shipped to a GPU node) can name its commit in the env.
-        "git_sha": _git("rev-parse", "HEAD") or os.environ.get(GIT_SHA_ENV),
-        "git_dirty": _git_dirty(),
+        # A copy of the tree shipped to a GPU node has no .git, or a stale one: the env names its commit.
+        **_git_state(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
@@ -136,6 +135,14 @@ def _git(*args: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _git_state() -> dict[str, Any]:
+    """`git_sha` and `git_dirty`: from `TFLA_BENCH_GIT_SHA` when set (dirty then unknown), else from git."""
+    named = os.environ.get(GIT_SHA_ENV)
+    if named:
+        return {"git_sha": named, "git_dirty": None}
+    return {"git_sha": _git("rev-parse", "HEAD"), "git_dirty": _git_dirty()}
 
 
 def _git_dirty() -> bool | None:

@@ -16,6 +16,7 @@ open) or None; `plot_run` saves them as PNG.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ PUBLISHED_GPU_SHORT = "H100"
 MODE_TITLES = {"fw": "forward (fw)", "fwbw": "forward + backward (fwbw)"}
 DPI = 120
 GB = 1e9
+LOG_Y_SPAN = 20.0  # a panel whose values span more than this factor gets a log y axis
 
 # Stable colours per adapter, so a kernel looks the same in every figure of every run: one hue per
 # family (mLSTM red-purple, attention blue, Mamba orange, GLA green), our kernels the darkest.
@@ -210,6 +212,7 @@ def series_panels(
     y_scale: float = 1.0,
     log2_x: bool = True,
     min_points: int = 2,
+    log_y_span: float = LOG_Y_SPAN,
 ) -> Figure | None:
     """A figure with one panel per mode: a line per series along `x`, published values dashed.
 
@@ -222,6 +225,9 @@ def series_panels(
         y_scale: divides y (e.g. 1e9 for bytes -> GB).
         log2_x: log2 x axis with a tick at every value.
         min_points: a line needs at least this many ok points.
+        log_y_span: a panel whose drawn values span more than this factor gets a log y axis, so
+            kernels a hundred times faster than the slowest stay readable (Fig. 5: attention
+            against linear RNNs).
 
     Returns:
         The figure, or None when no series has `min_points` ok points in any mode.
@@ -244,11 +250,13 @@ def series_panels(
     has_published = False
     for ax, mode in zip(axes, modes, strict=True):
         xs: list[float] = []
+        ys: list[float] = []
         for series in drawable[mode]:
             points = _ok_points(series.rows, x, y)
             color = kernel_color(series.kernel)
             ax.plot(points[x], points[y] / y_scale, marker="o", color=color, label=series.label)
             xs += list(points[x])
+            ys += list(points[y] / y_scale)
             shown.add((series.kernel, mode))
             if published_y is not None:
                 pub = _published_points(series.rows, x, published_y)
@@ -263,9 +271,13 @@ def series_panels(
                         label=published_label(series.label),
                     )
                     xs += list(pub[x])
+                    ys += list(pub[published_y] / y_scale)
                     has_published = True
         if log2_x:
             set_log2_x(ax, xs)
+        positive = [v for v in ys if v > 0]
+        if positive and max(positive) > log_y_span * min(positive):
+            ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(MODE_TITLES.get(mode, mode))
@@ -274,7 +286,9 @@ def series_panels(
     fig.suptitle(title)
     note = _not_shown(rows, shown)
     if note:
-        fig.supxlabel(note, fontsize="x-small")
+        # About 19 x-small characters per inch of figure: wrap, so no reason is cut off at the edges.
+        width = int(fig.get_figwidth() * 19)
+        fig.supxlabel(textwrap.fill(note, width=width), fontsize="x-small", ha="center")
     return fig
 
 
@@ -415,7 +429,9 @@ def chunk_tradeoff_figure(run: Run, shape: dict[str, Any], comparison: Compariso
     fig.suptitle(_title(run, f"memory/runtime trade-off over chunk size ({shape_text})", comparison))
     note = _not_shown(rows, shown)
     if note:
-        fig.supxlabel(note, fontsize="x-small")
+        # About 19 x-small characters per inch of figure: wrap, so no reason is cut off at the edges.
+        width = int(fig.get_figwidth() * 19)
+        fig.supxlabel(textwrap.fill(note, width=width), fontsize="x-small", ha="center")
     return fig
 
 
