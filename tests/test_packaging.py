@@ -1,4 +1,5 @@
-"""`pip install .` ships kernels/ and baselines/ inside the tfla_bench namespace, never top-level."""
+"""`pip install .` ships kernels/ and baselines/ inside the tfla_bench namespace, never top-level, and
+the published numbers as package data."""
 
 import subprocess
 import sys
@@ -15,13 +16,17 @@ def test_wheel_maps_kernels_and_baselines_into_the_namespace(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "tfla_bench/kernels/tfla.py" in names and "tfla_bench/baselines/sdpa.py" in names
     assert not [name for name in names if name.split("/")[0] in ("kernels", "baselines")]
+    shipped = {Path(name).name for name in names if name.startswith("tfla_bench/published_data/")}
+    published = REPO / "results" / "published"
+    assert shipped == {p.name for p in published.iterdir() if p.suffix in (".csv", ".md")}
 
     target = tmp_path / "site"
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)]
     subprocess.run(install, check=True, capture_output=True)
     probe = (
-        "import tfla_bench.kernels.adapters, tfla_bench.baselines.sdpa, tfla_bench;"
-        "print(tfla_bench.kernels.adapters.__file__)"
+        "import tfla_bench.kernels.adapters, tfla_bench.baselines.sdpa, tfla_bench.published as p;"
+        "print(tfla_bench.kernels.adapters.__file__);"
+        "print(p.published_dir()); print(len(p.load_published('tfla_fig5_consttoken_rerun_nh16')))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe],
@@ -31,4 +36,6 @@ def test_wheel_maps_kernels_and_baselines_into_the_namespace(tmp_path):
         text=True,
     )
     assert done.returncode == 0, done.stderr
-    assert Path(done.stdout.strip()).is_relative_to(target)
+    module, data, rows = done.stdout.split()
+    assert Path(module).is_relative_to(target) and Path(data).is_relative_to(target)
+    assert int(rows) > 100  # the Fig. 5 rerun data set, read from the wheel's copy

@@ -209,18 +209,16 @@ def mapping_table() -> pd.DataFrame:
 
 
 def published_dir() -> Path:
-    """The published CSVs' folder: `$TFLA_BENCH_PUBLISHED_DIR`, else `results/published` of the checkout.
-
-    The checkout is the one holding this package (an editable install), else the working directory
-    (a regular install run from a checkout).
+    """The published CSVs' folder: `$TFLA_BENCH_PUBLISHED_DIR`, else `results/published` of the checkout
+    holding this package (a source tree or an editable install), else the copy an installed wheel
+    ships as `tfla_bench/published_data`.
     """
     override = os.environ.get(PUBLISHED_DIR_ENV)
     if override:
         return Path(override)
-    beside_package = Path(__file__).resolve().parent.parent / "results" / "published"
-    if beside_package.is_dir():
-        return beside_package
-    return Path.cwd() / "results" / "published"
+    package = Path(__file__).resolve().parent
+    checkout = package.parent / "results" / "published"
+    return checkout if checkout.is_dir() else package / "published_data"
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
