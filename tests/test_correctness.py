@@ -159,6 +159,7 @@ PLUGIN = textwrap.dedent(
     '''
     """Gate test adapters: exact, wrong, without reference, raising, aborting, hanging, unavailable."""
     import os
+    import sys
     import time
 
     import torch
@@ -220,7 +221,16 @@ PLUGIN = textwrap.dedent(
         name = "gate_abort"
 
         def forward(self, inputs):
+            print("LLVM ERROR: a fake assertion", file=sys.stderr, flush=True)
             os.abort()
+
+
+    @register
+    class PoisonsCuda(_Scale):
+        name = "gate_fatal"
+
+        def forward(self, inputs):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
 
     @register
@@ -289,6 +299,21 @@ def test_gate_isolation_survives_abort_and_hang(gate_adapters):
     assert results["gate_abort"].status == "crashed" and "SIGABRT" in results["gate_abort"].reason
     (hang,) = correctness.run_gate(["gate_hang"], "cpu", dtype="float32", timeout_s=3)
     assert (hang.status, hang.passed) == ("timeout", False)
+
+
+def test_gate_shares_one_worker_and_replaces_it_after_a_crash_or_a_lost_context(gate_adapters, tmp_path):
+    names = ["gate_exact", "gate_wrong", "gate_abort", "gate_exact", "gate_fatal", "gate_exact"]
+    log = tmp_path / "check.log"
+    with correctness.gate_worker("cpu", log) as worker:
+        results = [
+            correctness.gate_adapter(registry.get(n), "cpu", dtype="float32", timeout_s=300, worker=worker)
+            for n in names
+        ]
+        starts = worker.starts
+    assert [r.status for r in results] == ["ok", "ok", "crashed", "ok", "error", "ok"]
+    assert starts == 3  # the first; after the abort; after the error that loses the CUDA context
+    assert "SIGABRT" in results[2].reason and "LLVM ERROR: a fake assertion" in results[2].reason
+    assert "case gate_abort" in log.read_text()
 
 
 def run_check(args, capsys):

@@ -25,25 +25,28 @@ chunk-state contribution gives errors of order 1. fp16 rounds at 2^-11; 1e-2 lea
 larger dynamic range of unnormalized linear attention. fp32 inputs still meet TF32 tensor-core
 matmuls in the Triton kernels (also ~2^-11 per product, accumulated over the head dim): 5e-3.
 
-Each adapter runs in its own spawned process with a timeout (`isolate=True`, the default), so a
-kernel that aborts the process (the official mLSTMexp xl_chunk kernel hits an LLVM assertion on
-Triton 3.6) or hangs in autotuning yields a `crashed` / `timeout` result and the gate goes on.
+The kernels run in a worker process of `tfla_bench.worker` with a per-adapter timeout
+(`isolate=True`, the default): one process for all adapters, replaced after a crash, a hang or a
+CUDA error that poisons its context. A kernel that aborts the process (the official mLSTMexp
+xl_chunk kernel hits an LLVM assertion on Triton 3.6) or hangs in autotuning yields a `crashed` /
+`timeout` result that quotes the worker's last output, and the gate goes on.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
-import multiprocessing
-import signal
+import tempfile
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfla_bench import registry
+from tfla_bench.worker import Failure, GateJob, Worker, is_fatal_cuda_error
 from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
@@ -286,51 +289,34 @@ def compare(adapter: Adapter, case: Case, device: str) -> GateResult:
     )
 
 
-def _child(conn: Any, name: str, module: str, case: Case, device: str) -> None:
-    """Spawned-process entry: find the adapter (importing its module if needed), compare, reply."""
-    registry.load()
-    try:
-        adapter = registry.get(name)
-    except Exception:
-        importlib.import_module(module)
-        adapter = registry.get(name)
-    conn.send(compare(adapter, case, device))
-    conn.close()
+def _worker_device(device: str) -> str:
+    return "cuda:0" if device == "cuda" else device
 
 
-def _exit_description(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
+@contextmanager
+def gate_worker(device: str, log_path: Path | None = None) -> Iterator[Worker]:
+    """A worker process for gate jobs (`tfla_bench.worker`), stopped on exit.
+
+    Args:
+        device: `cuda`, `cuda:<i>` or `cpu`.
+        log_path: the worker's stdout/stderr (kept, e.g. `check.log` in a run directory); default a
+            temporary file, removed on exit. A crashed adapter's reason quotes its last lines.
+    """
+    with tempfile.TemporaryDirectory(prefix="tfla-bench-gate-") as scratch:
+        worker = Worker(_worker_device(device), log_path or Path(scratch) / "gate-worker.log")
         try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
+            yield worker
+        finally:
+            worker.stop()
 
 
-def _isolated(adapter: Adapter, case: Case, device: str, timeout_s: float) -> GateResult:
-    context = multiprocessing.get_context("spawn")
-    receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(
-        target=_child, args=(sender, adapter.name, type(adapter).__module__, case, device), daemon=True
-    )
-    process.start()
-    sender.close()
-    try:
-        # poll() also returns when the child dies: the pipe then reads as EOF.
-        if not receiver.poll(timeout_s):
-            return _failed(adapter.name, "timeout", f"no result within {timeout_s:g} s")
-        try:
-            return receiver.recv()
-        except EOFError:
-            process.join()
-            return _failed(
-                adapter.name, "crashed", f"the gate process died ({_exit_description(process.exitcode)})"
-            )
-    finally:
-        receiver.close()
-        if process.is_alive():
-            process.kill()
-        process.join()
+def _isolated(adapter: Adapter, case: Case, worker: Worker, timeout_s: float) -> GateResult:
+    answer = worker.call(GateJob(case=case, adapter_module=type(adapter).__module__), timeout_s)
+    if isinstance(answer, Failure):
+        return _failed(adapter.name, answer.status, answer.error)
+    if answer.status == "error" and is_fatal_cuda_error(answer.reason or ""):
+        worker.stop()  # the CUDA context is lost; the next adapter gets a fresh worker
+    return answer
 
 
 def gate_adapter(
@@ -340,6 +326,7 @@ def gate_adapter(
     dtype: str | None = None,
     isolate: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    worker: Worker | None = None,
 ) -> GateResult:
     """The gate's verdict on one adapter.
 
@@ -347,15 +334,19 @@ def gate_adapter(
         adapter: the adapter.
         device: `cuda`, `cuda:<i>` or `cpu`.
         dtype: input dtype; default bfloat16 where the adapter supports it (`gate_dtype`).
-        isolate: run the kernel in a spawned process (survives aborts and hangs).
-        timeout_s: with `isolate`, the time the process gets (first-call autotuning included).
+        isolate: run the kernel in a worker process (survives aborts and hangs).
+        timeout_s: with `isolate`, the time the kernel gets (first-call autotuning included).
+        worker: with `isolate`, the worker to use (kept for the next adapter); default a fresh one.
     """
     prepared = _preflight(adapter, device, dtype)
     if isinstance(prepared, GateResult):
         return prepared
-    if isolate:
-        return _isolated(adapter, prepared, device, timeout_s)
-    return compare(adapter, prepared, device)
+    if not isolate:
+        return compare(adapter, prepared, device)
+    if worker is not None:
+        return _isolated(adapter, prepared, worker, timeout_s)
+    with gate_worker(device) as own:
+        return _isolated(adapter, prepared, own, timeout_s)
 
 
 def run_gate(
@@ -365,6 +356,7 @@ def run_gate(
     dtype: str | None = None,
     isolate: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    log_path: Path | None = None,
 ) -> list[GateResult]:
     """Run the gate for the named adapters (all registered adapters when None), in registry order.
 
@@ -372,14 +364,18 @@ def run_gate(
         adapter_names: adapter names; an unknown name is a `UserError`.
         device: `cuda`, `cuda:<i>` or `cpu`.
         dtype: input dtype for every adapter; default bfloat16 where supported.
-        isolate: run each kernel in its own spawned process.
+        isolate: run the kernels in one worker process, replaced after a crash or a timeout.
         timeout_s: per-adapter time limit with `isolate`.
+        log_path: with `isolate`, keep the worker's output here.
 
     Returns:
         One `GateResult` per adapter.
     """
     chosen = [registry.get(name) for name in adapter_names] if adapter_names else registry.adapters()
-    return [gate_adapter(a, device, dtype=dtype, isolate=isolate, timeout_s=timeout_s) for a in chosen]
+    if not isolate:
+        return [gate_adapter(a, device, dtype=dtype, isolate=False) for a in chosen]
+    with gate_worker(device, log_path) as worker:
+        return [gate_adapter(a, device, dtype=dtype, timeout_s=timeout_s, worker=worker) for a in chosen]
 
 
 def failed_names(results: list[GateResult]) -> set[str]:

@@ -1,7 +1,8 @@
 """The isolated benchmark worker: one spawned process per device that measures cases one after another.
 
-The parent (`tfla_bench.runner`) talks to a worker through a pipe. The worker imports torch and
-initializes CUDA once, sends a `DeviceInfo`, then answers each `Job` with a `Measurement`. Its
+The parent (`tfla_bench.runner`, and the correctness gate of `tfla_bench.correctness`) talks to a
+worker through a pipe. The worker imports torch and initializes CUDA once, sends a `DeviceInfo`,
+then answers each `Job` with a `Measurement` and each `GateJob` with a `GateResult`. Its
 stdout and stderr go to a log file in the run directory (`worker-<i>.log`), so messages printed
 by native code (an LLVM assertion, a segfault's faulthandler trace) are kept; the parent quotes
 the last lines of the log when the worker dies.
@@ -62,6 +63,22 @@ class Job:
     case: Case
     adapter_module: str
     settings: MeasureSettings
+
+
+@dataclass(frozen=True)
+class GateJob:
+    """One correctness-gate case for a worker: `tfla_bench.correctness.compare` on `case`."""
+
+    case: Case
+    adapter_module: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The parent's record of a job without an answer: the worker died (`crashed`) or hung (`timeout`)."""
+
+    status: str
+    error: str
 
 
 @dataclass(frozen=True)
@@ -204,6 +221,11 @@ def make_step(adapter: Any, inputs: dict[str, Any], mode: str, grad: str) -> Cal
     return forward_backward
 
 
+def is_fatal_cuda_error(message: str) -> bool:
+    """Whether an error message means the process's CUDA context is unusable from now on."""
+    return any(marker in message for marker in _FATAL_CUDA_MARKERS)
+
+
 def _failure(exc: BaseException, device: str) -> Measurement:
     import torch
 
@@ -212,8 +234,7 @@ def _failure(exc: BaseException, device: str) -> Measurement:
     detail = f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")[:MAX_ERROR_CHARS]
     if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in message.lower():
         return Measurement(status="oom", device=device, error=detail)
-    fatal = any(marker in message for marker in _FATAL_CUDA_MARKERS)
-    return Measurement(status="error", device=device, error=detail, fatal=fatal)
+    return Measurement(status="error", device=device, error=detail, fatal=is_fatal_cuda_error(message))
 
 
 def _device_info(device: str) -> DeviceInfo:
@@ -238,7 +259,7 @@ def _device_info(device: str) -> DeviceInfo:
     )
 
 
-def _adapter_for(job: Job) -> Any:
+def _adapter_for(job: Job | GateJob) -> Any:
     from tfla_bench import registry
     from tfla_bench.errors import UserError
 
@@ -276,6 +297,13 @@ def worker_main(conn: Connection, device: str, log_path: str) -> None:
         if job is None:
             return
         print(f"--- case {job.case.key}", file=sys.stderr, flush=True)
+        if isinstance(job, GateJob):
+            from tfla_bench import correctness
+
+            verdict = correctness.compare(_adapter_for(job), job.case, device)
+            print(f"--- gate {verdict.status} {verdict.reason or ''}".rstrip(), file=sys.stderr, flush=True)
+            conn.send(("result", verdict))
+            continue
         result = measure_case(_adapter_for(job), job.case, job.settings, device)
         print(f"--- {result.status} {result.error}".rstrip(), file=sys.stderr, flush=True)
         conn.send(("result", result))
@@ -328,31 +356,38 @@ class Worker:
 
     def run(self, job: Job) -> Measurement:
         """Measure one job, (re)starting the worker if needed; a death or hang becomes a `Measurement`."""
+        answer = self.call(job, job.settings.timeout_s)
+        if isinstance(answer, Failure):
+            return Measurement(status=answer.status, device=self.device, error=answer.error)
+        if answer.fatal:
+            self.stop()
+        return answer
+
+    def call(self, job: Job | GateJob, timeout_s: float) -> Any:
+        """Send one job and return the worker's answer, or a `Failure` when the worker did not start,
+        died (`crashed`, with the last lines of its log) or gave no answer within `timeout_s`
+        (`timeout`; the worker is killed). A later call starts a fresh worker."""
         if not self.alive:
             self.launch()
             failure = self.wait_ready()
             if failure is not None:
-                return Measurement(status="crashed", device=self.device, error=failure[:MAX_ERROR_CHARS])
+                return Failure("crashed", failure[:MAX_ERROR_CHARS])
         offset = self._log_size()
         assert self._conn is not None
         try:
             self._conn.send(job)
         except (BrokenPipeError, OSError):
             pass  # the worker is gone; _receive reports how it died
-        outcome = self._receive(job.settings.timeout_s)
+        outcome = self._receive(timeout_s)
         if isinstance(outcome, tuple) and outcome[0] == "result":
-            result: Measurement = outcome[1]
-            if result.fatal:
-                self.stop()
-            return result
+            return outcome[1]
         if outcome == "timeout":
             self.kill()
-            tail = self._tail(offset)
-            error = f"no result after {job.settings.timeout_s:g} s, worker killed"
-            return Measurement(status="timeout", device=self.device, error=_join(error, tail))
+            error = f"no result after {timeout_s:g} s, worker killed"
+            return Failure("timeout", _join(error, self._tail(offset)))
         death = self._death()
         self.kill()
-        return Measurement(status="crashed", device=self.device, error=_join(death, self._tail(offset)))
+        return Failure("crashed", _join(death, self._tail(offset)))
 
     def stop(self) -> None:
         """Ask the worker to exit, and kill it if it does not."""
