@@ -167,6 +167,15 @@ def test_roofline_writes_every_figure(roofline_run):
     assert len(FIGURE_NAMES) == 8
 
 
+def test_roofline_svgs_are_byte_identical_when_written_again(roofline_run, tmp_path):
+    _, _, first = roofline_run
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["roofline", "--out", str(tmp_path)]) == 0
+    for name in FIGURE_NAMES:
+        svg = f"{name}.svg"
+        assert (tmp_path / svg).read_bytes() == (first / svg).read_bytes(), svg
+
+
 def test_roofline_summary_lists_each_default_gpu(roofline_run):
     _, out, _ = roofline_run
     for gpu in ("V100", "A100", "H100 SXM", "H200", "B200"):

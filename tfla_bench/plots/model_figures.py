@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -407,9 +408,11 @@ def write_model_figures(out_dir: Path, accelerators: Sequence[Accelerator]) -> l
         figure_runtime_optimal_chunk_vs_intensity(accelerators),
     )
     written = []
-    for name, fig in zip(FIGURE_NAMES, figures, strict=True):
-        for suffix in (".png", ".svg"):
-            path = out_dir / f"{name}{suffix}"
-            fig.savefig(path, dpi=150)
-            written.append(path)
+    # Reproducible SVGs (no date, fixed element ids): rewriting the committed figures changes no byte.
+    with matplotlib.rc_context({"svg.hashsalt": "tfla-bench"}):
+        for name, fig in zip(FIGURE_NAMES, figures, strict=True):
+            for suffix, metadata in ((".png", None), (".svg", {"Date": None})):
+                path = out_dir / f"{name}{suffix}"
+                fig.savefig(path, dpi=150, metadata=metadata)
+                written.append(path)
     return written
