@@ -37,8 +37,8 @@ from tfla_bench.baselines._common import (
     try_import,
     unknown_params_reason,
 )
-from tfla_bench.kernels.adapters import mlstm_counts, mlstm_inputs, mlstm_reference
-from tfla_bench.registry import Adapter, register
+from tfla_bench.kernels.adapters import ChunkwiseMlstmAdapter
+from tfla_bench.registry import register
 from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
@@ -50,14 +50,8 @@ XL_BLOCK = 64
 SEQ_LEN_MULTIPLE = 16
 
 
-class _MlstmKernelsPeer(Adapter):
-    family = "mlstm"
-    layout = "BHTD"
-    uses_chunk_size = True
+class _MlstmKernelsPeer(ChunkwiseMlstmAdapter):
     kernel_name = ""
-    gate = "exp"
-    default_chunk = 128
-    known_params: tuple[str, ...] = ("seed",)
 
     def available(self) -> str | None:
         if not is_installed("mlstm_kernels"):
@@ -77,7 +71,7 @@ class _MlstmKernelsPeer(Adapter):
 
     def chunk(self, case: Case) -> int:
         """The chunk size the kernel runs: the case's or the library default (xl_chunk: T when T < 128)."""
-        chunk = case.chunk_size if case.chunk_size is not None else self.default_chunk
+        chunk = super().chunk(case)
         if self.kernel_name != "chunkwise--triton_limit_chunk" and case.seq_len < XL_MIN_CHUNKED_SEQ_LEN:
             return case.seq_len
         return chunk
@@ -112,12 +106,6 @@ class _MlstmKernelsPeer(Adapter):
             return f"chunk_size must be a multiple of {XL_BLOCK} or smaller than it, got {chunk}"
         return None
 
-    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
-        """Our mLSTM inputs (`kernels.adapters.mlstm_inputs`, the same as TFLA's) plus the chunk size."""
-        inputs = mlstm_inputs(case, device)
-        inputs["chunk_size"] = self.chunk(case)
-        return inputs
-
     def _kernel_kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         return {"chunk_size": inputs["chunk_size"]}
 
@@ -128,15 +116,6 @@ class _MlstmKernelsPeer(Adapter):
         return kernel(
             inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"], **self._kernel_kwargs(inputs)
         )
-
-    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
-        return mlstm_reference(inputs, self.gate, inputs.get("normalize", False))
-
-    def flops(self, case: Case, mode: str) -> float:
-        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[0]
-
-    def bytes(self, case: Case, mode: str) -> float:
-        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[1]
 
 
 @register

@@ -139,22 +139,43 @@ class MlstmTorch(Adapter):
         return mlstm_counts(case, mode, self._gate(case), "parallel", None)[1]
 
 
-class _TFLAAdapter(Adapter):
-    """Our TFLA xl_chunk Triton kernels (`tfla_bench.kernels.tfla.mlstm_tfla`)."""
+class ChunkwiseMlstmAdapter(Adapter):
+    """What every chunkwise mLSTM adapter shares (ours and the official peers): the mLSTM inputs plus
+    the chunk size, the float64 reference of `gate`, and the model's chunkwise counts at the chunk
+    the kernel runs (`chunk`: the case's, else `default_chunk`)."""
 
     family = "mlstm"
     layout = "BHTD"
     uses_chunk_size = True
     gate = "exp"
+    default_chunk = TFLA_DEFAULT_CHUNK
     known_params: tuple[str, ...] = ("seed",)
+
+    def chunk(self, case: Case) -> int:
+        """The chunk size the kernel runs."""
+        return case.chunk_size if case.chunk_size is not None else self.default_chunk
+
+    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
+        """The mLSTM inputs (module docstring) and the chunk size."""
+        return mlstm_inputs(case, device) | {"chunk_size": self.chunk(case)}
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return mlstm_reference(inputs, self.gate, inputs.get("normalize", False))
+
+    def flops(self, case: Case, mode: str) -> float:
+        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[0]
+
+    def bytes(self, case: Case, mode: str) -> float:
+        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[1]
+
+
+class _TFLAAdapter(ChunkwiseMlstmAdapter):
+    """Our TFLA xl_chunk Triton kernels (`tfla_bench.kernels.tfla.mlstm_tfla`)."""
+
     constraints = (
         f"T % {SEQ_LEN_MULTIPLE} == 0; chunk a power of two in [{MIN_CHUNK}, {MAX_CHUNK}], <= T (default "
         f"{TFLA_DEFAULT_CHUNK}); head dims multiples of 16 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
     )
-
-    def chunk(self, case: Case) -> int:
-        """The case's chunk size, or the default 128."""
-        return case.chunk_size if case.chunk_size is not None else TFLA_DEFAULT_CHUNK
 
     def available(self) -> str | None:
         reason = cuda_reason()
@@ -179,10 +200,6 @@ class _TFLAAdapter(Adapter):
                 return f"{name} must be a multiple of 16 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {dim}"
         return None
 
-    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
-        """The mLSTM inputs (module docstring) and the chunk size."""
-        return mlstm_inputs(case, device) | {"chunk_size": self.chunk(case)}
-
     def _kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         return {"gate": self.gate, "chunk_size": inputs["chunk_size"]}
 
@@ -190,15 +207,6 @@ class _TFLAAdapter(Adapter):
         from tfla_bench.kernels.tfla import mlstm_tfla
 
         return mlstm_tfla(*(inputs[name] for name in ("q", "k", "v", "i", "f")), **self._kwargs(inputs))
-
-    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
-        return mlstm_reference(inputs, self.gate, inputs.get("normalize", False))
-
-    def flops(self, case: Case, mode: str) -> float:
-        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[0]
-
-    def bytes(self, case: Case, mode: str) -> float:
-        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[1]
 
 
 @register
@@ -236,23 +244,16 @@ LIMIT_CHUNK_DEFAULT_CHUNK = 64
 
 
 @register
-class LimitChunk(Adapter):
+class LimitChunk(ChunkwiseMlstmAdapter):
     """Our one-level chunkwise mLSTMexp kernel (`tfla_bench.kernels.limit_chunk.mlstm_limit_chunk`)."""
 
     name = "limit_chunk"
-    family = "mlstm"
-    layout = "BHTD"
-    uses_chunk_size = True
-    known_params: tuple[str, ...] = ("seed",)
+    default_chunk = LIMIT_CHUNK_DEFAULT_CHUNK  # the paper's limit_chunk runs
     constraints = (
         f"chunk a power of two >= {MIN_CHUNK}, <= T (default {LIMIT_CHUNK_DEFAULT_CHUNK}) whose L x L tile "
         "fits on chip: <= 128 for bf16/fp16, <= 64 for fp32; head dims multiples of 16 in "
         f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
     )
-
-    def chunk(self, case: Case) -> int:
-        """The case's chunk size, or the default 64 (the paper's limit_chunk runs)."""
-        return case.chunk_size if case.chunk_size is not None else LIMIT_CHUNK_DEFAULT_CHUNK
 
     def available(self) -> str | None:
         reason = cuda_reason()
@@ -279,21 +280,8 @@ class LimitChunk(Adapter):
             return reason
         return module.unsupported_reason(chunk, case.head_dim_qk, case.head_dim_v, torch_dtype(case.dtype))
 
-    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
-        """The mLSTM inputs (module docstring) and the chunk size."""
-        return mlstm_inputs(case, device) | {"chunk_size": self.chunk(case)}
-
     def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
         from tfla_bench.kernels.limit_chunk import mlstm_limit_chunk
 
         qkvif = (inputs[name] for name in ("q", "k", "v", "i", "f"))
         return mlstm_limit_chunk(*qkvif, chunk_size=inputs["chunk_size"])
-
-    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
-        return mlstm_reference(inputs, "exp")
-
-    def flops(self, case: Case, mode: str) -> float:
-        return mlstm_counts(case, mode, "exp", "chunkwise", self.chunk(case))[0]
-
-    def bytes(self, case: Case, mode: str) -> float:
-        return mlstm_counts(case, mode, "exp", "chunkwise", self.chunk(case))[1]

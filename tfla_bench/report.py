@@ -39,6 +39,8 @@ from tfla_bench.results import CASE_COLUMNS
 
 REPORT_FILE = "report.html"
 DEFAULT_ACCELERATORS = ("h100", "h200")
+# The columns that name a row in the failure and run-only tables (a case without its dtype).
+ROW_SHAPE = [c for c in CASE_COLUMNS if c != "dtype"]
 RESULT_COLUMNS = (
     *CASE_COLUMNS,
     "status",
@@ -133,8 +135,7 @@ def results_table(results: pd.DataFrame) -> pd.DataFrame:
 def failures_table(results: pd.DataFrame) -> pd.DataFrame:
     """Rows whose status is not ok, with their reason."""
     failed = results[results["status"] != "ok"]
-    columns = ["kernel", "mode", "batch", "seq_len", "num_heads", "head_dim_qk", "head_dim_v", "chunk_size"]
-    return failed[[*columns, "status", "error"]]
+    return failed[[*ROW_SHAPE, "status", "error"]]
 
 
 def fraction_summary(fractions: pd.DataFrame) -> pd.DataFrame:
@@ -169,20 +170,7 @@ def _comparison_section(run: Run, plain: Comparison) -> str:
         parts.append(
             f'<p class="note">No roofline normalization: {html.escape(run.gpu_name)} is not in the model.</p>'
         )
-    run_only = plain.measured_only[
-        [
-            "kernel",
-            "mode",
-            "batch",
-            "seq_len",
-            "num_heads",
-            "head_dim_qk",
-            "head_dim_v",
-            "chunk_size",
-            "status",
-            "reason",
-        ]
-    ]
+    run_only = plain.measured_only[[*ROW_SHAPE, "status", "reason"]]
     parts.append("<h3>Run rows without a published counterpart</h3>" + frame_html(run_only, "run-only"))
     parts.append(
         "<h3>Published rows without a run row</h3>"
