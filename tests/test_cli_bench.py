@@ -167,5 +167,6 @@ def test_sweep_check_marks_failing_kernel_without_running_it(
             "tolerance": 1e-2,
             "passed": False,
             "reason": None,
+            "seconds": None,
         }
     ]

@@ -4,6 +4,7 @@ isolation and the `check` command. GPU tests run the gate on every available ada
 import dataclasses
 import json
 import math
+import re
 import sys
 import textwrap
 
@@ -326,27 +327,34 @@ def run_check(args, capsys):
     check.register(app)
     command = typer.main.get_command(app)
     code = command.main(args=["check", *args], prog_name="tfla-bench", standalone_mode=False)
-    return code or 0, capsys.readouterr().out
+    captured = capsys.readouterr()
+    return code or 0, captured.out, captured.err
 
 
 def test_check_command_json_and_exit_codes(gate_adapters, capsys):
     common = ["--device", "cpu", "--dtype", "float32", "--no-isolate", "--json"]
-    code, out = run_check(["--kernel", "gate_exact,gate_missing", *common], capsys)
+    code, out, err = run_check(["--kernel", "gate_exact,gate_missing", *common], capsys)
     rows = json.loads(out)
     assert code == 0
     assert [(row["name"], row["status"], row["passed"]) for row in rows] == [
         ("gate_exact", "ok", True),
         ("gate_missing", "unavailable", None),
     ]
-    code, out = run_check(["--kernel", "gate_exact", "--kernel", "gate_wrong", *common], capsys)
+    assert all(row["seconds"] >= 0 for row in rows)
+    # progress goes to stderr, one line per adapter as it finishes; stdout stays pure JSON
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "ok gate_exact" in lines[0] and "max rel err 0.00e+00" in lines[0]
+    assert "unavailable gate_missing" in lines[1] and "frobnicate" in lines[1]
+    code, out, _ = run_check(["--kernel", "gate_exact", "--kernel", "gate_wrong", *common], capsys)
     assert code == 1 and [row["passed"] for row in json.loads(out)] == [True, False]
 
 
 def test_check_command_table(gate_adapters, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # rich folds long reasons at its default 80 columns
-    code, out = run_check(["-k", "gate_wrong,gate_missing", "--device", "cpu", "--no-isolate"], capsys)
+    code, out, _ = run_check(["-k", "gate_wrong,gate_missing", "--device", "cpu", "--no-isolate"], capsys)
     assert code == 1
     assert "gate_wrong" in out and "exceeds" in out and "frobnicate" in out
+    assert re.search(r"\d+\.\d s", out)  # the time column
 
 
 @pytest.mark.parametrize(

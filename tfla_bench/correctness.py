@@ -38,8 +38,9 @@ import dataclasses
 import json
 import math
 import tempfile
+import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,7 @@ class GateResult:
         tolerance: the bound `max_rel_error` must not exceed, else None.
         passed: True/False when the adapter ran; None when it could not run or has no reference.
         reason: why it did not run or fail (unavailable reason, exception's last line), else None.
+        seconds: wall time the gate spent on the adapter (compile and autotune included), else None.
     """
 
     name: str
@@ -110,6 +112,7 @@ class GateResult:
     tolerance: float | None
     passed: bool | None
     reason: str | None
+    seconds: float | None = None
 
 
 def softmax_attention(
@@ -357,6 +360,8 @@ def run_gate(
     isolate: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     log_path: Path | None = None,
+    on_start: Callable[[str], None] | None = None,
+    on_result: Callable[[GateResult], None] | None = None,
 ) -> list[GateResult]:
     """Run the gate for the named adapters (all registered adapters when None), in registry order.
 
@@ -367,15 +372,32 @@ def run_gate(
         isolate: run the kernels in one worker process, replaced after a crash or a timeout.
         timeout_s: per-adapter time limit with `isolate`.
         log_path: with `isolate`, keep the worker's output here.
+        on_start: called with each adapter's name before it runs (progress display).
+        on_result: called with each result as soon as it is known.
 
     Returns:
-        One `GateResult` per adapter.
+        One `GateResult` per adapter, with its `seconds`.
     """
     chosen = [registry.get(name) for name in adapter_names] if adapter_names else registry.adapters()
-    if not isolate:
-        return [gate_adapter(a, device, dtype=dtype, isolate=False) for a in chosen]
-    with gate_worker(device, log_path) as worker:
-        return [gate_adapter(a, device, dtype=dtype, timeout_s=timeout_s, worker=worker) for a in chosen]
+    results: list[GateResult] = []
+    with gate_worker(device, log_path) if isolate else _no_worker() as worker:
+        for adapter in chosen:
+            if on_start is not None:
+                on_start(adapter.name)
+            start = time.perf_counter()
+            result = gate_adapter(
+                adapter, device, dtype=dtype, isolate=isolate, timeout_s=timeout_s, worker=worker
+            )
+            result = dataclasses.replace(result, seconds=time.perf_counter() - start)
+            if on_result is not None:
+                on_result(result)
+            results.append(result)
+    return results
+
+
+@contextmanager
+def _no_worker() -> Iterator[None]:
+    yield None
 
 
 def failed_names(results: list[GateResult]) -> set[str]:

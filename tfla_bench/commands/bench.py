@@ -284,7 +284,8 @@ def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dic
     """Run the correctness gate on `names` (its worker logs to `<run_dir>/check.log`), keep the verdicts
     as `<run_dir>/check.json`, and return the failing ones with the reason."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    results = correctness.run_gate(names, device, log_path=run_dir / "check.log")
+    with check_command.gate_progress(len(names)) as callbacks:
+        results = correctness.run_gate(names, device, log_path=run_dir / "check.log", **callbacks)
     console.print(check_command.gate_table(results))
     gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
     correctness.write_gate(run_dir / correctness.CHECK_FILE, results, gpu)

@@ -19,12 +19,23 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
+from tfla_bench import registry
 from tfla_bench.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, json_row, run_gate
 from tfla_bench.errors import UserError
 from tfla_bench.workloads import DTYPES
@@ -62,9 +73,12 @@ def check(
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if timeout <= 0:
         raise UserError(f"--timeout must be positive, got {timeout:g}")
-    results = run_gate(
-        list(dict.fromkeys(names)) or None, _device(device), dtype=dtype, isolate=isolate, timeout_s=timeout
-    )
+    chosen = list(dict.fromkeys(names)) or None
+    total = len(chosen) if chosen else len(registry.adapters())
+    with gate_progress(total) as callbacks:
+        results = run_gate(
+            chosen, _device(device), dtype=dtype, isolate=isolate, timeout_s=timeout, **callbacks
+        )
     if as_json:
         typer.echo(json.dumps([json_row(result) for result in results], indent=2))
     else:
@@ -83,11 +97,50 @@ def _device(text: str) -> str:
     raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
 
 
+@contextmanager
+def gate_progress(total: int) -> Iterator[dict[str, Callable[[Any], None]]]:
+    """`run_gate`'s `on_start` / `on_result` callbacks that show the gate's progress on stderr: a bar
+    naming the adapter being checked, and one line per adapter as it finishes (stdout stays clean
+    for `--json`)."""
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("gate", total=total)
+
+        def start(name: str) -> None:
+            bar.update(task, description=f"gate: {name}")
+
+        def done(result: GateResult) -> None:
+            bar.console.print(progress_line(result), highlight=False)
+            bar.advance(task)
+
+        yield {"on_start": start, "on_result": done}
+
+
+def progress_line(result: GateResult) -> str:
+    """One line for a finished adapter: status, error against tolerance or the reason, seconds."""
+    style = _STATUS_STYLE.get(result.status, "red")
+    if result.max_rel_error is not None:
+        detail = f"max rel err {result.max_rel_error:.2e} (tol {result.tolerance:.0e})"
+    else:
+        detail = result.reason or ""
+    return f"[{style}]{result.status:>11}[/] {result.name} {_seconds(result)}: {detail}"
+
+
+def _seconds(result: GateResult) -> str:
+    return "" if result.seconds is None else f"{result.seconds:.1f} s"
+
+
 def gate_table(results: list[GateResult]) -> Table:
     failed = failed_names(results)
     title = f"correctness gate: {len(results)} adapter(s), {len(failed)} failed"
     table = Table(title=title)
-    for column in ("adapter", "status", "max rel err", "tolerance", "pass"):
+    for column in ("adapter", "status", "max rel err", "tolerance", "pass", "time"):
         table.add_column(column, no_wrap=True)
     table.add_column("reason", overflow="fold")
     for result in results:
@@ -99,6 +152,7 @@ def gate_table(results: list[GateResult]) -> Table:
             "-" if result.max_rel_error is None else f"{result.max_rel_error:.2e}",
             "-" if result.tolerance is None else f"{result.tolerance:.0e}",
             passed,
+            _seconds(result),
             result.reason or "",
         )
     return table
