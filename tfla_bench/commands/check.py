@@ -116,7 +116,7 @@ def gate_progress(total: int) -> Iterator[dict[str, Callable[[Any], None]]]:
             bar.update(task, description=f"gate: {name}")
 
         def done(result: GateResult) -> None:
-            bar.console.print(progress_line(result), highlight=False)
+            bar.console.print(progress_line(result), highlight=False, soft_wrap=True)
             bar.advance(task)
 
         yield {"on_start": start, "on_result": done}
