@@ -99,6 +99,7 @@ def simple_gla_backward_refusal(dtype: str) -> str | None:
 class _FlaAdapter(Adapter):
     family = "gla"
     layout = "BTHD"
+    autotuned = True  # fla autotunes most chunk kernels (GLA's backward: ~100 configs)
     module = ""
     function = ""
     per_channel_gate = False

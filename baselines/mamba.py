@@ -158,6 +158,7 @@ def ssd_reference(
 class _Mamba2Base(Adapter):
     family = "mamba2"
     layout = "BTHD"
+    autotuned = True  # mamba_ssm's SSD Triton kernels autotune
     uses_chunk_size = True
     default_groups: int | None = None
 

@@ -158,4 +158,42 @@ class Counting(_Tiny):
         _CountingMul.last_grad = None
 
 
-ADAPTERS = (Abort, Sleep, Unavailable, Oom, Raise, Chunked, Counting)
+_fill_block = None
+
+
+def fill_block_kernel() -> Any:
+    """A Triton kernel autotuned over BLOCK in (16, 32, 64, 128) that writes the BLOCK it ran with
+    (defined on first use, so importing this module does not need Triton)."""
+    global _fill_block
+    if _fill_block is None:
+        import triton
+        import triton.language as tl
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32, 64, 128)], key=["n"])
+        @triton.jit
+        def fill_block(out_ptr, n, BLOCK: tl.constexpr):
+            offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(out_ptr + offsets, BLOCK, mask=offsets < n)
+
+        _fill_block = fill_block
+    return _fill_block
+
+
+@register
+class Autotuned(_Tiny):
+    """Launches `fill_block_kernel` and appends the BLOCK it ran with to the file named by
+    `TFLA_TEST_BLOCK_LOG` (so a test sees which config each worker chose)."""
+
+    name = "test_autotuned"
+    autotuned = True
+    modes = ("fw",)
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        out = torch.zeros(256, dtype=torch.int32, device=inputs["x"].device)
+        fill_block_kernel()[lambda meta: (256 // meta["BLOCK"],)](out, 256)
+        with open(os.environ["TFLA_TEST_BLOCK_LOG"], "a") as log:
+            log.write(f"{out[0].item()}\n")
+        return inputs["x"]
+
+
+ADAPTERS = (Abort, Sleep, Unavailable, Oom, Raise, Chunked, Counting, Autotuned)

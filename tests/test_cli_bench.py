@@ -106,6 +106,10 @@ BAD_RUNS = [
     (["run", "-k", "sdpa_math", *SHAPE, "--mode", "bw"], "key 'modes'"),
     (["run", "-k", "sdpa_math", *SHAPE, "--param", "causal"], "--param: expected key=value"),
     (["run", "-k", "sdpa_math", *SHAPE, "--grad", "mean"], "--grad: expected one of fixed, sum"),
+    (
+        ["run", "-k", "sdpa_math", *SHAPE, "--precompile", "-1"],
+        "--precompile: expected a number of processes >= 0",
+    ),
     (["sweep", "missing.toml"], "cannot read spec missing.toml"),
     (["sweep"], "needs a SPEC"),
     (["sweep", "--bogus-flag"], "No such option"),

@@ -51,6 +51,8 @@ class Adapter:
         dtypes: supported input dtypes.
         cpu_capable: whether the adapter runs without CUDA.
         uses_chunk_size: whether `Case.chunk_size` is a parameter of this kernel.
+        autotuned: whether the kernel's first call autotunes Triton configs (`sweep --precompile`
+            splits their compiling over processes; see `tfla_bench.precompile`).
         constraints: a short human-readable summary of `check`'s rules for `tfla-bench list`.
     """
 
@@ -61,6 +63,7 @@ class Adapter:
     dtypes: tuple[str, ...] = DTYPES
     cpu_capable: bool = False
     uses_chunk_size: bool = False
+    autotuned: bool = False
     constraints: str = ""
 
     def available(self) -> str | None:

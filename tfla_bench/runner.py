@@ -8,7 +8,8 @@ Each case runs in a worker process that owns one device (`tfla_bench.worker`):
    and value ranges. The memory allocated right after is the inputs baseline.
 2. First call: one call between two synchronizations, timed with `time.perf_counter`, is
    `first_call_s`. It contains Triton compilation and autotuning, cuDNN plan building and lazy
-   imports, which is why it is kept apart from the runtime.
+   imports, which is why it is kept apart from the runtime. After `--precompile N`
+   (`tfla_bench.precompile`) the compiling is mostly done, and what remains is mostly autotuning.
 3. Warmup: `warmup` untimed calls (paper: 10).
 4. Peak memory (CUDA): `torch.cuda.reset_peak_memory_stats`, one call, `max_memory_allocated` is
    `peak_memory_bytes`; minus the inputs baseline it is `peak_memory_above_inputs_bytes`. The L2
@@ -80,6 +81,7 @@ from rich.table import Table
 
 from tfla_bench import envinfo, registry, results
 from tfla_bench.errors import UserError
+from tfla_bench.precompile import PrecompileResult, PrecompileSummary, precompile
 from tfla_bench.results import ResultRow
 from tfla_bench.specs import MeasureSettings, Spec, parse_spec
 from tfla_bench.worker import Job, Measurement, Worker
@@ -268,6 +270,7 @@ def run_sweep(
     resume: bool = False,
     devices: list[str] | None = None,
     failed_check: dict[str, str] | None = None,
+    precompile_processes: int = 0,
     console: Console | None = None,
 ) -> SweepReport:
     """Measure `cases` and write `results.csv`, `env.json` and `spec.json` into `run_dir`.
@@ -280,6 +283,8 @@ def run_sweep(
         devices: worker devices (`select_devices`); default: every visible GPU, or `cpu`.
         failed_check: adapter names that failed the correctness gate, with the reason; their cases
             get status `failed_check` without running.
+        precompile_processes: with N > 0, compile the cases' kernels in N processes first
+            (`tfla_bench.precompile`; what it did goes to `env.json` under `precompile`).
         console: where progress goes (default: stderr).
 
     Returns:
@@ -325,7 +330,10 @@ def run_sweep(
             console.print(f"resuming {run_dir}: {len(kept)} finished row(s) kept")
         if decided:
             console.print(f"{len(decided)} case(s) not run (unavailable, unsupported or failed check)")
-        workers = _start_workers(devices, to_run, run_dir, spec, cuda, console)
+        precompiled = None
+        if precompile_processes > 0 and to_run:
+            precompiled = _precompile(to_run, precompile_processes, devices, run_dir, spec, console)
+        workers = _start_workers(devices, to_run, run_dir, spec, cuda, console, precompiled)
         try:
             _dispatch(to_run, workers, spec, writer, console)
         finally:
@@ -338,10 +346,59 @@ def run_sweep(
     return report
 
 
+def _precompile(
+    to_run: list[_Planned], processes: int, devices: list[str], run_dir: Path, spec: Spec, console: Console
+) -> PrecompileSummary:
+    """`precompile.precompile` on the cases about to run, with a progress bar; failures get one line."""
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    task = progress.add_task(f"precompile ({processes} processes)", total=None)
+
+    def done(result: PrecompileResult) -> None:
+        if result.status != "ok":
+            shard = f" shard {result.job.shard + 1}/{result.job.shards}" if result.job.shards > 1 else ""
+            progress.console.print(
+                f"[yellow]precompile {result.status}[/] {result.job.case.key}{shard}: {result.error}"
+                " (the sweep runs this case as usual)"
+            )
+        progress.advance(task)
+
+    with progress:
+        summary = precompile(
+            [planned.case for planned in to_run],
+            processes,
+            devices,
+            run_dir,
+            grad=spec.measurement.grad,
+            timeout_s=spec.measurement.timeout_s,
+            on_start=lambda runs: progress.update(task, total=runs),
+            on_result=done,
+        )
+    console.print(
+        f"precompiled {summary.cases} case(s) in {summary.runs} run(s) with {summary.processes} "
+        f"process(es): {summary.seconds:.1f} s, {summary.failed} failed"
+    )
+    return summary
+
+
 def _start_workers(
-    devices: list[str], to_run: list[_Planned], run_dir: Path, spec: Spec, cuda: bool, console: Console
+    devices: list[str],
+    to_run: list[_Planned],
+    run_dir: Path,
+    spec: Spec,
+    cuda: bool,
+    console: Console,
+    precompiled: PrecompileSummary | None = None,
 ) -> list[Worker]:
-    """Launch one worker per device that has cases, then write `env.json` with the first one's facts."""
+    """Launch one worker per device that has cases, then write `env.json` with the first one's facts
+    (and what `precompile` did, if it ran)."""
     for planned in to_run:
         planned.shard = shard_of(planned.case.key, len(devices))
     used = sorted({planned.shard for planned in to_run})
@@ -361,6 +418,8 @@ def _start_workers(
     }
     env_path = run_dir / ENV_FILE
     env = envinfo.collect(spec, devices, info, measurement)
+    if precompiled is not None:
+        env["precompile"] = precompiled.to_dict()
     if env_path.exists():
         previous = json.loads(env_path.read_text())
         previous.setdefault("resumed", []).append(env)

@@ -259,7 +259,8 @@ def _device_info(device: str) -> DeviceInfo:
     )
 
 
-def _adapter_for(job: Job | GateJob) -> Any:
+def _adapter_for(job: Any) -> Any:
+    """The adapter of a job's case (a `Job`, `GateJob` or `precompile.PrecompileJob`)."""
     from tfla_bench import registry
     from tfla_bench.errors import UserError
 
@@ -297,6 +298,13 @@ def worker_main(conn: Connection, device: str, log_path: str) -> None:
         if job is None:
             return
         print(f"--- case {job.case.key}", file=sys.stderr, flush=True)
+        from tfla_bench import precompile
+
+        if isinstance(job, precompile.PrecompileJob):
+            done = precompile.run_job(_adapter_for(job), job, device)
+            print(f"--- precompile {done.status} {done.error or ''}".rstrip(), file=sys.stderr, flush=True)
+            conn.send(("result", done))
+            continue
         if isinstance(job, GateJob):
             from tfla_bench import correctness
 
@@ -363,7 +371,7 @@ class Worker:
             self.stop()
         return answer
 
-    def call(self, job: Job | GateJob, timeout_s: float) -> Any:
+    def call(self, job: Any, timeout_s: float) -> Any:
         """Send one job and return the worker's answer, or a `Failure` when the worker did not start,
         died (`crashed`, with the last lines of its log) or gave no answer within `timeout_s`
         (`timeout`; the worker is killed). A later call starts a fresh worker."""

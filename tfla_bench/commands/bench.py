@@ -57,6 +57,14 @@ CheckOption = Annotated[
     bool,
     typer.Option("--check", help="run the correctness gate first; a failing kernel's rows say failed_check"),
 ]
+PrecompileOption = Annotated[
+    int,
+    typer.Option(
+        "--precompile",
+        metavar="N",
+        help="compile the kernels in N processes before measuring (autotuned configs split over them)",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -150,6 +158,7 @@ def run(
     grad: GradOption = None,
     dry_run: DryRunOption = False,
     check: CheckOption = False,
+    precompile: PrecompileOption = 0,
 ) -> None:
     """Measure kernels at shapes given as flags (the same spec a TOML file would give)."""
     kernels = _names(kernel)
@@ -187,7 +196,22 @@ def run(
         "shape": shape,
     }
     spec = specs.parse_spec(raw, "command line")
-    _execute(spec, None, out, None, gpus, dry_run, check, warmup, reps, timeout, l2_flush, cuda_graph, grad)
+    _execute(
+        spec,
+        None,
+        out,
+        None,
+        gpus,
+        dry_run,
+        check,
+        precompile,
+        warmup,
+        reps,
+        timeout,
+        l2_flush,
+        cuda_graph,
+        grad,
+    )
 
 
 def sweep(
@@ -209,6 +233,7 @@ def sweep(
     grad: GradOption = None,
     dry_run: DryRunOption = False,
     check: CheckOption = False,
+    precompile: PrecompileOption = 0,
 ) -> None:
     """Run every case of a spec, each in an isolated worker; rows go to <run dir>/results.csv."""
     if spec_path is not None:
@@ -225,6 +250,7 @@ def sweep(
         gpus,
         dry_run,
         check,
+        precompile,
         warmup,
         reps,
         timeout,
@@ -242,6 +268,7 @@ def _execute(
     gpus: str | None,
     dry_run: bool,
     check: bool,
+    precompile: int,
     warmup: int | None,
     reps: int | None,
     timeout: float | None,
@@ -257,6 +284,8 @@ def _execute(
             raise UserError(f"{flag}: expected an integer >= {minimum}, got {value}")
     if timeout is not None and timeout <= 0:
         raise UserError(f"--timeout: expected a positive number of seconds, got {timeout:g}")
+    if precompile < 0:
+        raise UserError(f"--precompile: expected a number of processes >= 0, got {precompile}")
     spec = spec.with_measurement(
         warmup=warmup, reps=reps, timeout_s=timeout, l2_flush=l2_flush, cuda_graph=cuda_graph, grad=grad
     )
@@ -271,7 +300,13 @@ def _execute(
     failed_check = _gate(kernels, devices[0], run_dir, stdout) if check else {}
     start = time.monotonic()
     report = runner.run_sweep(
-        spec, cases, run_dir, resume=resuming, devices=devices, failed_check=failed_check
+        spec,
+        cases,
+        run_dir,
+        resume=resuming,
+        devices=devices,
+        failed_check=failed_check,
+        precompile_processes=precompile,
     )
     stdout.print(runner.summary_table(report.rows))
     stdout.print(

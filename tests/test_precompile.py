@@ -1,0 +1,113 @@
+"""`sweep --precompile`: sharded autotuning, the smaller cases, the parallel workers and env.json (CPU)."""
+
+import json
+
+import pytest
+import torch
+from plugin_support import registered_test_adapters
+
+from tfla_bench import precompile, runner, specs
+from tfla_bench.workloads import Case
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin_adapters():
+    with registered_test_adapters() as module:
+        yield module
+
+
+def case(kernel, batch, seq_len, mode="fw", chunk_size=None):
+    return Case(kernel, mode, "float32", batch, seq_len, 2, 8, 8, chunk_size)
+
+
+def test_sharded_autotuning_tries_only_its_configs_and_restores_triton(plugin_adapters):
+    from triton.runtime.autotuner import Autotuner
+
+    kernel = plugin_adapters.fill_block_kernel()
+    originals = {name: Autotuner.__dict__[name] for name in ("run", "prune_configs", "do_bench")}
+    out = torch.zeros(256, dtype=torch.int32)
+
+    def launch():
+        kernel[lambda meta: (256 // meta["BLOCK"],)](out, 256)
+        return sorted(config.kwargs["BLOCK"] for config in kernel.configs_timings), out.unique().tolist()
+
+    with precompile.sharded_autotuning(1, 3):
+        assert launch() == ([32], [32])
+    with precompile.sharded_autotuning(0, 3):
+        assert launch() == ([16, 128], [16])
+        assert launch() == ([16, 128], [16])  # tuned again: the choice from dummy timings is dropped
+    with precompile.sharded_autotuning(5, 6):  # more shards than configs: still one config
+        assert launch() == ([32], [32])
+    assert {name: Autotuner.__dict__[name] for name in originals} == originals
+
+
+def test_warm_cases_and_the_plan(plugin_adapters):
+    # Fig. 5-like: 65,536 tokens at every length
+    cases = [case("test_autotuned", 65536 // t, t) for t in (512, 1024, 8192, 16384, 65536)]
+    cases += [case("test_counting", 4, 16384), case("test_counting", 8, 8192)]
+    cases += [case("test_chunked", 2, 16384, chunk_size=16384)]  # 8192 tokens would be rejected
+    jobs = precompile.plan_jobs(cases, 3, "sum")
+    shapes = [(job.case.kernel, job.case.batch, job.case.seq_len, job.shard, job.shards) for job in jobs]
+    tuned = [(2, 512), (2, 1024), (2, 8192), (1, 8192)]
+    assert shapes == [
+        *(("test_autotuned", b, t, shard, 3) for b, t in tuned for shard in range(3)),
+        ("test_counting", 2, 8192, 0, 1),
+        ("test_chunked", 2, 16384, 0, 1),
+    ]
+    assert all(job.grad == "sum" for job in jobs)
+    assert jobs[0].adapter_module == "plugin_adapters"
+
+
+def test_workers_run_every_job_and_survive_a_crash(plugin_adapters, tmp_path, monkeypatch):
+    log = tmp_path / "blocks.log"
+    monkeypatch.setenv("TFLA_TEST_BLOCK_LOG", str(log))
+    cases = [case("test_autotuned", 1, 16), case("test_abort", 1, 16), case("test_raise", 1, 16)]
+    seen = []
+    summary = precompile.precompile(
+        cases, 2, ["cpu"], tmp_path, timeout_s=120, on_start=seen.append, on_result=seen.append
+    )
+    assert seen[0] == 4  # two shards of the autotuned case, then the other two cases
+    statuses = sorted((r.job.case.kernel, r.job.shard, r.status) for r in seen[1:])
+    assert statuses == [
+        ("test_abort", 0, "crashed"),
+        ("test_autotuned", 0, "ok"),
+        ("test_autotuned", 1, "ok"),
+        ("test_raise", 0, "error"),
+    ]
+    crashed = next(r for r in seen[1:] if r.status == "crashed")
+    assert "SIGABRT" in crashed.error and "about to abort" in crashed.error
+    # each shard ran the first config of its own slice: BLOCK 16 (configs 0, 2) and 32 (1, 3)
+    assert sorted(log.read_text().split()) == ["16", "32"]
+    assert (summary.processes, summary.cases, summary.runs, summary.failed) == (2, 3, 4, 2)
+    assert sorted(p.name for p in tmp_path.glob("precompile-*.log")) == [
+        "precompile-0.log",
+        "precompile-1.log",
+    ]
+
+
+def test_sweep_precompiles_first_and_records_it(plugin_adapters, tmp_path, monkeypatch):
+    monkeypatch.setenv("TFLA_TEST_BLOCK_LOG", str(tmp_path / "blocks.log"))
+    raw = {
+        "name": "precompile-test",
+        "kernels": ["test_counting", "test_unavailable"],
+        "modes": ["fw", "fwbw"],
+        "dtype": "float32",
+        "warmup": 1,
+        "reps": 2,
+        "timeout_s": 120,
+        "published": "nothing",
+        "shape": {"batch": 4, "seq_len": [16, 32], "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
+    }
+    spec = specs.parse_spec(raw, "test")
+    run_dir = tmp_path / "run"
+    report = runner.run_sweep(spec, specs.expand(spec), run_dir, devices=["cpu"], precompile_processes=2)
+    assert sorted(row.status for row in report.rows) == ["ok"] * 4 + ["unavailable"] * 4
+    env = json.loads((run_dir / "env.json").read_text())
+    # only the cases that run: test_counting, batch 4 -> 2, at two lengths and two modes
+    assert {k: env["precompile"][k] for k in ("processes", "cases", "runs", "failed")} == {
+        "processes": 2,
+        "cases": 4,
+        "runs": 4,
+        "failed": 0,
+    }
+    assert env["precompile"]["seconds"] > 0

@@ -1,0 +1,281 @@
+"""Compile a sweep's Triton kernels in parallel processes before it is measured (`sweep --precompile N`).
+
+Why: Triton compiles a kernel on its first call. An autotuned kernel compiles every config it tries,
+one after the other, in the process that calls it. fla's GLA backward tries about a hundred configs:
+its first fwbw call took 460 s on an H100 node (Triton 3.6, 16 cores), nearly all of it compiling on
+one core. Triton keeps what it compiled in its cache directory (`TRITON_CACHE_DIR`, by default
+`~/.triton/cache`), which every process of the machine shares.
+
+What: `precompile` runs each distinct case of the sweep once, in N worker processes, before the
+measuring workers start. The compiling happens N at a time, and the measuring workers find it done:
+
+- a case of an autotuned adapter (`Adapter.autotuned`) runs N times, once per shard. In shard j of N,
+  each autotuner tries only its configs j, j + N, ... (`sharded_autotuning`). A try is one untimed
+  call with a dummy timing, and its result is neither written to Triton's autotuning cache on disk
+  nor kept in memory;
+- every other case runs once, N different cases at a time;
+- inputs are smaller than the case's (`warm_case`): batch at most 2, sequences at most 8192 tokens,
+  unless the adapter rejects that shape. Compiled code depends on a shape only through constexprs
+  and the specialization of integer arguments (equal to 1, divisible by 16), which this keeps for
+  power-of-two shapes. A kernel compiled for another specialization is compiled again by the sweep.
+
+What it does not change: the sweep measures as it does without it. The first call of an autotuned
+kernel still times every config at the case's own shape, one after the other, on a GPU where nothing
+else runs. Only the compiling is already done, so `first_call_s` is shorter. A precompile run that
+fails (an error, out of memory, a crashed or hung worker) is counted and logged
+(`precompile-<i>.log`) and left to the sweep, which runs and reports that case as always.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tfla_bench import registry
+from tfla_bench.worker import Failure, Worker
+from tfla_bench.workloads import Case
+
+MAX_BATCH = 2  # not 1: an integer argument equal to 1 is compiled as a constant
+MAX_SEQ_LEN = 8192
+DEFAULT_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class PrecompileJob:
+    """One precompile run of a case, in shard `shard` of `shards` of its autotuners' configs.
+
+    Attributes:
+        case: the (smaller) case to run once.
+        adapter_module: the module that registers the case's adapter (see `worker.Job`).
+        shard: which slice of every autotuner's configs this run tries.
+        shards: how many slices (1: all configs).
+        grad: the sweep's upstream-gradient mode, so fwbw compiles the same backward.
+    """
+
+    case: Case
+    adapter_module: str
+    shard: int
+    shards: int
+    grad: str
+
+
+@dataclass(frozen=True)
+class PrecompileResult:
+    """What one precompile run did: `ok`, `error`, `oom`, `crashed` or `timeout`, and how long it took."""
+
+    job: PrecompileJob
+    status: str
+    seconds: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PrecompileSummary:
+    """What `precompile` did, for `env.json`.
+
+    Attributes:
+        processes: worker processes.
+        cases: distinct (smaller) cases.
+        runs: precompile runs (a case of an autotuned adapter counts once per shard).
+        failed: runs that did not finish; their cases compile in the sweep.
+        seconds: wall time.
+    """
+
+    processes: int
+    cases: int
+    runs: int
+    failed: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def warm_case(adapter: registry.Adapter, case: Case) -> Case:
+    """The smaller case a precompile run uses: batch <= `MAX_BATCH`, seq_len <= `MAX_SEQ_LEN`, or the
+    case itself when the adapter rejects the smaller shape."""
+    smaller = dataclasses.replace(
+        case, batch=min(case.batch, MAX_BATCH), seq_len=min(case.seq_len, MAX_SEQ_LEN)
+    )
+    return smaller if adapter.check(smaller) is None else case
+
+
+def plan_jobs(cases: list[Case], processes: int, grad: str) -> list[PrecompileJob]:
+    """The precompile runs for `cases`: each distinct smaller case once, or once per shard (`processes`
+    shards) for an autotuned adapter. The shards of a case are consecutive, so the processes work on
+    one autotuned case together; autotuned cases come first (they take longest)."""
+    distinct: dict[str, tuple[Case, registry.Adapter]] = {}
+    for case in cases:
+        adapter = registry.get(case.kernel)
+        warm = warm_case(adapter, case)
+        distinct.setdefault(warm.key, (warm, adapter))
+    tuned = [(c, a) for c, a in distinct.values() if a.autotuned]
+    plain = [(c, a) for c, a in distinct.values() if not a.autotuned]
+    jobs = [
+        PrecompileJob(case, type(adapter).__module__, shard, processes, grad)
+        for case, adapter in tuned
+        for shard in range(processes)
+    ]
+    jobs += [PrecompileJob(case, type(adapter).__module__, 0, 1, grad) for case, adapter in plain]
+    return jobs
+
+
+def _one_untimed_call(kernel_call: Callable[[], None], quantiles: Any = None, **_: Any) -> Any:
+    """An autotuner's benchmark replaced by one call (it compiles the config) and a dummy timing."""
+    kernel_call()
+    return [0.0] * len(quantiles) if quantiles else 0.0
+
+
+@contextmanager
+def sharded_autotuning(shard: int, shards: int) -> Iterator[None]:
+    """Within the block, every Triton autotuner of this process tries only its configs `shard`,
+    `shard + shards`, ... (at least one), calls each once without timing it, writes nothing to the
+    autotuning cache on disk and forgets its choice after each call. Restores Triton on exit.
+
+    Args:
+        shard: which slice, 0 <= shard < shards.
+        shards: how many slices.
+    """
+    from triton.runtime.autotuner import Autotuner
+
+    names = ("run", "prune_configs", "check_disk_cache", "do_bench")
+    originals = {name: Autotuner.__dict__[name] for name in names}
+
+    def prune_configs(self: Autotuner, kwargs: dict[str, Any]) -> list[Any]:
+        configs = originals["prune_configs"](self, kwargs)
+        return configs[shard::shards] or configs[shard % len(configs) :][:1]
+
+    def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+        self.cache.clear()  # a choice made from dummy timings must not outlive the call
+        return originals["run"](self, *args, **kwargs)
+
+    def check_disk_cache(
+        self: Autotuner, tuning_key: Any, configs: Any, bench_fn: Callable[[], None]
+    ) -> bool:
+        bench_fn()
+        return False
+
+    patches = {
+        "run": run,
+        "prune_configs": prune_configs,
+        "check_disk_cache": check_disk_cache,
+        "do_bench": property(lambda self: _one_untimed_call),
+    }
+    for name, patch in patches.items():
+        setattr(Autotuner, name, patch)
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(Autotuner, name, original)
+
+
+def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> PrecompileResult:
+    """Run one precompile job in this process (the worker's side; tests call it directly)."""
+    import torch
+
+    from tfla_bench import memory, timing
+    from tfla_bench.worker import make_step
+
+    start = time.perf_counter()
+    status, error = "ok", None
+    try:
+        with sharded_autotuning(job.shard, job.shards):
+            inputs = adapter.make_inputs(job.case, device)
+            make_step(adapter, inputs, job.case.mode, job.grad)()
+            if timing.is_cuda(device):
+                torch.cuda.synchronize(device)
+    except Exception as exc:  # the sweep runs this case again and reports what happens there
+        traceback.print_exc()
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        error = f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
+        status = "oom" if "out of memory" in str(exc).lower() else "error"
+    memory.release(device)
+    return PrecompileResult(job, status, time.perf_counter() - start, error)
+
+
+def precompile(
+    cases: list[Case],
+    processes: int,
+    devices: list[str],
+    log_dir: Path,
+    *,
+    grad: str = "sum",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    on_start: Callable[[int], None] | None = None,
+    on_result: Callable[[PrecompileResult], None] | None = None,
+) -> PrecompileSummary:
+    """Run `cases` once each (smaller, sharded: see the module docstring) in `processes` workers.
+
+    Args:
+        cases: the cases the sweep is about to measure.
+        processes: worker processes (at least 1), spread round-robin over `devices`.
+        devices: `cpu` or `cuda:<i>` devices.
+        log_dir: where each worker writes `precompile-<i>.log`.
+        grad: the sweep's upstream-gradient mode.
+        timeout_s: per run; a worker that hangs longer is killed and replaced.
+        on_start: called once with the number of runs (progress display).
+        on_result: called with each run's result as it finishes.
+    """
+    start = time.monotonic()
+    jobs = plan_jobs(cases, processes, grad)
+    if on_start is not None:
+        on_start(len(jobs))
+    todo: queue.SimpleQueue[PrecompileJob] = queue.SimpleQueue()
+    for job in jobs:
+        todo.put(job)
+    results: list[PrecompileResult] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def serve(worker: Worker) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    job = todo.get_nowait()
+                except queue.Empty:
+                    return
+                begun = time.monotonic()
+                answer = worker.call(job, timeout_s)
+                if stop.is_set():
+                    return
+                if isinstance(answer, Failure):
+                    answer = PrecompileResult(job, answer.status, time.monotonic() - begun, answer.error)
+                with lock:
+                    results.append(answer)
+                    if on_result is not None:
+                        on_result(answer)
+        finally:
+            worker.stop()
+
+    workers = [
+        Worker(devices[index % len(devices)], log_dir / f"precompile-{index}.log")
+        for index in range(min(processes, len(jobs)))
+    ]
+    threads = [threading.Thread(target=serve, args=(worker,), daemon=True) for worker in workers]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)
+    except KeyboardInterrupt:
+        stop.set()
+        for worker in workers:
+            worker.interrupt()
+        raise
+    return PrecompileSummary(
+        processes=len(workers),
+        cases=len({job.case.key for job in jobs}),
+        runs=len(jobs),
+        failed=sum(result.status != "ok" for result in results),
+        seconds=time.monotonic() - start,
+    )
