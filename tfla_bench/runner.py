@@ -350,15 +350,7 @@ def _precompile(
     to_run: list[_Planned], processes: int, devices: list[str], run_dir: Path, spec: Spec, console: Console
 ) -> PrecompileSummary:
     """`precompile.precompile` on the cases about to run, with a progress bar; failures get one line."""
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
+    progress = progress_bar(console, transient=True)
     task = progress.add_task(f"precompile ({processes} processes)", total=None)
 
     def done(result: PrecompileResult) -> None:
@@ -437,16 +429,7 @@ def _dispatch(
     lock = threading.Lock()
     stop = threading.Event()
     errors: list[BaseException] = []
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        console=console,
-    )
+    progress = progress_bar(console, eta=True)
     task = progress.add_task("starting", total=len(to_run))
     crashes = _CrashGuard()
 
@@ -572,6 +555,15 @@ def make_console(*, stderr: bool = False) -> Console:
     """A rich console; 160 columns wide when not a terminal, so logs and pipes keep one row per line."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=160)
+
+
+def progress_bar(console: Console, *, eta: bool = False, transient: bool = False) -> Progress:
+    """The suite's progress bar: spinner, description, bar, done/total, elapsed time (and the eta)."""
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    columns.append(TimeElapsedColumn())
+    if eta:
+        columns += [TextColumn("eta"), TimeRemainingColumn()]
+    return Progress(*columns, console=console, transient=transient)
 
 
 def _line(row: ResultRow) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -196,22 +197,8 @@ def run(
         "shape": shape,
     }
     spec = specs.parse_spec(raw, "command line")
-    _execute(
-        spec,
-        None,
-        out,
-        None,
-        gpus,
-        dry_run,
-        check,
-        precompile,
-        warmup,
-        reps,
-        timeout,
-        l2_flush,
-        cuda_graph,
-        grad,
-    )
+    flags = _Flags(gpus, dry_run, check, precompile, warmup, reps, timeout, l2_flush, cuda_graph, grad)
+    _execute(spec, None, out, None, flags)
 
 
 def sweep(
@@ -242,62 +229,56 @@ def sweep(
         spec = runner.load_run_spec(resume)
     else:
         raise UserError("sweep needs a SPEC file (or --resume DIR)")
-    _execute(
-        spec,
-        _names(kernel),
-        out,
-        resume,
-        gpus,
-        dry_run,
-        check,
-        precompile,
-        warmup,
-        reps,
-        timeout,
-        l2_flush,
-        cuda_graph,
-        grad,
-    )
+    flags = _Flags(gpus, dry_run, check, precompile, warmup, reps, timeout, l2_flush, cuda_graph, grad)
+    _execute(spec, _names(kernel), out, resume, flags)
+
+
+@dataclass(frozen=True)
+class _Flags:
+    """The flags `run` and `sweep` share (None: the spec's value)."""
+
+    gpus: str | None
+    dry_run: bool
+    check: bool
+    precompile: int
+    warmup: int | None
+    reps: int | None
+    timeout: float | None
+    l2_flush: bool | None
+    cuda_graph: bool | None
+    grad: str | None
 
 
 def _execute(
-    spec: Spec,
-    only: list[str] | None,
-    out: Path | None,
-    resume: Path | None,
-    gpus: str | None,
-    dry_run: bool,
-    check: bool,
-    precompile: int,
-    warmup: int | None,
-    reps: int | None,
-    timeout: float | None,
-    l2_flush: bool | None,
-    cuda_graph: bool | None,
-    grad: str | None,
+    spec: Spec, only: list[str] | None, out: Path | None, resume: Path | None, flags: _Flags
 ) -> None:
     """Apply measurement flags, expand, and either print the cases or run them and print the summary."""
-    if grad is not None and grad not in specs.GRAD_MODES:
-        raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {grad!r}")
-    for flag, value, minimum in (("--warmup", warmup, 0), ("--reps", reps, 1)):
+    if flags.grad is not None and flags.grad not in specs.GRAD_MODES:
+        raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {flags.grad!r}")
+    for flag, value, minimum in (("--warmup", flags.warmup, 0), ("--reps", flags.reps, 1)):
         if value is not None and value < minimum:
             raise UserError(f"{flag}: expected an integer >= {minimum}, got {value}")
-    if timeout is not None and timeout <= 0:
-        raise UserError(f"--timeout: expected a positive number of seconds, got {timeout:g}")
-    if precompile < 0:
-        raise UserError(f"--precompile: expected a number of processes >= 0, got {precompile}")
+    if flags.timeout is not None and flags.timeout <= 0:
+        raise UserError(f"--timeout: expected a positive number of seconds, got {flags.timeout:g}")
+    if flags.precompile < 0:
+        raise UserError(f"--precompile: expected a number of processes >= 0, got {flags.precompile}")
     spec = spec.with_measurement(
-        warmup=warmup, reps=reps, timeout_s=timeout, l2_flush=l2_flush, cuda_graph=cuda_graph, grad=grad
+        warmup=flags.warmup,
+        reps=flags.reps,
+        timeout_s=flags.timeout,
+        l2_flush=flags.l2_flush,
+        cuda_graph=flags.cuda_graph,
+        grad=flags.grad,
     )
     cases = specs.expand(spec, only or None)
     stdout = runner.make_console()
-    if dry_run:
+    if flags.dry_run:
         stdout.print(runner.cases_table(cases, cuda=torch.cuda.is_available()))
         return
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
-    devices = runner.select_devices(gpus)
+    devices = runner.select_devices(flags.gpus)
     kernels = sorted({case.kernel for case in cases})
-    failed_check = _gate(kernels, devices[0], run_dir, stdout) if check else {}
+    failed_check = _gate(kernels, devices[0], run_dir, stdout) if flags.check else {}
     start = time.monotonic()
     report = runner.run_sweep(
         spec,
@@ -306,7 +287,7 @@ def _execute(
         resume=resuming,
         devices=devices,
         failed_check=failed_check,
-        precompile_processes=precompile,
+        precompile_processes=flags.precompile,
     )
     stdout.print(runner.summary_table(report.rows))
     stdout.print(

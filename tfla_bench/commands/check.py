@@ -25,19 +25,12 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from tfla_bench import registry
 from tfla_bench.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, json_row, run_gate
 from tfla_bench.errors import UserError
+from tfla_bench.runner import make_console, progress_bar
 from tfla_bench.workloads import DTYPES
 
 _STATUS_STYLE = {"ok": "green", "unavailable": "dim", "unsupported": "dim", "no_reference": "yellow"}
@@ -102,14 +95,7 @@ def gate_progress(total: int) -> Iterator[dict[str, Callable[[Any], None]]]:
     """`run_gate`'s `on_start` / `on_result` callbacks that show the gate's progress on stderr: a bar
     naming the adapter being checked, and one line per adapter as it finishes (stdout stays clean
     for `--json`)."""
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with progress_bar(make_console(stderr=True), transient=True) as bar:
         task = bar.add_task("gate", total=total)
 
         def start(name: str) -> None:
