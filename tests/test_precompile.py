@@ -111,3 +111,18 @@ def test_sweep_precompiles_first_and_records_it(plugin_adapters, tmp_path, monke
         "failed": 0,
     }
     assert env["precompile"]["seconds"] > 0
+
+
+@pytest.mark.gpu
+def test_precompile_an_autotuned_library_kernel_on_the_gpu(tmp_path):
+    """fla's GLA (autotuned) through the real workers: every shard runs without a failure."""
+    from tfla_bench import registry
+
+    gla = registry.get("gla")
+    if gla.available() is not None:
+        pytest.skip(gla.available())
+    cases = [Case("gla", mode, "bfloat16", 2, 256, 2, 64, 128) for mode in ("fw", "fwbw")]
+    results = []
+    summary = precompile.precompile(cases, 4, ["cuda:0"], tmp_path, on_result=results.append)
+    assert (summary.cases, summary.runs) == (2, 8)
+    assert [r.status for r in results] == ["ok"] * 8, [r.error for r in results if r.status != "ok"]
