@@ -99,7 +99,7 @@ def simple_gla_backward_refusal(dtype: str) -> str | None:
 class _FlaAdapter(Adapter):
     family = "gla"
     layout = "BTHD"
-    autotuned = True  # fla autotunes most chunk kernels (GLA's backward: ~100 configs)
+    autotuned = True  # fla autotunes most chunk kernels (GLA's backward: about 100 configs in fla 0.6)
     module = ""
     function = ""
     per_channel_gate = False
@@ -152,6 +152,28 @@ class _FlaAdapter(Adapter):
         out = decay_linear_attention(q, k, v, g, scale=q.shape[-1] ** -0.5)
         return out.transpose(1, 2)
 
+    def fla_chunk(self, case: Case) -> int:
+        """The chunk size fla runs at this sequence length (the counts' `flop_terms` / `byte_terms`
+        of the subclass are evaluated there)."""
+        raise NotImplementedError
+
+    def flops(self, case: Case, mode: str) -> float:
+        terms = self.flop_terms(head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v)
+        per_head = terms.total(case.seq_len, self.fla_chunk(case))
+        return mode_flops(case.batch * case.num_heads * per_head, "gla", mode)
+
+    def bytes(self, case: Case, mode: str) -> float:
+        size = element_bytes(case.dtype)
+        terms = self.byte_terms(
+            head_dim_qk=case.head_dim_qk,
+            head_dim_v=case.head_dim_v,
+            qkv_bytes=size,
+            gate_bytes=size,
+            state_bytes=size,
+        )
+        per_head = terms.total(case.seq_len, self.fla_chunk(case))
+        return mode_bytes(case.batch * case.num_heads * per_head, "gla", mode)
+
 
 @register
 class Gla(_FlaAdapter):
@@ -164,23 +186,11 @@ class Gla(_FlaAdapter):
     constraints = (
         "no head-dim limit (fla tiles K and V); chunk size fixed by fla (64); first call autotunes long"
     )
+    flop_terms = staticmethod(gla_flop_terms)
+    byte_terms = staticmethod(gla_byte_terms)
 
-    def flops(self, case: Case, mode: str) -> float:
-        chunk = min(gla_chunk_size(case.seq_len), case.seq_len)
-        terms = gla_flop_terms(head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v)
-        return mode_flops(case.batch * case.num_heads * terms.total(case.seq_len, chunk), "gla", mode)
-
-    def bytes(self, case: Case, mode: str) -> float:
-        chunk = min(gla_chunk_size(case.seq_len), case.seq_len)
-        size = element_bytes(case.dtype)
-        terms = gla_byte_terms(
-            head_dim_qk=case.head_dim_qk,
-            head_dim_v=case.head_dim_v,
-            qkv_bytes=size,
-            gate_bytes=size,
-            state_bytes=size,
-        )
-        return mode_bytes(case.batch * case.num_heads * terms.total(case.seq_len, chunk), "gla", mode)
+    def fla_chunk(self, case: Case) -> int:
+        return min(gla_chunk_size(case.seq_len), case.seq_len)
 
 
 @register
@@ -194,6 +204,8 @@ class SimpleGla(_FlaAdapter):
         "no head-dim limit (fla tiles K and V); fwbw in 16 bit needs even head dims; "
         "fwbw refused by fla on Hopper with Triton 3.4-3.7.0"
     )
+    flop_terms = staticmethod(simple_gla_flop_terms)
+    byte_terms = staticmethod(simple_gla_byte_terms)
 
     def check(self, case: Case) -> str | None:
         reason = super().check(case)
@@ -205,19 +217,5 @@ class SimpleGla(_FlaAdapter):
             return None
         return simple_gla_backward_refusal(case.dtype)
 
-    def flops(self, case: Case, mode: str) -> float:
-        chunk = min(SIMPLE_GLA_CHUNK, case.seq_len)
-        terms = simple_gla_flop_terms(head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v)
-        return mode_flops(case.batch * case.num_heads * terms.total(case.seq_len, chunk), "gla", mode)
-
-    def bytes(self, case: Case, mode: str) -> float:
-        chunk = min(SIMPLE_GLA_CHUNK, case.seq_len)
-        size = element_bytes(case.dtype)
-        terms = simple_gla_byte_terms(
-            head_dim_qk=case.head_dim_qk,
-            head_dim_v=case.head_dim_v,
-            qkv_bytes=size,
-            gate_bytes=size,
-            state_bytes=size,
-        )
-        return mode_bytes(case.batch * case.num_heads * terms.total(case.seq_len, chunk), "gla", mode)
+    def fla_chunk(self, case: Case) -> int:
+        return min(SIMPLE_GLA_CHUNK, case.seq_len)

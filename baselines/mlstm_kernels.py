@@ -30,12 +30,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tfla_bench.baselines._common import (
-    bool_param,
     cuda_reason,
     is_installed,
     is_power_of_two,
     try_import,
-    unknown_params_reason,
 )
 from tfla_bench.kernels.adapters import ChunkwiseMlstmAdapter
 from tfla_bench.registry import register
@@ -77,7 +75,7 @@ class _MlstmKernelsPeer(ChunkwiseMlstmAdapter):
         return chunk
 
     def check(self, case: Case) -> str | None:
-        reason = unknown_params_reason(case, self.name, self.known_params)
+        reason = self.params_reason(case)
         if reason is not None:
             return reason
         if min(case.head_dim_qk, case.head_dim_v) < MIN_HEAD_DIM:
@@ -107,7 +105,8 @@ class _MlstmKernelsPeer(ChunkwiseMlstmAdapter):
         return None
 
     def _kernel_kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return {"chunk_size": inputs["chunk_size"]}
+        kwargs = {"chunk_size": inputs["chunk_size"]}
+        return kwargs | ({"normalize": inputs["normalize"]} if self.gate == "sig" else {})
 
     def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
         from mlstm_kernels.torch import get_mlstm_kernel
@@ -134,24 +133,7 @@ class MlstmKernelsSig(_MlstmKernelsPeer):
     name = "mlstm_kernels_sig"
     kernel_name = "chunkwise--triton_xl_chunk_siging"
     gate = "sig"
-    known_params = ("normalize", "seed")
     constraints = MlstmKernelsExp.constraints + "; param normalize (default false)"
-
-    def check(self, case: Case) -> str | None:
-        try:
-            bool_param(case, "normalize", False)
-        except ValueError as exc:
-            return str(exc)
-        return super().check(case)
-
-    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
-        """As the exp peer's, plus the `normalize` flag."""
-        inputs = super().make_inputs(case, device)
-        inputs["normalize"] = bool_param(case, "normalize", False)
-        return inputs
-
-    def _kernel_kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return {"chunk_size": inputs["chunk_size"], "normalize": inputs["normalize"]}
 
 
 @register

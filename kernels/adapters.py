@@ -141,23 +141,40 @@ class MlstmTorch(Adapter):
 
 class ChunkwiseMlstmAdapter(Adapter):
     """What every chunkwise mLSTM adapter shares (ours and the official peers): the mLSTM inputs plus
-    the chunk size, the float64 reference of `gate`, and the model's chunkwise counts at the chunk
-    the kernel runs (`chunk`: the case's, else `default_chunk`)."""
+    the chunk size (and, for an mLSTMsig kernel, the `normalize` param, default false), the float64
+    reference of `gate`, and the model's chunkwise counts at the chunk the kernel runs (`chunk`: the
+    case's, else `default_chunk`)."""
 
     family = "mlstm"
     layout = "BHTD"
     uses_chunk_size = True
     gate = "exp"
     default_chunk = TFLA_DEFAULT_CHUNK
-    known_params: tuple[str, ...] = ("seed",)
+
+    @property
+    def known_params(self) -> tuple[str, ...]:
+        return ("normalize", "seed") if self.gate == "sig" else ("seed",)
 
     def chunk(self, case: Case) -> int:
         """The chunk size the kernel runs."""
         return case.chunk_size if case.chunk_size is not None else self.default_chunk
 
+    def params_reason(self, case: Case) -> str | None:
+        """Why the case's params are wrong for this kernel (unknown names, a non-boolean `normalize`)."""
+        reason = unknown_params_reason(case, self.name, self.known_params)
+        if reason is None and self.gate == "sig":
+            try:
+                bool_param(case, "normalize", False)
+            except ValueError as exc:
+                return str(exc)
+        return reason
+
     def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
-        """The mLSTM inputs (module docstring) and the chunk size."""
-        return mlstm_inputs(case, device) | {"chunk_size": self.chunk(case)}
+        """The mLSTM inputs (module docstring), the chunk size and, for mLSTMsig, `normalize`."""
+        inputs = mlstm_inputs(case, device) | {"chunk_size": self.chunk(case)}
+        if self.gate == "sig":
+            inputs["normalize"] = bool_param(case, "normalize", False)
+        return inputs
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
         return mlstm_reference(inputs, self.gate, inputs.get("normalize", False))
@@ -185,7 +202,7 @@ class _TFLAAdapter(ChunkwiseMlstmAdapter):
         return reason
 
     def check(self, case: Case) -> str | None:
-        reason = unknown_params_reason(case, self.name, self.known_params)
+        reason = self.params_reason(case)
         if reason is not None:
             return reason
         if case.seq_len % SEQ_LEN_MULTIPLE:
@@ -201,7 +218,8 @@ class _TFLAAdapter(ChunkwiseMlstmAdapter):
         return None
 
     def _kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return {"gate": self.gate, "chunk_size": inputs["chunk_size"]}
+        kwargs = {"gate": self.gate, "chunk_size": inputs["chunk_size"]}
+        return kwargs | ({"normalize": inputs["normalize"]} if self.gate == "sig" else {})
 
     def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
         from tfla_bench.kernels.tfla import mlstm_tfla
@@ -222,22 +240,7 @@ class TFLASig(_TFLAAdapter):
 
     name = "tfla_sig"
     gate = "sig"
-    known_params = ("normalize", "seed")
     constraints = _TFLAAdapter.constraints + "; param normalize (default false)"
-
-    def check(self, case: Case) -> str | None:
-        try:
-            bool_param(case, "normalize", False)
-        except ValueError as exc:
-            return str(exc)
-        return super().check(case)
-
-    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
-        """As `tfla_exp`'s, plus the `normalize` flag."""
-        return super().make_inputs(case, device) | {"normalize": bool_param(case, "normalize", False)}
-
-    def _kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return super()._kwargs(inputs) | {"normalize": inputs["normalize"]}
 
 
 LIMIT_CHUNK_DEFAULT_CHUNK = 64
@@ -264,7 +267,7 @@ class LimitChunk(ChunkwiseMlstmAdapter):
 
     def check(self, case: Case) -> str | None:
         """Parameter, chunk and head-dim rules, then the kernel's on-chip limit (`unsupported_reason`)."""
-        reason = unknown_params_reason(case, self.name, self.known_params)
+        reason = self.params_reason(case)
         if reason is not None:
             return reason
         chunk = self.chunk(case)

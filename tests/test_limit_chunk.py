@@ -24,6 +24,15 @@ from dataclasses import replace
 
 import pytest
 import torch
+from mlstm_support import (
+    DEVICE,
+    assert_all_close,
+    make_inputs,
+    make_state,
+    make_weights,
+    rel_rms,
+    run_with_grads,
+)
 
 from tfla_bench import registry
 from tfla_bench.kernels.limit_chunk import (
@@ -40,58 +49,9 @@ from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_f
 from tfla_bench.workloads import Case
 
 FP32_RTOL = 1e-4
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL_BLOCKS = LimitChunkBlocks(qk=16, v=16, bwd_qk=16, bwd_v=16, state_qk=16, state_v=16, num_warps=4)
 GRAD_NAMES = ["dq", "dk", "dv", "di", "df", "dC0", "dn0", "dm0"]
 STATE_NAMES = ["C", "n", "m"]
-
-
-def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
-
-
-def make_inputs(batch, heads, seq_len, dqk, dv, *, seed=0, i_range=(-3.0, 3.0), f_range=(-1.0, 6.0)):
-    gen = torch.Generator().manual_seed(seed)
-
-    def uniform(lo, hi):
-        return lo + (hi - lo) * torch.rand(batch, heads, seq_len, generator=gen)
-
-    q = torch.randn(batch, heads, seq_len, dqk, generator=gen)
-    k = torch.randn(batch, heads, seq_len, dqk, generator=gen)
-    v = torch.randn(batch, heads, seq_len, dv, generator=gen)
-    return [q, k, v, uniform(*i_range), uniform(*f_range)]
-
-
-def make_state(batch, heads, dqk, dv, *, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    C = 0.5 * torch.randn(batch, heads, dqk, dv, generator=gen)
-    return [C, torch.rand(batch, heads, dqk, generator=gen), torch.randn(batch, heads, generator=gen)]
-
-
-def make_weights(batch, heads, seq_len, dqk, dv, seed=7):
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        "h": torch.randn(batch, heads, seq_len, dv, generator=gen, dtype=torch.float64).to(DEVICE),
-        "C": torch.randn(batch, heads, dqk, dv, generator=gen, dtype=torch.float64).to(DEVICE),
-    }
-
-
-def loss_fn(h, final_state, weights):
-    """Scale-invariant in each h_t; the final state enters unstabilized, as `C * exp(m)`."""
-    h = h.double()
-    C, _, m = (x.double() for x in final_state)
-    unstabilized = C * m.exp()[..., None, None]
-    return (h / h.pow(2).mean(-1, keepdim=True).sqrt() * weights["h"]).sum() + (
-        unstabilized * weights["C"]
-    ).sum()
-
-
-def run_with_grads(fn, inputs, state, weights):
-    """`fn(q, k, v, i, f, state) -> (h, final_state)`; returns h, final state and every input's gradient."""
-    leaves = [x.detach().to(DEVICE, copy=True).requires_grad_() for x in inputs + state]
-    h, final = fn(*leaves[:5], tuple(leaves[5:]) or None)
-    loss_fn(h, final, weights).backward()
-    return h, final, [x.grad for x in leaves]
 
 
 def chunkwise_fp64(q, k, v, i, f, state):
@@ -113,22 +73,11 @@ def limit_chunk(chunk_size, blocks=None):
     return fn
 
 
-def assert_all_close(actual, expected, rtol, names):
-    for name, a, b in zip(names, actual, expected, strict=True):
-        assert torch.isfinite(a).all(), f"{name} is not finite"
-        if b.abs().max() < 1e-9 * max(x.abs().max() for x in expected):
-            # the n_0 gradient: zero through a scale-invariant loss; the kernel returns exact zeros
-            assert (a == 0).all(), f"{name} should be zero"
-            continue
-        err = rel_rms(a, b)
-        assert err < rtol, f"{name}: relative RMS error {err:.2e} >= {rtol:.0e}"
-
-
 def check_against_reference(
     batch, heads, seq_len, dqk, dv, chunk_size, *, blocks=None, with_state=True, seed=0, **ranges
 ):
     inputs = make_inputs(batch, heads, seq_len, dqk, dv, seed=seed, **ranges)
-    state = make_state(batch, heads, dqk, dv) if with_state else []
+    state = make_state("exp", False, batch, heads, dqk, dv) if with_state else []
     weights = make_weights(batch, heads, seq_len, dqk, dv)
     h_ref, s_ref, g_ref = run_with_grads(reference, inputs, state, weights)
     h, s, g = run_with_grads(limit_chunk(chunk_size, blocks), inputs, state, weights)

@@ -1,10 +1,12 @@
 """Compile a sweep's Triton kernels in parallel processes before it is measured (`sweep --precompile N`).
 
 Why: Triton compiles a kernel on its first call. An autotuned kernel compiles every config it tries,
-one after the other, in the process that calls it. fla's GLA backward tries about a hundred configs:
-its first fwbw call took 460 s on an H100 node (Triton 3.6, 16 cores), nearly all of it compiling on
-one core. Triton keeps what it compiled in its cache directory (`TRITON_CACHE_DIR`, by default
-`~/.triton/cache`), which every process of the machine shares.
+one after the other, in the process that calls it. fla 0.6's GLA backward has about a hundred configs
+(counted in its source), and its first fwbw call took 460 s on our H100 node (Triton 3.6, 16 cores).
+We have not measured how much of that was compiling. Triton's autotuner times each config for about
+0.1 s, which would leave most of it to compiling, on one core. Triton keeps what it compiled in
+its cache directory (`TRITON_CACHE_DIR`, by default `~/.triton/cache`), which every process of the
+machine shares.
 
 What: `precompile` runs each distinct case of the sweep once, in N worker processes, before the
 measuring workers start. The compiling happens N at a time, and the measuring workers find it done:
@@ -21,7 +23,8 @@ measuring workers start. The compiling happens N at a time, and the measuring wo
 
 What it does not change: the sweep measures as it does without it. The first call of an autotuned
 kernel still times every config at the case's own shape, one after the other, on a GPU where nothing
-else runs. Only the compiling is already done, so `first_call_s` is shorter. A precompile run that
+else runs. Only the compiling is already done, so `first_call_s` should be shorter (not yet
+measured on a GPU). A precompile run that
 fails (an error, out of memory, a crashed or hung worker) is counted and logged
 (`precompile-<i>.log`) and left to the sweep, which runs and reports that case as always.
 """

@@ -9,7 +9,8 @@ Each case runs in a worker process that owns one device (`tfla_bench.worker`):
 2. First call: one call between two synchronizations, timed with `time.perf_counter`, is
    `first_call_s`. It contains Triton compilation and autotuning, cuDNN plan building and lazy
    imports, which is why it is kept apart from the runtime. After `--precompile N`
-   (`tfla_bench.precompile`) the compiling is mostly done, and what remains is mostly autotuning.
+   (`tfla_bench.precompile`) the kernels are already compiled, so it should hold mostly the
+   autotuner's timing runs.
 3. Warmup: `warmup` untimed calls (paper: 10).
 4. Peak memory (CUDA): `torch.cuda.reset_peak_memory_stats`, one call, `max_memory_allocated` is
    `peak_memory_bytes`; minus the inputs baseline it is `peak_memory_above_inputs_bytes`. The L2

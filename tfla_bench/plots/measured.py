@@ -233,18 +233,19 @@ def _theory_chunks(seq_len: int) -> list[int]:
     return chunks
 
 
-def _swept_kernels(rows: pd.DataFrame) -> list[str]:
+def _swept(rows: pd.DataFrame, shape: dict[str, Any], mode: str) -> tuple[pd.DataFrame, list[str]]:
+    """The rows of `shape` in `mode`, and the kernels measured there at two chunk sizes or more."""
+    rows = select_shape(rows, shape)
+    rows = rows[rows["mode"] == mode]
     counts = rows.groupby("kernel")["chunk_size"].nunique()
-    return sorted(counts[counts >= 2].index)
+    return rows, sorted(counts[counts >= 2].index)
 
 
 def measured_vs_theory_figure(
     rows: pd.DataFrame, shape: dict[str, Any], accelerators: list[Accelerator], mode: str, title: str
 ) -> Figure | None:
     """Per kernel, measured runtime over chunk size beside the model's bounds per accelerator (Fig. 20)."""
-    rows = select_shape(rows, shape)
-    rows = rows[rows["mode"] == mode]
-    kernels = _swept_kernels(rows)
+    rows, kernels = _swept(rows, shape, mode)
     if not kernels:
         return None
     fig = Figure(figsize=(max(9, 6 * len(kernels)), 5.5), layout="constrained")
@@ -286,9 +287,7 @@ def flops_vs_chunk_figure(
     rows: pd.DataFrame, shape: dict[str, Any], accelerators: list[Accelerator], mode: str, title: str
 ) -> Figure | None:
     """Achieved FLOP/s, total FLOPs and runtime over the chunk size (paper Fig. 23 with our points)."""
-    rows = select_shape(rows, shape)
-    rows = rows[rows["mode"] == mode]
-    kernels = _swept_kernels(rows)
+    rows, kernels = _swept(rows, shape, mode)
     if not kernels:
         return None
     fig = Figure(figsize=(16, 4.8), layout="constrained")

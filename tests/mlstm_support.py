@@ -1,0 +1,75 @@
+"""Helpers shared by the mLSTM kernel tests (`test_tfla.py`, `test_limit_chunk.py`): inputs, initial
+states, a scale-invariant loss and its gradients, and the relative RMS comparison."""
+
+import torch
+
+from tfla_bench.kernels.reference import state_names
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def make_inputs(batch, heads, seq_len, dqk, dv, *, seed=0, i_range=(-3.0, 3.0), f_range=(-1.0, 6.0)):
+    gen = torch.Generator().manual_seed(seed)
+
+    def uniform(lo, hi, *shape):
+        return lo + (hi - lo) * torch.rand(*shape, generator=gen)
+
+    q = torch.randn(batch, heads, seq_len, dqk, generator=gen)
+    k = torch.randn(batch, heads, seq_len, dqk, generator=gen)
+    v = torch.randn(batch, heads, seq_len, dv, generator=gen)
+    i = uniform(*i_range, batch, heads, seq_len)
+    f = uniform(*f_range, batch, heads, seq_len)
+    return [q, k, v, i, f]
+
+
+def make_state(gate, normalize, batch, heads, dqk, dv, *, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    parts = {
+        "C": 0.5 * torch.randn(batch, heads, dqk, dv, generator=gen),
+        "n": torch.rand(batch, heads, dqk, generator=gen),
+        "m": torch.randn(batch, heads, generator=gen),
+    }
+    return [parts[name] for name in state_names(gate, normalize)]
+
+
+def loss_fn(h, final_state, weights, gate):
+    """Scale-invariant in each h_t; the final state enters as C * exp(m), which does not depend on
+    the max-state convention (a loss on the stabilized C alone would differentiate through m)."""
+    h = h.double()
+    loss = (h / h.pow(2).mean(-1, keepdim=True).sqrt() * weights["h"]).sum()
+    C = final_state[0].double()
+    if gate == "exp":
+        C = C * final_state[2].double().exp()[..., None, None]
+    return loss + (C * weights["C"]).sum()
+
+
+def make_weights(batch, heads, seq_len, dqk, dv, seed=7):
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "h": torch.randn(batch, heads, seq_len, dv, generator=gen, dtype=torch.float64).to(DEVICE),
+        "C": torch.randn(batch, heads, dqk, dv, generator=gen, dtype=torch.float64).to(DEVICE),
+    }
+
+
+def run_with_grads(fn, inputs, state, weights, gate="exp"):
+    """`fn(q, k, v, i, f, state) -> (h, final_state)`; returns h, final state and every input's gradient."""
+    leaves = [x.detach().to(DEVICE, copy=True).requires_grad_() for x in inputs]
+    state_leaves = [x.detach().to(DEVICE, copy=True).requires_grad_() for x in state]
+    h, final = fn(*leaves, tuple(state_leaves) if state_leaves else None)
+    loss_fn(h, final, weights, gate).backward()
+    return h, final, [x.grad for x in leaves + state_leaves]
+
+
+def assert_all_close(actual, expected, rtol, names):
+    for name, a, b in zip(names, actual, expected, strict=True):
+        assert torch.isfinite(a).all(), f"{name} is not finite"
+        if b.abs().max() < 1e-9 * max(x.abs().max() for x in expected):
+            # the n_0 gradient: zero through a scale-invariant loss; the kernels return exact zeros
+            assert (a == 0).all(), f"{name} should be zero"
+            continue
+        err = rel_rms(a, b)
+        assert err < rtol, f"{name}: relative RMS error {err:.2e} >= {rtol:.0e}"
