@@ -76,11 +76,13 @@ def tfla_bwd_kernel_dstates(
     q_base = q_ptr + bh * T * DQK
     dh_base = dh_ptr + bh * T * DV
     gate_base = bh * T
-    state_ptrs = dC_ptr + bh * (NC + 1) * DQK * DV + offs_qk[:, None] * DV + offs_v[None, :]
+    # int64 state offsets through bh (see tfla_fwd_kernel_states)
+    state_row = bh * (NC + 1)
+    state_offs = offs_qk[:, None] * DV + offs_v[None, :]
     dtype = q_ptr.dtype.element_ty
 
     i_block = i_dqk * N_DV + i_dv
-    dC = tl.load(state_ptrs + NC * DQK * DV)
+    dC = tl.load(dC_ptr + (state_row + NC) * DQK * DV + state_offs)
     for c_rev in range(NC):
         c = NC - 1 - c_rev
         g = tl.load(g_ptr + bh * NC + c)
@@ -109,10 +111,10 @@ def tfla_bwd_kernel_dstates(
             weight = tl.where(valid, weight, 0.0)
             q_weighted = (q * weight[:, None]).to(dtype)
             acc = tl.dot(tl.trans(q_weighted), dh, acc, input_precision=DOT_PRECISION)
-        C_prev = tl.load(state_ptrs + c * DQK * DV)
+        C_prev = tl.load(dC_ptr + (state_row + c) * DQK * DV + state_offs)
         tl.store(dg_ptr + (i_block * BH + bh) * NC + c, decay * tl.sum(tl.sum(C_prev * dC, axis=1), axis=0))
         dC = decay * dC + acc
-        tl.store(state_ptrs + c * DQK * DV, dC)
+        tl.store(dC_ptr + (state_row + c) * DQK * DV + state_offs, dC)
 
 
 @triton.jit

@@ -65,13 +65,15 @@ def tfla_fwd_kernel_states(
     k_base = k_ptr + bh * T * DQK
     v_base = v_ptr + bh * T * DV
     gate_base = bh * T
-    state_ptrs = C_ptr + bh * (NC + 1) * DQK * DV + offs_qk[:, None] * DV + offs_v[None, :]
-    n_ptrs = n_ptr + bh * (NC + 1) * DQK + offs_qk
+    # State k of this head starts at (bh * (NC + 1) + k) * DQK * DV: int64 through bh, since
+    # k * DQK * DV alone can pass int32 (2048 chunks of a 1024 x 1024 state).
+    state_row = bh * (NC + 1)
+    state_offs = offs_qk[:, None] * DV + offs_v[None, :]
     dtype = k_ptr.dtype.element_ty
 
-    C = tl.load(state_ptrs)
+    C = tl.load(C_ptr + state_row * DQK * DV + state_offs)
     if HAS_N:
-        n = tl.load(n_ptrs)
+        n = tl.load(n_ptr + state_row * DQK + offs_qk)
     if USE_MAX_STATE:
         m = tl.load(m_ptr + bh * (NC + 1))
     for c in range(NC):
@@ -104,11 +106,11 @@ def tfla_fwd_kernel_states(
             if HAS_N:
                 n_acc += tl.sum(k_weighted, axis=0)
         C = decay * C + acc
-        tl.store(state_ptrs + (c + 1) * DQK * DV, C)
+        tl.store(C_ptr + (state_row + c + 1) * DQK * DV + state_offs, C)
         if HAS_N:
             n = decay * n + n_acc
             # every d_hv block computes the same n; one of them stores it
-            tl.store(n_ptrs + (c + 1) * DQK, n, mask=(offs_qk < DQK) & (i_dv == 0))
+            tl.store(n_ptr + (state_row + c + 1) * DQK + offs_qk, n, mask=(offs_qk < DQK) & (i_dv == 0))
         if USE_MAX_STATE:
             m = m_new
             if (i_dv == 0) & (i_dqk == 0):

@@ -89,6 +89,21 @@ class Oom(_Tiny):
 
 
 @register
+class OomOnce(_Tiny):
+    """Runs out of device memory on its first call only, counted across processes by creating the
+    file named by `TFLA_TEST_OOM_MARK` (as a large case would when other processes share the GPU)."""
+
+    name = "test_oom_once"
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        try:
+            os.close(os.open(os.environ["TFLA_TEST_OOM_MARK"], os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return inputs["x"] * inputs["w"]
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB.")
+
+
+@register
 class Raise(_Tiny):
     """Raises an ordinary exception with a multi-line message."""
 
@@ -196,4 +211,4 @@ class Autotuned(_Tiny):
         return inputs["x"]
 
 
-ADAPTERS = (Abort, Sleep, Unavailable, Oom, Raise, Chunked, Counting, Autotuned)
+ADAPTERS = (Abort, Sleep, Unavailable, Oom, OomOnce, Raise, Chunked, Counting, Autotuned)

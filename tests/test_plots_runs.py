@@ -177,6 +177,19 @@ def test_runtime_vs_head_dim(headdim, fig5):
     assert runtime_vs_seq_len_figure(run, comparison) is None
 
 
+def test_a_kernel_with_one_ok_point_is_named_in_the_note(tmp_path):
+    rows = headdim_rows()
+    for r in rows:
+        if r["kernel"] == "tfla_exp" and r["mode"] == "fw" and r["head_dim_v"] > 64:
+            r.update(status="crashed", median_ms=float("nan"), peak_memory_bytes=float("nan"))
+    run_dir = tmp_path / "fig17_headdim-20250101-000000"
+    write_run(run_dir, rows, spec="fig17_headdim", published=None)
+    fig = runtime_vs_head_dim_figure(load_run(run_dir))
+    assert "tfla_exp" not in lines_by_label(fig.axes[0]) and "tfla_exp" in lines_by_label(fig.axes[1])
+    note = " ".join(fig.get_supxlabel().split())
+    assert "fewer than 2 ok points" in note and "tfla_exp fw (crashed, ok)" in note
+
+
 def test_run_figures_and_plot_run_write_pngs(fig5, tmp_path):
     run, comparison = fig5
     assert set(run_figures(run, comparison)) == {

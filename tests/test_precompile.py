@@ -85,6 +85,32 @@ def test_workers_run_every_job_and_survive_a_crash(plugin_adapters, tmp_path, mo
     ]
 
 
+def test_runs_out_of_memory_run_again_with_fewer_processes(plugin_adapters, tmp_path, monkeypatch):
+    monkeypatch.setenv("TFLA_TEST_OOM_MARK", str(tmp_path / "oom-once.mark"))
+    cases = [case("test_oom_once", 1, 16), case("test_oom", 1, 16), case("test_counting", 1, 16)]
+    seen, retries = [], []
+    summary = precompile.precompile(
+        cases,
+        4,
+        ["cpu"],
+        tmp_path,
+        timeout_s=120,
+        on_result=seen.append,
+        on_retry=lambda *a: retries.append(a),
+    )
+    # 3 processes (3 runs): two run out of memory and run again, one at a time; test_oom never fits
+    assert retries == [(2, 1)]
+    runs = sorted((r.job.case.kernel, r.status, r.retried) for r in seen)
+    assert runs == [
+        ("test_counting", "ok", False),
+        ("test_oom", "oom", False),
+        ("test_oom", "oom", True),
+        ("test_oom_once", "ok", False),
+        ("test_oom_once", "oom", True),
+    ]
+    assert (summary.processes, summary.runs, summary.retried, summary.failed) == (3, 3, 2, 1)
+
+
 def test_sweep_precompiles_first_and_records_it(plugin_adapters, tmp_path, monkeypatch):
     monkeypatch.setenv("TFLA_TEST_BLOCK_LOG", str(tmp_path / "blocks.log"))
     raw = {
@@ -104,11 +130,12 @@ def test_sweep_precompiles_first_and_records_it(plugin_adapters, tmp_path, monke
     assert sorted(row.status for row in report.rows) == ["ok"] * 4 + ["unavailable"] * 4
     env = json.loads((run_dir / "env.json").read_text())
     # only the cases that run: test_counting, batch 4 -> 2, at two lengths and two modes
-    assert {k: env["precompile"][k] for k in ("processes", "cases", "runs", "failed")} == {
+    assert {k: env["precompile"][k] for k in ("processes", "cases", "runs", "failed", "retried")} == {
         "processes": 2,
         "cases": 4,
         "runs": 4,
         "failed": 0,
+        "retried": 0,
     }
     assert env["precompile"]["seconds"] > 0
 

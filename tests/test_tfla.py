@@ -361,6 +361,22 @@ def test_gpu_bf16_state_passing_and_chunk_invariance(gate):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_gpu_state_offsets_past_int32(gate):
+    # 2048 chunks of a 1024 x 1024 state: the last state starts 2^31 elements into its head's states,
+    # past int32. At chunk size 64 (1024 chunks) every offset fits; the two must agree.
+    batch, heads, seq_len, dim = 1, 1, 65536, 1024
+    inputs = make_inputs(batch, heads, seq_len, dim, dim, seed=12)
+    inputs[:3] = [x.bfloat16() for x in inputs[:3]]
+    weights = make_weights(batch, heads, seq_len, dim, dim)
+    h64, s64, g64 = run_with_grads(tfla_fn(gate, False, 64), inputs, [], weights, gate)
+    h32, s32, g32 = run_with_grads(tfla_fn(gate, False, 32), inputs, [], weights, gate)
+    for name, a, b in zip(["h", "C", *GRAD_NAMES], [h32, s32[0], *g32], [h64, s64[0], *g64], strict=True):
+        assert torch.isfinite(a).all(), name
+        assert rel_rms(a, b) < BF16_RTOL[name], f"{name}: {rel_rms(a, b):.2e}"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("gate", "normalize"), [("exp", False), ("sig", False), ("sig", True)])
 def test_gpu_fp32_matches_float64_reference(gate, normalize):
     # Compiled kernels (not the interpreter) in float32 with full-precision products: the CPU bound holds.

@@ -23,9 +23,15 @@ measuring workers start. The compiling happens N at a time, and the measuring wo
 
 What it does not change: the sweep measures as it does without it. The first call of an autotuned
 kernel still times every config at the case's own shape, one after the other, on a GPU where nothing
-else runs. Only the compiling is already done, so `first_call_s` should be shorter (not yet
-measured on a GPU). A precompile run that
-fails (an error, out of memory, a crashed or hung worker) is counted and logged
+else runs. Only the compiling is already done, so `first_call_s` is shorter. Fig. 17 on our H100 with
+14 processes: GLA fwbw first calls of 17-22 s at head dims 32-256 after a 162 s precompile, where
+one GLA fwbw first call without it (Fig. 5's shape) took 460 s.
+
+Memory: the N processes share the GPU, so runs of large cases can run out of memory together. In
+that Fig. 17 run, half of the GLA fwbw runs at head dims 256 and 512 and all at 1024 did, and the
+sweep's first calls there took 22 s, 70 s and 288 s. Now the runs that ran out of memory run again,
+with half the processes at a time, down to one. A precompile run
+that still fails (an error, out of memory, a crashed or hung worker) is counted and logged
 (`precompile-<i>.log`) and left to the sweep, which runs and reports that case as always.
 """
 
@@ -72,12 +78,14 @@ class PrecompileJob:
 
 @dataclass(frozen=True)
 class PrecompileResult:
-    """What one precompile run did: `ok`, `error`, `oom`, `crashed` or `timeout`, and how long it took."""
+    """What one precompile run did: `ok`, `error`, `oom`, `crashed` or `timeout`, and how long it took.
+    `retried`: it ran out of memory and runs again with fewer processes."""
 
     job: PrecompileJob
     status: str
     seconds: float
     error: str | None = None
+    retried: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ class PrecompileSummary:
         runs: precompile runs (a case of an autotuned adapter counts once per shard).
         failed: runs that did not finish; their cases compile in the sweep.
         seconds: wall time.
+        retried: runs repeated with fewer processes after running out of memory (each time).
     """
 
     processes: int
@@ -97,6 +106,7 @@ class PrecompileSummary:
     runs: int
     failed: int
     seconds: float
+    retried: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -215,6 +225,7 @@ def precompile(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[PrecompileResult], None] | None = None,
+    on_retry: Callable[[int, int], None] | None = None,
 ) -> PrecompileSummary:
     """Run `cases` once each (smaller, sharded: see the module docstring) in `processes` workers.
 
@@ -226,12 +237,44 @@ def precompile(
         grad: the sweep's upstream-gradient mode.
         timeout_s: per run; a worker that hangs longer is killed and replaced.
         on_start: called once with the number of runs (progress display).
-        on_result: called with each run's result as it finishes.
+        on_result: called with each run's result as it finishes (retried ones too).
+        on_retry: called with (runs, processes) before runs that ran out of memory run again.
     """
     start = time.monotonic()
     jobs = plan_jobs(cases, processes, grad)
     if on_start is not None:
         on_start(len(jobs))
+    width = min(processes, len(jobs))
+    used, pending, retried, failed = width, jobs, 0, 0
+    while pending:
+        results = _run_jobs(pending, width, devices, log_dir, timeout_s, width > 1, on_result)
+        pending = [result.job for result in results if result.retried]
+        failed += sum(result.status != "ok" and not result.retried for result in results)
+        if pending:
+            width = min(max(1, width // 2), len(pending))
+            retried += len(pending)
+            if on_retry is not None:
+                on_retry(len(pending), width)
+    return PrecompileSummary(
+        processes=used,
+        cases=len({job.case.key for job in jobs}),
+        runs=len(jobs),
+        failed=failed,
+        seconds=time.monotonic() - start,
+        retried=retried,
+    )
+
+
+def _run_jobs(
+    jobs: list[PrecompileJob],
+    processes: int,
+    devices: list[str],
+    log_dir: Path,
+    timeout_s: float,
+    retry_oom: bool,
+    on_result: Callable[[PrecompileResult], None] | None,
+) -> list[PrecompileResult]:
+    """Run `jobs` in `processes` workers; with `retry_oom`, out-of-memory results are marked retried."""
     todo: queue.SimpleQueue[PrecompileJob] = queue.SimpleQueue()
     for job in jobs:
         todo.put(job)
@@ -252,6 +295,8 @@ def precompile(
                     return
                 if isinstance(answer, Failure):
                     answer = PrecompileResult(job, answer.status, time.monotonic() - begun, answer.error)
+                if retry_oom and answer.status == "oom":
+                    answer = dataclasses.replace(answer, retried=True)
                 with lock:
                     results.append(answer)
                     if on_result is not None:
@@ -261,7 +306,7 @@ def precompile(
 
     workers = [
         Worker(devices[index % len(devices)], log_dir / f"precompile-{index}.log")
-        for index in range(min(processes, len(jobs)))
+        for index in range(processes)
     ]
     threads = [threading.Thread(target=serve, args=(worker,), daemon=True) for worker in workers]
     for thread in threads:
@@ -275,10 +320,4 @@ def precompile(
         for worker in workers:
             worker.interrupt()
         raise
-    return PrecompileSummary(
-        processes=len(workers),
-        cases=len({job.case.key for job in jobs}),
-        runs=len(jobs),
-        failed=sum(result.status != "ok" for result in results),
-        seconds=time.monotonic() - start,
-    )
+    return results

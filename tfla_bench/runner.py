@@ -355,13 +355,26 @@ def _precompile(
     task = progress.add_task(f"precompile ({processes} processes)", total=None)
 
     def done(result: PrecompileResult) -> None:
-        if result.status != "ok":
+        if result.status != "ok" and not result.retried:
             shard = f" shard {result.job.shard + 1}/{result.job.shards}" if result.job.shards > 1 else ""
             progress.console.print(
                 f"[yellow]precompile {result.status}[/] {result.job.case.key}{shard}: {result.error}"
                 " (the sweep runs this case as usual)"
             )
         progress.advance(task)
+
+    total = 0
+
+    def start(runs: int) -> None:
+        nonlocal total
+        total += runs
+        progress.update(task, total=total)
+
+    def retry(runs: int, processes: int) -> None:
+        progress.console.print(
+            f"precompile: {runs} run(s) ran out of memory; again with {processes} process(es)"
+        )
+        start(runs)
 
     with progress:
         summary = precompile(
@@ -371,12 +384,14 @@ def _precompile(
             run_dir,
             grad=spec.measurement.grad,
             timeout_s=spec.measurement.timeout_s,
-            on_start=lambda runs: progress.update(task, total=runs),
+            on_start=start,
             on_result=done,
+            on_retry=retry,
         )
+    retried = f", {summary.retried} retried after running out of memory" if summary.retried else ""
     console.print(
         f"precompiled {summary.cases} case(s) in {summary.runs} run(s) with {summary.processes} "
-        f"process(es): {summary.seconds:.1f} s, {summary.failed} failed"
+        f"process(es): {summary.seconds:.1f} s, {summary.failed} failed{retried}"
     )
     return summary
 

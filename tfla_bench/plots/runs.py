@@ -159,14 +159,16 @@ def with_published(run: Run, comparison: Comparison | None) -> pd.DataFrame:
     return results.join(published)
 
 
-def _not_shown(rows: pd.DataFrame, shown: set[tuple[str, str]]) -> str:
+def _not_shown(rows: pd.DataFrame, shown: set[tuple[str, str]], min_points: int = 1) -> str:
+    # Each missing line names its statuses; "ok" among them means too few ok points for a line.
     missing = []
     for (mode, kernel), group in rows.groupby(["mode", "kernel"], sort=True):
         if (kernel, mode) in shown:
             continue
         statuses = ", ".join(sorted(set(group["status"])))
         missing.append(f"{kernel} {mode} ({statuses})")
-    return ("not drawn (no ok rows along this axis): " + "; ".join(missing)) if missing else ""
+    need = "no ok rows" if min_points <= 1 else f"fewer than {min_points} ok points"
+    return (f"not drawn ({need} along this axis): " + "; ".join(missing)) if missing else ""
 
 
 def published_label(label: str) -> str:
@@ -284,7 +286,7 @@ def series_panels(
         ax.grid(True, alpha=0.3)
     _legend(fig, axes, has_published, published_gpu)
     fig.suptitle(title)
-    note = _not_shown(rows, shown)
+    note = _not_shown(rows, shown, min_points)
     if note:
         # About 19 x-small characters per inch of figure: wrap, so no reason is cut off at the edges.
         width = int(fig.get_figwidth() * 19)
