@@ -24,15 +24,19 @@ measuring workers start. The compiling happens N at a time, and the measuring wo
 What it does not change: the sweep measures as it does without it. The first call of an autotuned
 kernel still times every config at the case's own shape, one after the other, on a GPU where nothing
 else runs. Only the compiling is already done, so `first_call_s` is shorter. Fig. 17 on our H100 with
-14 processes: GLA fwbw first calls of 17-22 s at head dims 32-256 after a 162 s precompile, where
-one GLA fwbw first call without it (Fig. 5's shape) took 460 s.
+14 processes: GLA fwbw first calls of 17-22 s at head dims 32-256 after a 162 s precompile of all 90
+cases, where one GLA fwbw first call without it (Fig. 5's shape) took 460 s.
 
 Memory: the N processes share the GPU, so runs of large cases can run out of memory together. In
 that Fig. 17 run, half of the GLA fwbw runs at head dims 256 and 512 and all at 1024 did, and the
-sweep's first calls there took 22 s, 70 s and 288 s. Now the runs that ran out of memory run again,
-with half the processes at a time, down to one. A precompile run
-that still fails (an error, out of memory, a crashed or hung worker) is counted and logged
-(`precompile-<i>.log`) and left to the sweep, which runs and reports that case as always.
+sweep's first calls there took 22 s, 70 s and 288 s. The runs that ran out of memory now run again,
+with half the processes at a time, down to one. GLA fwbw at head dims 512 and 1024 alone, 14
+processes (`results/runs/gla_big-20261121-165808`): 22 of 28 runs retried (at 7, then 3 processes),
+none failed, precompile 216 s, first calls 61 s and 46 s. The retries compile almost one at a time,
+so for these two cases precompile plus first calls (323 s) saves little against the 358 s of first
+calls in the Fig. 17 run. A precompile run that still fails (an error, out of memory, a crashed or
+hung worker) is counted and logged (`precompile-<i>.log`) and left to the sweep, which runs and
+reports that case as always.
 """
 
 from __future__ import annotations
