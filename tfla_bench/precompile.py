@@ -3,8 +3,9 @@
 Why: Triton compiles a kernel on its first call. An autotuned kernel compiles every config it tries,
 one after the other, in the process that calls it. fla 0.6's GLA backward has about a hundred configs
 (counted in its source), and its first fwbw call took 460 s on our H100 node (Triton 3.6, 16 cores).
-We have not measured how much of that was compiling. Triton's autotuner times each config for about
-0.1 s, which would leave most of it to compiling, on one core. Triton keeps what it compiled in
+Most of that is compiling, on one core: with the configs compiled beforehand, GLA fwbw first calls
+took 17-22 s (Fig. 17 below, other shapes; Triton's autotuner times each config for about 0.1 s).
+Triton keeps what it compiled in
 its cache directory (`TRITON_CACHE_DIR`, by default `~/.triton/cache`), which every process of the
 machine shares.
 
@@ -200,7 +201,7 @@ def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> Preco
     import torch
 
     from tfla_bench import memory, timing
-    from tfla_bench.worker import make_step
+    from tfla_bench.worker import failure_of, make_step
 
     start = time.perf_counter()
     status, error = "ok", None
@@ -212,9 +213,8 @@ def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> Preco
                 torch.cuda.synchronize(device)
     except Exception as exc:  # the sweep runs this case again and reports what happens there
         traceback.print_exc()
-        lines = [line for line in str(exc).splitlines() if line.strip()]
-        error = f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
-        status = "oom" if "out of memory" in str(exc).lower() else "error"
+        failed = failure_of(exc, device)
+        status, error = failed.status, failed.error
     memory.release(device)
     return PrecompileResult(job, status, time.perf_counter() - start, error)
 

@@ -131,7 +131,7 @@ def measure_case(adapter: Any, case: Case, settings: MeasureSettings, device: st
         result = _measure(adapter, case, settings, device)
     except Exception as exc:  # every kernel failure becomes a row; the sweep goes on
         traceback.print_exc()
-        result = _failure(exc, device)
+        result = failure_of(exc, device)
     # Outside the except block, so the traceback (and the tensors its frames hold) is gone.
     memory.release(device)
     return result
@@ -226,7 +226,9 @@ def is_fatal_cuda_error(message: str) -> bool:
     return any(marker in message for marker in _FATAL_CUDA_MARKERS)
 
 
-def _failure(exc: BaseException, device: str) -> Measurement:
+def failure_of(exc: BaseException, device: str) -> Measurement:
+    """A kernel's exception as a `Measurement`: `oom` or `error` (fatal when CUDA is lost), with the
+    exception's type and last message line."""
     import torch
 
     message = str(exc)
@@ -284,7 +286,7 @@ def worker_main(conn: Connection, device: str, log_path: str) -> None:
 
     import torch
 
-    from tfla_bench import registry, timing
+    from tfla_bench import precompile, registry, timing
 
     registry.load()
     if timing.is_cuda(device):
@@ -298,8 +300,6 @@ def worker_main(conn: Connection, device: str, log_path: str) -> None:
         if job is None:
             return
         print(f"--- case {job.case.key}", file=sys.stderr, flush=True)
-        from tfla_bench import precompile
-
         if isinstance(job, precompile.PrecompileJob):
             done = precompile.run_job(_adapter_for(job), job, device)
             print(f"--- precompile {done.status} {done.error or ''}".rstrip(), file=sys.stderr, flush=True)

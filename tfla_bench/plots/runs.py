@@ -171,6 +171,17 @@ def _not_shown(rows: pd.DataFrame, shown: set[tuple[str, str]], min_points: int 
     return (f"not drawn ({need} along this axis): " + "; ".join(missing)) if missing else ""
 
 
+def _note_not_shown(
+    fig: Figure, rows: pd.DataFrame, shown: set[tuple[str, str]], min_points: int = 1
+) -> None:
+    """Name the kernels and modes without a line under the figure (`_not_shown`), wrapped to its width."""
+    note = _not_shown(rows, shown, min_points)
+    if note:
+        # About 19 x-small characters per inch of figure: wrap, so no reason is cut off at the edges.
+        width = int(fig.get_figwidth() * 19)
+        fig.supxlabel(textwrap.fill(note, width=width), fontsize="x-small", ha="center")
+
+
 def published_label(label: str) -> str:
     """The label of a published (dashed) line: hidden from the legend by the leading underscore."""
     return f"_published {label}"
@@ -286,11 +297,7 @@ def series_panels(
         ax.grid(True, alpha=0.3)
     _legend(fig, axes, has_published, published_gpu)
     fig.suptitle(title)
-    note = _not_shown(rows, shown, min_points)
-    if note:
-        # About 19 x-small characters per inch of figure: wrap, so no reason is cut off at the edges.
-        width = int(fig.get_figwidth() * 19)
-        fig.supxlabel(textwrap.fill(note, width=width), fontsize="x-small", ha="center")
+    _note_not_shown(fig, rows, shown, min_points)
     return fig
 
 
@@ -429,11 +436,7 @@ def chunk_tradeoff_figure(run: Run, shape: dict[str, Any], comparison: Compariso
     _legend(fig, list(axes.flat), has_published, PUBLISHED_GPU_SHORT)
     shape_text = ", ".join(f"{SHORT_NAMES[k]}={v}" for k, v in shape.items())
     fig.suptitle(_title(run, f"memory/runtime trade-off over chunk size ({shape_text})", comparison))
-    note = _not_shown(rows, shown)
-    if note:
-        # About 19 x-small characters per inch of figure: wrap, so no reason is cut off at the edges.
-        width = int(fig.get_figwidth() * 19)
-        fig.supxlabel(textwrap.fill(note, width=width), fontsize="x-small", ha="center")
+    _note_not_shown(fig, rows, shown)
     return fig
 
 
