@@ -1,4 +1,4 @@
-"""Helpers shared by the baseline adapters: availability probes and seeded input factories.
+"""What the baseline adapters share: availability probes and seeded input factories.
 
 Nothing here imports torch or a third-party library at module import time; the adapter modules
 must import on a machine without CUDA and without the libraries they wrap.

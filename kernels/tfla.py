@@ -104,7 +104,6 @@ def default_blocks(
     head_dim_v: int,
     chunk_size: int,
     dtype: torch.dtype,
-    batch_heads: int = 1,
     gate: str = "sig",
 ) -> TFLABlocks:
     """The block-size heuristic (module docstring); head dims are multiples of 16.
@@ -114,7 +113,6 @@ def default_blocks(
         head_dim_v: `Dv`.
         chunk_size: `L`.
         dtype: input dtype (float32 tiles get half the head-dim block and shorter query tiles).
-        batch_heads: `B * NH`, the number of independent recurrences. Default 1.
         gate: `"exp"` or `"sig"` (the forward kv tile differs). Default `"sig"`.
     """
     wide = dtype != torch.float32
@@ -427,8 +425,8 @@ def _check_state(initial_state, gate, normalize, q, dv):
     return dict(zip(names, initial_state, strict=True))
 
 
-def _resolve_blocks(dqk, dv, chunk_size, dtype, batch_heads, gate, overrides: dict) -> TFLABlocks:
-    defaults = default_blocks(dqk, dv, chunk_size, dtype, batch_heads, gate)
+def _resolve_blocks(dqk, dv, chunk_size, dtype, gate, overrides: dict) -> TFLABlocks:
+    defaults = default_blocks(dqk, dv, chunk_size, dtype, gate)
     blocks = replace(defaults, **{k: x for k, x in overrides.items() if x is not None})
     for name in ("seq_q", "seq_kv", "state_seq", "bwd_seq_q", "bwd_seq_kv"):
         size = getattr(blocks, name)
@@ -542,7 +540,7 @@ def mlstm_tfla(
         bwd_num_warps=bwd_num_warps,
         bwd_num_stages=bwd_num_stages,
     )
-    blocks = _resolve_blocks(q.shape[-1], dv, chunk_size, q.dtype, q.shape[0] * q.shape[1], gate, overrides)
+    blocks = _resolve_blocks(q.shape[-1], dv, chunk_size, q.dtype, gate, overrides)
     cfg = _Config(
         gate=gate, chunk_size=chunk_size, eps=float(eps), normalize=normalize and gate == "sig", blocks=blocks
     )

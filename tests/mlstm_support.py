@@ -1,4 +1,4 @@
-"""Helpers shared by the mLSTM kernel tests (`test_tfla.py`, `test_limit_chunk.py`): inputs, initial
+"""What the mLSTM kernel tests share (`test_tfla.py`, `test_limit_chunk.py`): inputs, initial
 states, a scale-invariant loss and its gradients, and the relative RMS comparison."""
 
 import torch

@@ -240,7 +240,7 @@ def write_run(
     spec: str = "fig5_consttoken",
     published: str | None = "tfla_fig5_consttoken_rerun_nh16",
 ) -> Path:
-    """Write results.csv and env.json (the brief's keys) into `run_dir`; return `run_dir`."""
+    """Write results.csv and env.json (the keys `envinfo` writes) into `run_dir`; return `run_dir`."""
     run_dir.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
     params = sorted(c for c in df.columns if c.startswith("param_"))

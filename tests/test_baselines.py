@@ -111,7 +111,7 @@ class TestImportWithoutSelectiveScanCuda:
     """`import_ssd_combined` on fake mamba_ssm packages whose `__init__` fails like the real one."""
 
     SSD = (
-        "from mamba_ssm.ops.triton.helper import VALUE\n\n"
+        "from mamba_ssm.ops.triton.ssd_support import VALUE\n\n"
         "def mamba_chunk_scan_combined():\n    return VALUE\n"
     )
 
@@ -129,7 +129,7 @@ class TestImportWithoutSelectiveScanCuda:
             "mamba_ssm/ops/__init__.py": "",
             "mamba_ssm/ops/selective_scan_interface.py": "import selective_scan_cuda\n",
             "mamba_ssm/ops/triton/__init__.py": "",
-            "mamba_ssm/ops/triton/helper.py": "VALUE = 42\n",
+            "mamba_ssm/ops/triton/ssd_support.py": "VALUE = 42\n",
             "mamba_ssm/ops/triton/ssd_combined.py": ssd,
         }
         for path, text in files.items():

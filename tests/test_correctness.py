@@ -317,7 +317,7 @@ def test_gate_shares_one_worker_and_replaces_it_after_a_crash_or_a_lost_context(
     assert "case gate_abort" in log.read_text()
 
 
-def run_check(args, capsys):
+def check_cli():
     app = typer.Typer()
 
     @app.callback()
@@ -325,7 +325,11 @@ def run_check(args, capsys):
         """A root command, so `check` is a subcommand as in the real CLI."""
 
     check.register(app)
-    command = typer.main.get_command(app)
+    return typer.main.get_command(app)
+
+
+def run_check(args, capsys):
+    command = check_cli()
     code = command.main(args=["check", *args], prog_name="tfla-bench", standalone_mode=False)
     captured = capsys.readouterr()
     return code or 0, captured.out, captured.err
@@ -347,6 +351,16 @@ def test_check_command_json_and_exit_codes(gate_adapters, capsys):
     assert "unavailable gate_missing" in lines[1] and "frobnicate" in lines[1]
     code, out, _ = run_check(["--kernel", "gate_exact", "--kernel", "gate_wrong", *common], capsys)
     assert code == 1 and [row["passed"] for row in json.loads(out)] == [True, False]
+
+
+def test_check_isolate_help_says_what_it_does():
+    isolate = next(param for param in check_cli().commands["check"].params if param.name == "isolate")
+    assert "one for all adapters" in isolate.help and "--no-isolate runs them in this process" in isolate.help
+
+
+def test_gate_result_rejects_a_result_row_status():
+    with pytest.raises(ValueError, match="unknown gate status 'oom'"):
+        correctness.GateResult("tfla_sig", "oom", None, None, False, "out of memory")
 
 
 def test_check_command_table(gate_adapters, capsys, monkeypatch):
@@ -398,7 +412,7 @@ def test_gate_passes_on_gpu(name):
         pytest.skip(reason)
     result = correctness.gate_adapter(adapter, "cuda")
     if name == "mlstm_kernels_exp" and result.status == "crashed":
-        pytest.xfail("the official xl_chunk exp kernel aborts in LLVM on Triton 3.6 (DESIGN.md)")
+        pytest.xfail("the official xl_chunk exp kernel aborts in LLVM on Triton 3.6 (docs/design.md)")
     assert result.passed, result
 
 

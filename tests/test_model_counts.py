@@ -1,4 +1,4 @@
-"""The analytic counts pinned against hand arithmetic from the TFLA paper's tables (MODEL_FORMULAS.md).
+"""The analytic counts pinned against hand arithmetic from the TFLA paper's tables (docs/model_formulas.md).
 
 Every expected value below is written out from the table's formula with the configuration's
 numbers substituted, step by step in the comment above it; none calls the code under test.

@@ -93,7 +93,7 @@ def test_every_published_kernel_is_mapped_or_listed_as_unmapped():
     assert not mapped & set(UNMAPPED)
 
 
-def test_mapping_examples_from_the_issue():
+def test_mapping_of_the_main_published_kernels():
     siging = mapping_for_published("chunkwise--triton_xl_chunk_siging")
     assert siging.adapters == ("tfla_sig", "mlstm_kernels_sig") and siging.uses_chunk_size
     assert mapping_for_published("torch_cudnn").params == {"causal": False}

@@ -1,4 +1,4 @@
-"""The PyTorch references agree with each other (float64), and the gate helpers do what they say."""
+"""The PyTorch references agree with each other (float64), and so do the gate functions of `gates.py`."""
 
 import pytest
 import torch

@@ -44,7 +44,7 @@ from tfla_bench.published import (
 RESULTS_FILE = "results.csv"
 ENV_FILE = "env.json"
 
-# The columns of results.csv this module reads (the brief's result-row schema has more).
+# The columns of results.csv this module reads (`tfla_bench.results` writes more).
 REQUIRED_COLUMNS = (
     *CASE_KEYS,
     "chunk_size",

@@ -62,7 +62,7 @@ CHECK_FILE = "check.json"  # the gate of `sweep --check`, kept in the run direct
 # Statuses of a gate result. `passed` is True/False for "ok" and False for "error", "crashed" and
 # "timeout" (an available adapter that cannot produce a checked output fails the gate); None for
 # adapters the gate could not run ("unavailable", "unsupported") or could not compare ("no_reference").
-STATUSES = ("ok", "error", "crashed", "timeout", "unavailable", "unsupported", "no_reference")
+GATE_STATUSES = ("ok", "error", "crashed", "timeout", "unavailable", "unsupported", "no_reference")
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class GateResult:
 
     Attributes:
         name: adapter name.
-        status: one of `STATUSES`.
+        status: one of `GATE_STATUSES` (a gate verdict, not a result row's status).
         max_rel_error: `max|out - ref| / max|ref|` when compared, else None.
         tolerance: the bound `max_rel_error` must not exceed, else None.
         passed: True/False when the adapter ran; None when it could not run or has no reference.
@@ -113,6 +113,10 @@ class GateResult:
     passed: bool | None
     reason: str | None
     seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in GATE_STATUSES:
+            raise ValueError(f"unknown gate status {self.status!r}")
 
 
 def softmax_attention(

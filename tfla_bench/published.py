@@ -152,7 +152,7 @@ UNMAPPED: dict[str, str] = {
 }
 
 # Defaults of our adapters' params that a mapping tests, used when a row has no such column.
-# The attention adapters are causal unless told otherwise (baseline adapters issue).
+# The attention adapters are causal unless a case sets `causal = false`.
 ADAPTER_PARAM_DEFAULTS: dict[str, dict[str, Any]] = {
     "sdpa_cudnn": {"causal": True},
     "sdpa_flash": {"causal": True},

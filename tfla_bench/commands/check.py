@@ -57,7 +57,12 @@ def check(
         float, typer.Option("--timeout", help="seconds per adapter, first-call autotuning included")
     ] = DEFAULT_TIMEOUT_S,
     isolate: Annotated[
-        bool, typer.Option("--isolate/--no-isolate", help="run each adapter in its own process")
+        bool,
+        typer.Option(
+            "--isolate/--no-isolate",
+            help="run the kernels in a worker process (one for all adapters, replaced after a crash, "
+            "a hang or a lost CUDA context); --no-isolate runs them in this process",
+        ),
     ] = True,
 ) -> None:
     """Check every available kernel's forward output against a PyTorch reference (exit 1 on a failure)."""

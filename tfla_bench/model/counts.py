@@ -1,7 +1,7 @@
 """FLOP and memory-byte counts of the mLSTM formulations and of softmax attention.
 
 The mLSTM counts are the simplified counts of the TFLA paper (appendix F/G, tables 14-18 as
-written out in `MODEL_FORMULAS.md`): every operation factor F_OP = 1, a multiply-accumulate is
+written out in `docs/model_formulas.md`): every operation factor F_OP = 1, a multiply-accumulate is
 2 FLOPs, nothing recomputed. They are for one head and one sequence in the forward pass;
 multiply by batch * heads for a whole call (`MlstmShape` does).
 

@@ -2,10 +2,9 @@
 
 V100, A100, H100 (SXM) and B200 are the TFLA paper's table 18 (non-sparse values). H100 PCIe
 and H200 are not in the paper; they come from NVIDIA's data sheets (dense bf16 = half the
-with-sparsity number). These are data-sheet peaks: a measured roofline sits below them (the
-project's shared MODEL_FORMULAS.md reports, for a lent H100 80GB HBM3, ~798e12 FLOP/s for a bf16
-8192^3 matmul and ~3.0e12 bytes/s for a device-to-device copy), which `--peak-flops` /
-`--bandwidth` can express.
+with-sparsity number). These are data-sheet peaks: a measured roofline sits below them (on an
+H100 80GB HBM3, ~798e12 FLOP/s for a bf16 8192^3 matmul and ~3.0e12 bytes/s for a device-to-device
+copy; `docs/model_formulas.md`), which `--peak-flops` / `--bandwidth` can express.
 """
 
 from __future__ import annotations
