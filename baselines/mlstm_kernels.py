@@ -21,8 +21,9 @@ Constraints, from the library's assertions:
 - limit_chunk: the chunk size is a power of two that divides T.
 - head dims >= 16 (Triton's minimum dot size).
 
-Known on the H100 stack (torch 2.11, Triton 3.6): the xl_chunk exp kernels abort the process with
-an LLVM assertion; the runner's worker isolation turns that into a `crashed` row.
+On the H100 stack of the committed runs (torch 2.11, Triton 3.6) the xl_chunk exp kernels abort the
+process with an LLVM assertion (`results/gate/check-h100-20261121.json`); the runner's worker
+isolation turns that into a `crashed` row.
 """
 
 from __future__ import annotations

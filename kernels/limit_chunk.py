@@ -16,7 +16,7 @@ from chunk-local sums (`tfla_bench.kernels.gates.chunk_log_gate_grads`, a PyTorc
 with TFLA): within-chunk cumulative sums of the row dot products plus each chunk's
 `g_bar_k sum(C_{k-1} * dC_k)`. In exact arithmetic that equals one reverse cumulative sum of
 `q . dq - k . dk` over the whole sequence, but that sum cancels the rounding errors of all later
-steps: in bfloat16 on an H100 at T 8192 it was 6.5e-2 to 2.7e-1 off (relative RMS).
+steps: in bfloat16 on an H100 at T 8192 it is 6.5e-2 to 2.7e-1 off (relative RMS).
 
 Kernels (one-dimensional grids: chunks times batch*heads can exceed 65,535; `NK = Dqk / B_dqk`,
 `NV = Dv / B_dhv`, `NC` chunks, `BH` batch*heads):

@@ -1,6 +1,6 @@
 """notebooks/reproduce_fig5.ipynb executes top to bottom on CPU.
 
-It reads the newest committed `results/runs/fig5_consttoken-*/` run; before one is committed the
+It reads the newest committed `results/runs/fig5_consttoken-*/` run; when none is committed the
 test writes a synthetic run to a temporary folder and points the notebook at it through
 `TFLA_BENCH_RUN_DIR`. The kernel is this interpreter (a kernelspec written to a temporary
 `JUPYTER_PATH`), so a user-wide `python3` kernelspec cannot swap in another Python.

@@ -1,43 +1,36 @@
-"""Compile a sweep's Triton kernels in parallel processes before it is measured (`sweep --precompile N`).
+"""Compiling a sweep's Triton kernels in parallel processes before it is measured (`sweep --precompile N`).
 
-Why: Triton compiles a kernel on its first call. An autotuned kernel compiles every config it tries,
-one after the other, in the process that calls it. fla 0.6's GLA backward has about a hundred configs
-(counted in its source), and its first fwbw call took 460 s on our H100 node (Triton 3.6, 16 cores).
-Most of that is compiling, on one core: with the configs compiled beforehand, GLA fwbw first calls
-took 17-22 s (Fig. 17 below, other shapes; Triton's autotuner times each config for about 0.1 s).
-Triton keeps what it compiled in
-its cache directory (`TRITON_CACHE_DIR`, by default `~/.triton/cache`), which every process of the
-machine shares.
+Triton compiles a kernel on its first call, and an autotuned kernel compiles every config it tries,
+one after the other, in the calling process (fla 0.6's GLA backward has about a hundred). Triton
+keeps what it compiled in its cache directory (`TRITON_CACHE_DIR`, by default `~/.triton/cache`),
+which every process of the machine shares. `precompile` runs each distinct case of the sweep once,
+in N worker processes, before the measuring workers start, so the compiling happens N at a time and
+the measuring workers find it done:
 
-What: `precompile` runs each distinct case of the sweep once, in N worker processes, before the
-measuring workers start. The compiling happens N at a time, and the measuring workers find it done:
+- `plan_jobs`: a case of an autotuned adapter (`Adapter.autotuned`) runs N times, once per shard;
+  every other case runs once, N different cases at a time;
+- `sharded_autotuning`: in shard j of N each autotuner tries only its configs j, j + N, ...; a try
+  is one untimed call with a dummy timing, and its result is neither written to Triton's
+  autotuning cache on disk nor kept in memory;
+- `warm_case`: inputs smaller than the case's (batch at most `MAX_BATCH`, sequences at most
+  `MAX_SEQ_LEN` tokens) unless the adapter rejects that shape. Compiled code depends on a shape
+  only through constexprs and the specialization of integer arguments (equal to 1, divisible by
+  16), which this keeps for power-of-two shapes; a kernel compiled for another specialization is
+  compiled again by the sweep;
+- `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The N processes
+  share the GPU, so large cases can run out of memory together: such runs run again with half the
+  processes at a time, down to one. A run that still fails (an error, out of memory, a crashed or
+  hung worker) is counted, logged (`precompile-<i>.log`) and left to the sweep, which runs and
+  reports that case as always.
 
-- a case of an autotuned adapter (`Adapter.autotuned`) runs N times, once per shard. In shard j of N,
-  each autotuner tries only its configs j, j + N, ... (`sharded_autotuning`). A try is one untimed
-  call with a dummy timing, and its result is neither written to Triton's autotuning cache on disk
-  nor kept in memory;
-- every other case runs once, N different cases at a time;
-- inputs are smaller than the case's (`warm_case`): batch at most 2, sequences at most 8192 tokens,
-  unless the adapter rejects that shape. Compiled code depends on a shape only through constexprs
-  and the specialization of integer arguments (equal to 1, divisible by 16), which this keeps for
-  power-of-two shapes. A kernel compiled for another specialization is compiled again by the sweep.
-
-What it does not change: the sweep measures as it does without it. The first call of an autotuned
-kernel still times every config at the case's own shape, one after the other, on a GPU where nothing
-else runs. Only the compiling is already done, so `first_call_s` is shorter. Fig. 17 on our H100 with
-14 processes: GLA fwbw first calls of 17-22 s at head dims 32-256 after a 162 s precompile of all 90
-cases, where one GLA fwbw first call without it (Fig. 5's shape) took 460 s.
-
-Memory: the N processes share the GPU, so runs of large cases can run out of memory together. In
-that Fig. 17 run, half of the GLA fwbw runs at head dims 256 and 512 and all at 1024 did, and the
-sweep's first calls there took 22 s, 70 s and 288 s. The runs that ran out of memory now run again,
-with half the processes at a time, down to one. GLA fwbw at head dims 512 and 1024 alone, 14
-processes (`results/runs/gla_big-20261121-165808`): 22 of 28 runs retried (at 7, then 3 processes),
-none failed, precompile 216 s, first calls 61 s and 46 s. The retries compile almost one at a time,
-so for these two cases precompile plus first calls (323 s) saves little against the 358 s of first
-calls in the Fig. 17 run. A precompile run that still fails (an error, out of memory, a crashed or
-hung worker) is counted and logged (`precompile-<i>.log`) and left to the sweep, which runs and
-reports that case as always.
+The sweep measures as it does without it: the first call of an autotuned kernel still times every
+config at the case's own shape, one after the other, on a GPU where nothing else runs; only the
+compiling is done, so `first_call_s` is shorter. Measured on an H100: one GLA fwbw first call took
+460 s without a precompile (`results/runs/fig5_consttoken-20261121-140458`), and 17-22 s at head
+dims 32-256 after a 162 s precompile of all 90 cases of Fig. 17 with 14 processes
+(`results/runs/fig17_headdim-20261121-162906`). For the largest cases the out-of-memory retries
+compile almost one at a time: GLA fwbw at head dims 512 and 1024 took 216 s of precompile and 61 s
+and 46 s of first calls (`results/runs/gla_big-20261121-165808`).
 """
 
 from __future__ import annotations
