@@ -23,6 +23,15 @@ PLATFORM ?= manylinux_2_28_x86_64
 WHEELHOUSE_WHEELS := fla-core==0.6.0 lightning-attn==0.0.5 mlstm-kernels==2.0.6 einops PyYAML packaging \
 	"setuptools>=77" wheel
 MAMBA_SSM := mamba-ssm==2.3.2.post1
+# FlashAttention 4 (`flash_attn.cute`) and its CUTLASS DSL, whose CUDA library wheel follows the node's CUDA major.
+CUDA_MAJOR ?= 13
+FA4_WHEELS := flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
+	nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu$(CUDA_MAJOR)==4.8.1 quack-kernels==0.6.5 \
+	apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
+# Source-only CUDA packages: `make wheelhouse` downloads their sdists, `make cuda-wheels` builds them on a GPU node.
+CUDA_SDISTS := causal-conv1d==1.7.0 $(MAMBA_SSM) flash-attn==2.8.3.post2
+CUDA_WHEELS ?= causal-conv1d mamba-ssm flash-attn fa3
+FLASH_ATTN_SRC ?=
 
 ifeq ($(HAS_CUDA),yes)
 TEST_ENV :=
@@ -30,7 +39,7 @@ else
 TEST_ENV := TRITON_INTERPRET=1
 endif
 
-.PHONY: run test lint clean wheelhouse
+.PHONY: run test lint clean wheelhouse cuda-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,3 +81,17 @@ wheelhouse: $(VENV)/.torch
 	$(BIN)/python -m pip install -q setuptools wheel packaging
 	MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE $(BIN)/python -m pip wheel --no-deps \
 		--no-build-isolation --wheel-dir $(WHEELHOUSE) $(MAMBA_SSM)
+	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version $(PYTHON_VERSION) \
+		--platform $(PLATFORM) --platform manylinux_2_24_x86_64 --platform any --dest $(WHEELHOUSE) $(FA4_WHEELS)
+	MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE \
+		$(BIN)/python -m pip download --no-deps --no-binary=:all: --no-build-isolation \
+		--dest $(WHEELHOUSE)/sdist $(CUDA_SDISTS)
+
+# CUDA builds of the source-only baselines, on a GPU node with nvcc and torch, offline, for that GPU's
+# architecture only (README: "Installing the baselines"). Each build prints its time; a failed one says
+# why and the others still build. FA3 needs a flash-attention checkout: FLASH_ATTN_SRC=path.
+cuda-wheels: $(addprefix cuda-wheel-,$(CUDA_WHEELS))
+
+cuda-wheel-%:
+	-PYTHONPATH=$(CURDIR) $(PYTHON) -m tfla_bench.cuda_wheels $* --wheelhouse $(WHEELHOUSE) \
+		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC))
