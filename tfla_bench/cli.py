@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from tfla_bench.commands import analysis, bench, check, model
+from tfla_bench.commands import analysis, bench, check, model, profile, roofs
 from tfla_bench.errors import UserError
 
 app = typer.Typer(
@@ -29,6 +29,8 @@ model.register(app)
 bench.register(app)
 analysis.register(app)
 check.register(app)
+roofs.register(app)
+profile.register(app)
 
 # typer >= 0.20 vendors click and older typer uses the click package; both raise usage errors
 # derived from a class named ClickException, found here without importing either click.

@@ -29,6 +29,7 @@ import pandas as pd
 from tfla_bench.errors import UserError
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
 from tfla_bench.model.roofline import runtime_ms_lower
+from tfla_bench.profiling import join_profile
 from tfla_bench.published import (
     ADAPTER_PARAM_DEFAULTS,
     CASE_KEYS,
@@ -66,7 +67,8 @@ class Run:
     Attributes:
         run_dir: the directory.
         results: `results.csv`, one row per case (`chunk_size` as nullable Int64, `param_*`
-            values normalized: "True"/"False" strings become booleans).
+            values normalized: "True"/"False" strings become booleans), joined with the
+            Nsight Compute columns of `profile.csv` where the run has one (`tfla_bench.profiling`).
         env: `env.json` (gpu_name, spec, published, packages, measurement, ...).
     """
 
@@ -135,6 +137,7 @@ def load_run(run_dir: Path | str) -> Run:
         results[column] = pd.to_numeric(results[column], errors="coerce").astype(float)
     for column in param_columns(results):
         results[column] = results[column].map(_param_value).astype(object)
+    results = join_profile(results, run_dir)
     return Run(run_dir=run_dir, results=results, env=env)
 
 

@@ -73,7 +73,7 @@ def collect(
     """
     cuda = torch.cuda.is_available()
     first_gpu = int(devices[0].partition(":")[2] or 0) if devices and devices[0].startswith("cuda") else None
-    smi = _nvidia_smi(first_gpu) if first_gpu is not None else {}
+    smi = nvidia_smi(first_gpu) if first_gpu is not None else {}
     info = device_info if device_info is not None and device_info.device.startswith("cuda") else None
     return {
         "gpu_name": info.name if info else None,
@@ -150,7 +150,8 @@ def _git_dirty() -> bool | None:
     return None if status is None else bool(status)
 
 
-def _nvidia_smi(index: int) -> dict[str, Any]:
+def nvidia_smi(index: int) -> dict[str, Any]:
+    """Driver, clocks and power limit of GPU `index` from `nvidia-smi` (empty when it is missing)."""
     query = ",".join(_SMI_FIELDS)
     try:
         done = subprocess.run(

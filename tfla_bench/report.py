@@ -4,8 +4,10 @@ The page holds the environment (env.json), the correctness gate when the sweep r
 `--check` (check.json), a status summary, every result row, the rows that did not run with their
 reasons, the comparison with the published data set (per mode, plain and
 roofline-normalized where the run's GPU is known, plus both sides' unmatched rows), the roofline
-fraction per kernel, the published-kernel mapping, and every figure of `tfla_bench.plots.runs`
-and `tfla_bench.plots.measured`, embedded as base64 PNG: one file to open, nothing beside it.
+fraction per kernel, the measured roofs and the model-vs-measured bytes where the run has them
+(`tfla_bench.roofs`, `tfla_bench.profiling`), the published-kernel mapping, and every figure of
+`tfla_bench.plots.runs` and `tfla_bench.plots.measured`, embedded as base64 PNG: one file to open,
+nothing beside it.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from tfla_bench.correctness import CHECK_FILE
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator, detect_accelerator
 from tfla_bench.plots.measured import measured_figures, own_accelerator, roofline_fractions
 from tfla_bench.plots.runs import DPI, run_figures
+from tfla_bench.profiling import MODEL_OFF, bytes_by_kernel, profile_failures, roof_check
 from tfla_bench.published import PUBLISHED_GPU_NOTE, PUBLISHED_MEMORY_NOTE, mapping_table
 from tfla_bench.results import CASE_COLUMNS
+from tfla_bench.roofs import from_env, versus_datasheet
 
 REPORT_FILE = "report.html"
 DEFAULT_ACCELERATORS = ("h100", "h200")
@@ -146,6 +150,71 @@ def fraction_summary(fractions: pd.DataFrame) -> pd.DataFrame:
     return grouped.agg(cases="size", median="median", min="min", max="max").reset_index()
 
 
+def roofs_table(run: Run) -> pd.DataFrame | None:
+    """The run's measured roofs beside the data sheet, or None when it recorded none."""
+    roofs = from_env(run.env)
+    if roofs is None:
+        return None
+    rows = [
+        {
+            "roof": name,
+            "measured": measured,
+            "data sheet": datasheet,
+            "unit": unit,
+            "measured / data sheet": measured / datasheet if datasheet else None,
+        }
+        for name, measured, datasheet, unit in versus_datasheet(roofs)
+    ]
+    return pd.DataFrame(rows)
+
+
+def _roofs_section(run: Run) -> str:
+    table = roofs_table(run)
+    if table is None:
+        error = (run.env.get("roofs") or {}).get(
+            "error", "the sweep ran with --no-roofs or before roofs existed"
+        )
+        return f'<p class="note">No measured roofs: {html.escape(str(error))}.</p>'
+    roofs = from_env(run.env)
+    assert roofs is not None
+    check = roof_check(run.results, roofs)
+    parts = [
+        f"<p>Measured on {html.escape(roofs.gpu_name)} (driver {html.escape(roofs.driver)}) at "
+        f"{html.escape(roofs.measured_at)} by <code>tfla-bench roofs</code>.</p>",
+        frame_html(table, "measured-roofs"),
+    ]
+    above = check[check["above_roof"]]
+    if above.empty:
+        parts.append("<p>No point lies above the measured roof.</p>")
+    else:
+        parts.append(
+            f"<p><b>{len(above)} point(s) lie above the measured roof</b>: their FLOP count or timing is "
+            "wrong (intensity from ncu's bytes where profiled, else the model's).</p>"
+        )
+        columns = [*ROW_SHAPE, "median_ms", "achieved_flops_per_s", "roof_flops_per_s", "intensity_basis"]
+        parts.append(frame_html(above[columns], "above-roof"))
+    return "\n".join(parts)
+
+
+def _bytes_section(run: Run) -> str:
+    summary = bytes_by_kernel(roof_check(run.results, from_env(run.env)))
+    parts = [
+        "<p>Model bytes / DRAM bytes measured by Nsight Compute over one profiled call per case "
+        "(median, min and max over the kernel's profiled cases).</p>",
+        frame_html(summary, "bytes-model-vs-measured"),
+    ]
+    off = summary[summary["model_off"]]
+    if not off.empty:
+        names = ", ".join(f"{k} {m}" for k, m in zip(off["kernel"], off["mode"], strict=True))
+        parts.append(
+            f"<p><b>The model is off by more than {MODEL_OFF:.0%}</b> for: {html.escape(names)}.</p>"
+        )
+    failures = profile_failures(run.results)
+    if not failures.empty:
+        parts.append("<h3>Cases not profiled</h3>" + frame_html(failures, "profile-failures"))
+    return "\n".join(parts)
+
+
 def _comparison_section(run: Run, plain: Comparison) -> str:
     name = plain.published_name
     parts = [
@@ -226,6 +295,11 @@ def build_report(run: Run, published: str | None, accelerators: list[Accelerator
                 + frame_html(fraction_summary(fractions), "roofline-fraction")
             ),
         ),
+        ("roofs", "Measured roofs", lambda: _roofs_section(run)),
+    ]
+    if "profile_status" in run.results:
+        sections.append(("bytes", "Model vs measured bytes", lambda: _bytes_section(run)))
+    sections += [
         ("mapping", "Published kernels and our adapters", lambda: frame_html(mapping_table(), "mapping")),
     ]
     figures = {**run_figures(run, comparison), **measured_figures(run, accelerators)}

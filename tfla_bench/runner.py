@@ -272,6 +272,7 @@ def run_sweep(
     devices: list[str] | None = None,
     failed_check: dict[str, str] | None = None,
     precompile_processes: int = 0,
+    roofs: bool = False,
     console: Console | None = None,
 ) -> SweepReport:
     """Measure `cases` and write `results.csv`, `env.json` and `spec.json` into `run_dir`.
@@ -286,6 +287,8 @@ def run_sweep(
             get status `failed_check` without running.
         precompile_processes: with N > 0, compile the cases' kernels in N processes first
             (`tfla_bench.precompile`; what it did goes to `env.json` under `precompile`).
+        roofs: on CUDA, record the GPU's measured roofs in `env.json` under `roofs`, measured first
+            in a child process when none are saved (`tfla_bench.roofs`).
         console: where progress goes (default: stderr).
 
     Returns:
@@ -331,10 +334,11 @@ def run_sweep(
             console.print(f"resuming {run_dir}: {len(kept)} finished row(s) kept")
         if decided:
             console.print(f"{len(decided)} case(s) not run (unavailable, unsupported or failed check)")
+        measured_roofs = _roofs(devices[0], console) if roofs and cuda and to_run else None
         precompiled = None
         if precompile_processes > 0 and to_run:
             precompiled = _precompile(to_run, precompile_processes, devices, run_dir, spec, console)
-        workers = _start_workers(devices, to_run, run_dir, spec, cuda, console, precompiled)
+        workers = _start_workers(devices, to_run, run_dir, spec, cuda, console, precompiled, measured_roofs)
         try:
             _dispatch(to_run, workers, spec, writer, console)
         finally:
@@ -396,6 +400,24 @@ def _precompile(
     return summary
 
 
+def _roofs(device: str, console: Console) -> dict:
+    """The measured roofs of `device`'s GPU for env.json (saved ones, else measured now), with one line."""
+    from tfla_bench import roofs
+
+    console.print(
+        "measured roofs: the saved ones of this GPU and driver, or measured now (`tfla-bench roofs`)"
+    )
+    record = roofs.for_sweep(device)
+    if "error" in record:
+        console.print(f"[yellow]measured roofs: {record['error']}[/] (the sweep goes on without them)")
+    else:
+        console.print(
+            f"measured roofs: {record['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s bf16 matmul, "
+            f"{record['hbm_bytes_per_s'] / 1e12:.2f} TB/s HBM, {record['l2_bytes_per_s'] / 1e12:.2f} TB/s L2"
+        )
+    return record
+
+
 def _start_workers(
     devices: list[str],
     to_run: list[_Planned],
@@ -404,9 +426,10 @@ def _start_workers(
     cuda: bool,
     console: Console,
     precompiled: PrecompileSummary | None = None,
+    measured_roofs: dict | None = None,
 ) -> list[Worker]:
     """Launch one worker per device that has cases, then write `env.json` with the first one's facts
-    (and what `precompile` did, if it ran)."""
+    (and what `precompile` did and the measured roofs, if any)."""
     for planned in to_run:
         planned.shard = shard_of(planned.case.key, len(devices))
     used = sorted({planned.shard for planned in to_run})
@@ -428,6 +451,8 @@ def _start_workers(
     env = envinfo.collect(spec, devices, info, measurement)
     if precompiled is not None:
         env["precompile"] = precompiled.to_dict()
+    if measured_roofs is not None:
+        env["roofs"] = measured_roofs
     if env_path.exists():
         previous = json.loads(env_path.read_text())
         previous.setdefault("resumed", []).append(env)

@@ -66,6 +66,22 @@ PrecompileOption = Annotated[
         help="compile the kernels in N processes before measuring (autotuned configs split over them)",
     ),
 ]
+RoofsOption = Annotated[
+    bool,
+    typer.Option(
+        "--roofs/--no-roofs",
+        help="record the GPU's measured roofs in env.json (measured first when none are saved)",
+    ),
+]
+NcuOption = Annotated[
+    bool,
+    typer.Option(
+        "--ncu", help="after timing, profile every ok case under ncu for its DRAM bytes (profile.csv)"
+    ),
+]
+NcuPathOption = Annotated[
+    Path | None, typer.Option("--ncu-path", help="the ncu executable for --ncu (default: ncu on PATH)")
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -160,6 +176,9 @@ def run(
     dry_run: DryRunOption = False,
     check: CheckOption = False,
     precompile: PrecompileOption = 0,
+    roofs: RoofsOption = True,
+    ncu: NcuOption = False,
+    ncu_path: NcuPathOption = None,
 ) -> None:
     """Measure kernels at shapes given as flags (the same spec a TOML file would give)."""
     kernels = _names(kernel)
@@ -197,7 +216,21 @@ def run(
         "shape": shape,
     }
     spec = specs.parse_spec(raw, "command line")
-    flags = _Flags(gpus, dry_run, check, precompile, warmup, reps, timeout, l2_flush, cuda_graph, grad)
+    flags = _Flags(
+        gpus,
+        dry_run,
+        check,
+        precompile,
+        warmup,
+        reps,
+        timeout,
+        l2_flush,
+        cuda_graph,
+        grad,
+        roofs,
+        ncu,
+        ncu_path,
+    )
     _execute(spec, None, out, None, flags)
 
 
@@ -221,6 +254,9 @@ def sweep(
     dry_run: DryRunOption = False,
     check: CheckOption = False,
     precompile: PrecompileOption = 0,
+    roofs: RoofsOption = True,
+    ncu: NcuOption = False,
+    ncu_path: NcuPathOption = None,
 ) -> None:
     """Run every case of a spec, each in an isolated worker; rows go to <run dir>/results.csv."""
     if spec_path is not None:
@@ -229,7 +265,21 @@ def sweep(
         spec = runner.load_run_spec(resume)
     else:
         raise UserError("sweep needs a SPEC file (or --resume DIR)")
-    flags = _Flags(gpus, dry_run, check, precompile, warmup, reps, timeout, l2_flush, cuda_graph, grad)
+    flags = _Flags(
+        gpus,
+        dry_run,
+        check,
+        precompile,
+        warmup,
+        reps,
+        timeout,
+        l2_flush,
+        cuda_graph,
+        grad,
+        roofs,
+        ncu,
+        ncu_path,
+    )
     _execute(spec, _names(kernel), out, resume, flags)
 
 
@@ -247,6 +297,9 @@ class _Flags:
     l2_flush: bool | None
     cuda_graph: bool | None
     grad: str | None
+    roofs: bool = True
+    ncu: bool = False
+    ncu_path: Path | None = None
 
 
 def _execute(
@@ -271,6 +324,10 @@ def _execute(
         grad=flags.grad,
     )
     cases = specs.expand(spec, only or None)
+    if flags.ncu:
+        from tfla_bench import ncu
+
+        ncu.locate(flags.ncu_path)  # a bad --ncu-path is refused before anything runs
     stdout = runner.make_console()
     if flags.dry_run:
         stdout.print(runner.cases_table(cases, cuda=torch.cuda.is_available()))
@@ -288,12 +345,18 @@ def _execute(
         devices=devices,
         failed_check=failed_check,
         precompile_processes=flags.precompile,
+        roofs=flags.roofs,
     )
     stdout.print(runner.summary_table(report.rows))
     stdout.print(
         f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} kept; "
         f"{time.monotonic() - start:.1f} s; results in {run_dir / runner.RESULTS_FILE}"
     )
+    ok_rows = [row for row in report.rows if row.status == "ok"]
+    if flags.ncu and ok_rows:
+        from tfla_bench.commands.profile import profile_run
+
+        profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
 
 
 def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dict[str, str]:

@@ -34,7 +34,10 @@ class Formulation(StrEnum):
     recurrent = "recurrent"
 
 
-_GPU_HELP = f"accelerator: {', '.join(ACCELERATORS)}, auto (the present CUDA GPU) or custom"
+_GPU_HELP = (
+    f"accelerator: {', '.join(ACCELERATORS)}, auto (the present CUDA GPU), "
+    "measured (the roofs `tfla-bench roofs` saved) or custom"
+)
 GateOption = Annotated[Gate, typer.Option("--gate", help="input gate: exp (mLSTMexp) or sig (mLSTMsig)")]
 FormulationOption = Annotated[Formulation, typer.Option("--formulation", help="mLSTM formulation")]
 SeqLenOption = Annotated[int, typer.Option("--seq-len", help="sequence length T")]

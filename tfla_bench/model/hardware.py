@@ -60,6 +60,7 @@ ACCELERATORS: dict[str, Accelerator] = {
 
 CUSTOM = "custom"
 AUTO = "auto"
+MEASURED = "measured"
 
 
 def get_accelerator(name: str) -> Accelerator:
@@ -70,7 +71,9 @@ def get_accelerator(name: str) -> Accelerator:
     """
     key = name.strip().lower()
     if key not in ACCELERATORS:
-        raise UserError(f"unknown GPU {name!r}; known GPUs: {', '.join(ACCELERATORS)} (or auto, custom)")
+        raise UserError(
+            f"unknown GPU {name!r}; known GPUs: {', '.join(ACCELERATORS)} (or auto, measured, custom)"
+        )
     return ACCELERATORS[key]
 
 
@@ -129,8 +132,9 @@ def resolve_accelerator(
     """The accelerator a command line names, with optional overrides of its peak and bandwidth.
 
     Args:
-        name: a key of `ACCELERATORS`; `"auto"` for the present CUDA GPU; `"custom"` for one
-            defined by both overrides.
+        name: a key of `ACCELERATORS`; `"auto"` for the present CUDA GPU; `"measured"` for the
+            roofs `tfla-bench roofs` saved (`tfla_bench.roofs.measured_accelerator`); `"custom"` for
+            one defined by both overrides.
         peak_flops_per_s: replaces the peak FLOP/s.
         bandwidth_bytes_per_s: replaces the memory bandwidth.
     """
@@ -139,7 +143,12 @@ def resolve_accelerator(
         if peak_flops_per_s is None or bandwidth_bytes_per_s is None:
             raise UserError("--gpu custom needs both --peak-flops and --bandwidth")
         return Accelerator(CUSTOM, peak_flops_per_s, bandwidth_bytes_per_s, "custom")
-    base = _present_accelerator() if key == AUTO else get_accelerator(key)
+    if key == MEASURED:
+        from tfla_bench.roofs import measured_accelerator  # imports torch: only for --gpu measured
+
+        base = measured_accelerator()
+    else:
+        base = _present_accelerator() if key == AUTO else get_accelerator(key)
     if peak_flops_per_s is None and bandwidth_bytes_per_s is None:
         return base
     return replace(

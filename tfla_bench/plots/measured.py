@@ -13,7 +13,14 @@
 - `flops_vs_chunk_<shape>_<mode>.png`: achieved FLOP/s, total FLOPs and measured runtime over
   the chunk size (Fig. 23: a higher FLOP/s does not mean a shorter runtime);
 - `roofline_fraction.png` and `roofline_fraction.csv`: every ok row's fraction of its roofline
-  bound, lower-bound runtime / measured runtime, on the run's own GPU (1.0 = at the roof).
+  bound, lower-bound runtime / measured runtime, on the run's own GPU (1.0 = at the roof);
+- `roofline_profiled_<mode>.png` (runs profiled under ncu, `tfla_bench.profiling`): every profiled
+  row of any kernel at its measured intensity (filled), linked by a thin line to its model
+  intensity (hollow).
+
+Where the run recorded measured roofs (`env.json`, `tfla_bench.roofs`), the roofline figures draw
+them (matmul and HBM solid black, L2 dotted) beside the data-sheet roofs, place profiled rows at
+their measured intensity, and ring in red every point above the measured roof.
 
 The theory curves use the paper's model settings (causal factor 0.5, states in fp32, q/k/v and
 gates in the run's dtype); the measured points use the FLOPs and bytes the adapters recorded.
@@ -43,7 +50,9 @@ from tfla_bench.plots.runs import (
     set_log2_x,
     shape_slug,
 )
+from tfla_bench.profiling import roof_check
 from tfla_bench.published import CASE_KEYS, MLSTM_GATES
+from tfla_bench.roofs import MeasuredRoofs, from_env
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 STATE_BYTES = 4
@@ -157,22 +166,77 @@ def _roof(ax: Any, accelerator: Accelerator, intensities: np.ndarray, style: str
     ax.axvline(ridge, color=color, linestyle=style, alpha=0.3, linewidth=0.8)
 
 
+def _measured_roofs(ax: Any, roofs: MeasuredRoofs, intensities: np.ndarray) -> None:
+    peak = roofs.matmul_flops_per_s
+    for bandwidth, style, what in ((roofs.hbm_bytes_per_s, "-", "HBM"), (roofs.l2_bytes_per_s, ":", "L2")):
+        ax.plot(
+            intensities,
+            np.minimum(bandwidth * intensities, peak) / 1e12,
+            linestyle=style,
+            color="black",
+            linewidth=2.0 if what == "HBM" else 1.2,
+            label=f"measured: {peak / 1e12:.0f} TFLOP/s, {what} {bandwidth / 1e12:.2f} TB/s",
+        )
+
+
+def _profiled_points(ax: Any, check: pd.DataFrame) -> None:
+    """Profiled rows at their measured intensity, each linked to its model intensity; points above
+    the measured roof ringed in red."""
+    for _, row in check[check["measured_intensity"].notna()].iterrows():
+        color = kernel_color(row["kernel"])
+        y = row["achieved_flops_per_s"] / 1e12
+        ax.plot(
+            [row["model_intensity"], row["measured_intensity"]], [y, y], color=color, linewidth=0.6, alpha=0.7
+        )
+        ax.scatter([row["measured_intensity"]], [y], marker="D", s=22, color=color, zorder=4)
+    flagged = check[check["above_roof"]]
+    if not flagged.empty:
+        x = flagged["measured_intensity"].where(
+            flagged["measured_intensity"].notna(), flagged["model_intensity"]
+        )
+        ax.scatter(
+            x,
+            flagged["achieved_flops_per_s"] / 1e12,
+            s=160,
+            facecolors="none",
+            edgecolors="red",
+            linewidths=1.5,
+            zorder=5,
+            label="above the measured roof (FLOPs or timing wrong)",
+        )
+
+
+def _intensity_axis(values: list[float], accelerators: list[Accelerator]) -> np.ndarray:
+    finite = [v for v in values if v > 0 and math.isfinite(v)]
+    low = min(min(finite, default=1.0) / 4, 1.0)
+    high = max(
+        max(finite, default=1.0) * 4, max((a.intensity_flops_per_byte for a in accelerators), default=1) * 4
+    )
+    return np.logspace(math.log10(low), math.log10(high), 200)
+
+
 def measured_roofline_figure(
-    rows: pd.DataFrame, accelerators: list[Accelerator], mode: str, title: str
+    rows: pd.DataFrame,
+    accelerators: list[Accelerator],
+    mode: str,
+    title: str,
+    roofs: MeasuredRoofs | None = None,
 ) -> Figure:
-    """Measured chunkwise mLSTM points on each accelerator's roofline (paper Fig. 22 with our points)."""
+    """Measured chunkwise mLSTM points on each accelerator's roofline (paper Fig. 22 with our points),
+    with the measured roofs and the profiled rows' measured intensities where the run has them."""
     rows = rows[rows["mode"] == mode]
+    check = roof_check(rows, roofs)
     fig = Figure(figsize=(9, 6), layout="constrained")
     ax = fig.subplots()
-    low = min(rows["intensity_flops_per_byte"].min() / 4, 1.0)
-    high = max(
-        rows["intensity_flops_per_byte"].max() * 4, max(a.intensity_flops_per_byte for a in accelerators) * 4
+    intensities = _intensity_axis(
+        [*rows["intensity_flops_per_byte"], *check["measured_intensity"].dropna()], accelerators
     )
-    intensities = np.logspace(math.log10(low), math.log10(high), 200)
     for i, acc in enumerate(accelerators):
         _roof(
             ax, acc, intensities, ACCELERATOR_STYLES[i % 4], ACCELERATOR_COLORS[i % len(ACCELERATOR_COLORS)]
         )
+    if roofs is not None:
+        _measured_roofs(ax, roofs, intensities)
     for kernel, group in rows.groupby("kernel", sort=True):
         ax.scatter(
             group["intensity_flops_per_byte"],
@@ -191,6 +255,7 @@ def measured_roofline_figure(
                 fontsize="x-small",
                 color=kernel_color(kernel),
             )
+    _profiled_points(ax, check)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity [FLOP/byte]")
@@ -198,6 +263,44 @@ def measured_roofline_figure(
     ax.set_title(f"{title}\n{MODE_TITLES.get(mode, mode)}")
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize="small")
+    return fig
+
+
+def profiled_roofline_figure(
+    check: pd.DataFrame, accelerators: list[Accelerator], roofs: MeasuredRoofs | None, mode: str, title: str
+) -> Figure | None:
+    """Every profiled row of `mode`: hollow at its model intensity, filled at its measured one (ncu)."""
+    check = check[(check["mode"] == mode) & check["measured_intensity"].notna()]
+    if check.empty:
+        return None
+    fig = Figure(figsize=(10, 6), layout="constrained")
+    ax = fig.subplots()
+    intensities = _intensity_axis([*check["model_intensity"], *check["measured_intensity"]], accelerators)
+    for i, acc in enumerate(accelerators):
+        _roof(
+            ax, acc, intensities, ACCELERATOR_STYLES[i % 4], ACCELERATOR_COLORS[i % len(ACCELERATOR_COLORS)]
+        )
+    if roofs is not None:
+        _measured_roofs(ax, roofs, intensities)
+    for kernel, group in check.groupby("kernel", sort=True):
+        ax.scatter(
+            group["model_intensity"],
+            group["achieved_flops_per_s"] / 1e12,
+            facecolors="none",
+            edgecolors=kernel_color(kernel),
+            label=kernel,
+            zorder=3,
+        )
+    _profiled_points(ax, check)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(
+        "arithmetic intensity [FLOP/byte]: hollow = model bytes, filled = DRAM bytes measured by ncu"
+    )
+    ax.set_ylabel("performance [TFLOP/s] (model FLOPs / median runtime)")
+    ax.set_title(f"{title}\nmeasured vs model intensity, {MODE_TITLES.get(mode, mode)}")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
 
@@ -329,9 +432,16 @@ def measured_figures(run: Run, accelerators: list[Accelerator]) -> dict[str, Fig
     figures: dict[str, Figure] = {}
     rows = chunkwise_mlstm_rows(run.results)
     title = f"{run.spec} on {run.gpu_name}"
+    roofs = from_env(run.env)
+    check = roof_check(run.results, roofs)
     for mode in ("fw", "fwbw"):
         if (rows["mode"] == mode).any():
-            figures[f"measured_roofline_{mode}"] = measured_roofline_figure(rows, accelerators, mode, title)
+            figures[f"measured_roofline_{mode}"] = measured_roofline_figure(
+                rows, accelerators, mode, title, roofs
+            )
+        profiled = profiled_roofline_figure(check, accelerators, roofs, mode, title)
+        if profiled is not None:
+            figures[f"roofline_profiled_{mode}"] = profiled
     for shape in chunk_sweep_shapes(rows):
         shape_text = ", ".join(f"{SHORT_NAMES[k]}={v}" for k, v in shape.items())
         for mode in ("fw", "fwbw"):

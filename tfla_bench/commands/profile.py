@@ -1,0 +1,86 @@
+"""CLI command `profile`: a run's cases under Nsight Compute, for the bytes they really move.
+
+Examples::
+
+    tfla-bench profile results/runs/fig5_consttoken-20261121-140458 --seq-len 8192
+    tfla-bench profile RUN_DIR --kernel tfla_sig,gla --mode fwbw --ncu-path /usr/local/cuda/bin/ncu
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tfla_bench import profiling, registry, results, runner
+from tfla_bench.commands.bench import _ints, _names
+from tfla_bench.errors import UserError
+from tfla_bench.profiling import CaseProfile
+from tfla_bench.results import ResultRow
+from tfla_bench.specs import Spec
+
+NcuPathOption = Annotated[
+    Path | None, typer.Option("--ncu-path", help="the ncu executable (default: ncu on PATH)")
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `profile` to the main app."""
+    app.command("profile")(profile)
+
+
+def profile(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory (results/runs/<spec>-<timestamp>)")],
+    kernel: Annotated[
+        list[str] | None, typer.Option("--kernel", "-k", help="kernel name; repeat or comma-separate")
+    ] = None,
+    seq_len: Annotated[str | None, typer.Option("--seq-len", help="sequence length(s), e.g. 8192")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="fw, fwbw or fw,fwbw")] = None,
+    ncu_path: NcuPathOption = None,
+) -> None:
+    """Profile the run's ok cases under ncu: DRAM bytes, duration and tensor-pipe use, into profile.csv."""
+    if not (run_dir / runner.SPEC_FILE).is_file():
+        raise UserError(f"{run_dir}: not a run directory (no {runner.SPEC_FILE})")
+    rows = results.read_rows(run_dir / runner.RESULTS_FILE)
+    lengths = _ints("--seq-len", seq_len) if seq_len else []
+    seq_lens = lengths if isinstance(lengths, list) else [lengths]
+    modes = _names([mode] if mode else [])
+    if bad := [m for m in modes if m not in ("fw", "fwbw")]:
+        raise UserError(f"--mode: expected fw or fwbw, got {', '.join(bad)}")
+    chosen = profiling.select_rows(rows, _names(kernel), seq_lens, modes)
+    profile_run(run_dir, chosen, runner.load_run_spec(run_dir), ncu_path, runner.make_console())
+
+
+def profile_run(
+    run_dir: Path, rows: Sequence[ResultRow], spec: Spec, ncu_path: Path | None, console: Console
+) -> list[CaseProfile]:
+    """Profile `rows` of the run in `run_dir` (measured with `spec`) and print one line per case."""
+    registry.load()
+    console.print(f"profiling {len(rows)} case(s) under ncu (one untimed call each; no timing is taken)")
+
+    def show(result: CaseProfile) -> None:
+        label = f"{result.case.kernel} {result.case.mode} T{result.case.seq_len}"
+        if result.status == "ok" and result.measured_bytes is not None:
+            intensity = result.measured_intensity
+            console.print(
+                f"  [green]ok[/] {label}: {result.kernels} kernel(s), {result.measured_bytes / 1e9:.3f} GB"
+                + (f", {intensity:.1f} FLOP/B" if intensity else "")
+            )
+        else:
+            console.print(f"  [yellow]{result.status}[/] {label}: {result.error}")
+
+    profiles = profiling.profile_rows(
+        run_dir,
+        rows,
+        ncu_path,
+        grad_of=lambda name: spec.measurement_for(registry.get(name)).grad,
+        module_of=lambda name: type(registry.get(name)).__module__,
+        timeout_s=spec.measurement.timeout_s,
+        on_profile=show,
+    )
+    done = sum(result.status == "ok" for result in profiles)
+    console.print(f"{done} of {len(profiles)} case(s) profiled; rows in {run_dir / profiling.PROFILE_FILE}")
+    return profiles
