@@ -233,21 +233,23 @@ def _profile_one(
 def write_profiles(run_dir: Path, profiles: Sequence[CaseProfile]) -> Path:
     """Merge `profiles` into `profile.csv` (a case profiled again replaces its row), atomically.
 
-    The case columns are those of the run's `results.csv`, so readers join on them.
+    The case columns are `CASE_COLUMNS` and the `param_*` columns of the profiled cases; readers
+    join on them (`join_profile`).
     """
     path = run_dir / PROFILE_FILE
-    case_columns = [c for c in results.read_header(run_dir / results.RESULTS_FILE) if _is_case_column(c)]
     fresh = {profile.case.key: profile.cells() for profile in profiles}
-    case_columns += [
-        c for cells in fresh.values() for c in cells if _is_case_column(c) and c not in case_columns
-    ]
-    columns = [*case_columns, *PROFILE_COLUMNS]
     kept: list[dict[str, str]] = []
+    old_columns: list[str] = []
     if path.exists():
         with path.open(newline="") as handle:
-            for cells in csv.DictReader(handle):
+            reader = csv.DictReader(handle)
+            old_columns = list(reader.fieldnames or [])
+            for cells in reader:
                 if ResultRow.from_csv({**cells, "family": "", "status": "ok"}).case.key not in fresh:
                     kept.append(cells)
+    params = {c for c in old_columns if c.startswith("param_")}
+    params |= {c for cells in fresh.values() for c in cells if c.startswith("param_")}
+    columns = [*CASE_COLUMNS, *sorted(params), *PROFILE_COLUMNS]
     tmp = path.with_suffix(".csv.tmp")
     with tmp.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, restval="", extrasaction="ignore")

@@ -62,7 +62,7 @@ def profile_run(
     console.print(f"profiling {len(rows)} case(s) under ncu (one untimed call each; no timing is taken)")
 
     def show(result: CaseProfile) -> None:
-        label = f"{result.case.kernel} {result.case.mode} T{result.case.seq_len}"
+        label = result.case.key
         if result.status == "ok" and result.measured_bytes is not None:
             intensity = result.measured_intensity
             console.print(

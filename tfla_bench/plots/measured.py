@@ -59,6 +59,8 @@ STATE_BYTES = 4
 ACCELERATOR_STYLES = ("-", "--", ":", "-.")
 ACCELERATOR_COLORS = ("#222222", "#1f77b4", "#2ca02c", "#d62728", "#9467bd")
 MIN_THEORY_CHUNK = 16
+# The gid of the thin line from a profiled row's model intensity to its measured one.
+PROFILE_LINK = "profile-link"
 
 
 def chunkwise_mlstm_rows(results: pd.DataFrame) -> pd.DataFrame:
@@ -182,13 +184,19 @@ def _measured_roofs(ax: Any, roofs: MeasuredRoofs, intensities: np.ndarray) -> N
 def _profiled_points(ax: Any, check: pd.DataFrame) -> None:
     """Profiled rows at their measured intensity, each linked to its model intensity; points above
     the measured roof ringed in red."""
-    for _, row in check[check["measured_intensity"].notna()].iterrows():
+    for index, (_, row) in enumerate(check[check["measured_intensity"].notna()].iterrows()):
         color = kernel_color(row["kernel"])
         y = row["achieved_flops_per_s"] / 1e12
         ax.plot(
-            [row["model_intensity"], row["measured_intensity"]], [y, y], color=color, linewidth=0.6, alpha=0.7
+            [row["model_intensity"], row["measured_intensity"]],
+            [y, y],
+            color=color,
+            linewidth=0.6,
+            alpha=0.7,
+            gid=PROFILE_LINK,
         )
-        ax.scatter([row["measured_intensity"]], [y], marker="D", s=22, color=color, zorder=4)
+        label = "intensity from the DRAM bytes ncu measured" if index == 0 else None
+        ax.scatter([row["measured_intensity"]], [y], marker="D", s=22, color=color, zorder=4, label=label)
     flagged = check[check["above_roof"]]
     if not flagged.empty:
         x = flagged["measured_intensity"].where(

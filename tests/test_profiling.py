@@ -1,0 +1,288 @@
+"""Measured bytes under Nsight Compute (`tfla-bench profile`, `tfla_bench.profiling`): profile.csv beside
+results.csv, its join, the measured intensity, the flag above the measured roof, figures and report.
+
+A fake `ncu` (`fake_ncu.py`) stands in for Nsight Compute on CPU; the GPU test uses the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import fake_ncu
+import pandas as pd
+import pytest
+import torch
+from synthetic_run import fig5_rows, write_run
+
+from tfla_bench import ncu, profiling, results, specs
+from tfla_bench.cli import main
+from tfla_bench.compare import load_run
+from tfla_bench.model.hardware import ACCELERATORS
+from tfla_bench.plots.measured import PROFILE_LINK, measured_figures
+from tfla_bench.report import build_report
+from tfla_bench.roofs import MeasuredRoofs
+
+SAMPLE_KERNELS = ncu.parse_csv(fake_ncu.SAMPLE.read_text())
+SAMPLE_BYTES = sum(k.dram_read_bytes + k.dram_write_bytes for k in SAMPLE_KERNELS)
+
+
+def roofs_record(matmul=800e12, hbm=3.0e12) -> MeasuredRoofs:
+    return MeasuredRoofs(
+        gpu_name="NVIDIA H100 80GB HBM3",
+        driver="580.159.04",
+        matmul_flops_per_s=matmul,
+        matmul_size=8192,
+        hbm_bytes_per_s=hbm,
+        l2_bytes_per_s=8e12,
+        l2_working_set_bytes=25_000_000,
+        measured_at="2026-01-01T00:00:00+00:00",
+        torch="2.11.0",
+    )
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A Fig. 5-like run at T=8192 with its spec.json, as a sweep leaves it."""
+    directory = write_run(tmp_path / "fig5-20260101-000000", fig5_rows(seq_lens=(8192,)))
+    written = pd.read_csv(directory / "results.csv")
+    written["chunk_size"] = written["chunk_size"].astype("Int64")  # as the runner writes it: "128"
+    written.to_csv(directory / "results.csv", index=False)
+    spec = specs.load_spec(specs.Path("experiments/smoke.toml"))
+    (directory / "spec.json").write_text(json.dumps(spec.to_dict()))
+    return directory
+
+
+@pytest.fixture
+def no_ncu_on_path(tmp_path, monkeypatch):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+
+
+def profile_frame(run_dir) -> pd.DataFrame:
+    return pd.read_csv(run_dir / profiling.PROFILE_FILE)
+
+
+def test_without_ncu_the_rows_say_why_and_results_stay(run_dir, no_ncu_on_path, capsys):
+    before = (run_dir / "results.csv").read_bytes()
+    assert main(["profile", str(run_dir), "--seq-len", "8192", "--mode", "fw"]) == 0
+    assert (run_dir / "results.csv").read_bytes() == before
+    profiled = profile_frame(run_dir)
+    ok_fw = [
+        r for r in results.read_rows(run_dir / "results.csv") if r.status == "ok" and r.case.mode == "fw"
+    ]
+    assert len(profiled) == len(ok_fw)
+    assert set(profiled["profile_status"]) == {"no_ncu"}
+    assert profiled["profile_error"].str.contains("ncu not found").all()
+    frame = load_run(run_dir).results
+    chosen = frame["profile_status"].notna()
+    assert chosen.sum() == len(ok_fw) and (frame.loc[chosen, "mode"] == "fw").all()
+    assert frame["median_ms"].equals(pd.read_csv(run_dir / "results.csv")["median_ms"])
+
+
+def test_profiled_rows_get_measured_bytes_and_intensity(run_dir, tmp_path):
+    fake = fake_ncu.install(tmp_path, "sample")
+    args = [
+        "profile",
+        str(run_dir),
+        "--kernel",
+        "tfla_sig,sdpa_cudnn",
+        "--mode",
+        "fw",
+        "--ncu-path",
+        str(fake),
+    ]
+    assert main(args) == 0
+    frame = load_run(run_dir).results
+    profiled = frame[frame["profile_status"] == "ok"]
+    assert set(profiled["kernel"]) == {"tfla_sig", "sdpa_cudnn"} and (profiled["mode"] == "fw").all()
+    assert profiled["measured_bytes"].tolist() == pytest.approx([SAMPLE_BYTES] * len(profiled))
+    assert profiled["measured_intensity"].tolist() == pytest.approx(list(profiled["flops"] / SAMPLE_BYTES))
+    assert (profiled["profiled_kernels"] == len(SAMPLE_KERNELS)).all()
+    # The sdpa row carries param_causal: the join matched it on that column too.
+    assert profiled.loc[profiled["kernel"] == "sdpa_cudnn", "param_causal"].tolist() == [False]
+    assert len(list((run_dir / profiling.NCU_DIR).glob("*.csv"))) == len(profiled)
+    check = profiling.roof_check(frame, None)
+    placed = check[check["intensity_basis"] == "measured"]
+    assert len(placed) == len(profiled)
+    assert placed["measured_intensity"].tolist() == pytest.approx(list(placed["flops"] / SAMPLE_BYTES))
+    assert placed["bytes_ratio"].tolist() == pytest.approx(list(placed["bytes"] / SAMPLE_BYTES))
+    assert not check["above_roof"].any()
+
+
+def test_profiling_again_replaces_a_case_and_keeps_the_others(run_dir, tmp_path, no_ncu_on_path):
+    assert main(["profile", str(run_dir), "--kernel", "tfla_sig", "--mode", "fw"]) == 0
+    assert main(["profile", str(run_dir), "--kernel", "tfla_sig"]) == 0
+    fake = fake_ncu.install(tmp_path, "sample")
+    assert (
+        main(["profile", str(run_dir), "--kernel", "tfla_sig", "--mode", "fwbw", "--ncu-path", str(fake)])
+        == 0
+    )
+    statuses = profile_frame(run_dir).groupby("mode")["profile_status"].agg(set).to_dict()
+    assert statuses == {"fw": {"no_ncu"}, "fwbw": {"ok"}}
+    assert len(profile_frame(run_dir)) == 2 * 4  # tfla_sig at chunks 64, 128, 256, 512 per mode
+
+
+def test_not_permitted_is_asked_once_and_every_row_says_why(run_dir, tmp_path):
+    fake = fake_ncu.install(tmp_path, "not_permitted")
+    assert main(["profile", str(run_dir), "--ncu-path", str(fake)]) == 0
+    assert len(fake_ncu.calls(tmp_path)) == 1
+    profiled = profile_frame(run_dir)
+    assert len(profiled) > 1 and set(profiled["profile_status"]) == {"not_permitted"}
+    assert profiled["profile_error"].str.contains("ERR_NVGPUCTRPERM").all()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--kernel", "nope"], "no ok row"),
+        (["--mode", "bw"], "--mode"),
+        (["--seq-len", "x"], "--seq-len"),
+        (["--ncu-path", "/no/such/ncu"], "no such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(run_dir, capsys, args, words):
+    assert main(["profile", str(run_dir), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and words in err[0]
+    assert not (run_dir / profiling.PROFILE_FILE).exists()
+
+
+def test_not_a_run_directory(tmp_path, capsys):
+    assert main(["profile", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def _frame(achieved_tflops, model_intensity, measured_intensity):
+    flops = 1e12
+    median_ms = flops / (achieved_tflops * 1e12) * 1e3
+    measured = flops / measured_intensity if measured_intensity else math.nan
+    return pd.DataFrame(
+        {
+            "kernel": ["k"],
+            "mode": ["fw"],
+            "status": ["ok"],
+            "median_ms": [median_ms],
+            "flops": [flops],
+            "bytes": [flops / model_intensity],
+            "measured_bytes": [measured],
+            "profile_status": ["ok" if measured_intensity else None],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("achieved", "model_i", "measured_i", "above", "basis"),
+    [
+        (500, 1000, None, False, "model"),  # under the 800 TFLOP/s compute roof
+        (900, 1000, None, True, "model"),  # above the compute roof: the FLOP count or timing is wrong
+        (100, 1000, 20, True, "measured"),  # the model places it under the roof, ncu's bytes above (60)
+        (50, 10, 20, False, "measured"),  # above the roof at the model's intensity (30), under at ncu's (60)
+    ],
+)
+def test_flag_above_the_measured_roof(achieved, model_i, measured_i, above, basis):
+    check = profiling.roof_check(_frame(achieved, model_i, measured_i), roofs_record(800e12, 3e12))
+    assert check["intensity_basis"].tolist() == [basis]
+    assert check["above_roof"].tolist() == [above]
+    intensity = measured_i or model_i
+    assert check["roof_flops_per_s"].iloc[0] == pytest.approx(min(800e12, 3e12 * intensity))
+
+
+def test_bytes_by_kernel_names_kernels_the_model_misses():
+    table = pd.DataFrame(
+        {
+            "kernel": ["a", "a", "b", "c"],
+            "mode": ["fw"] * 4,
+            "bytes_ratio": [1.1, 1.15, 0.7, math.nan],
+        }
+    )
+    summary = profiling.bytes_by_kernel(table).set_index("kernel")
+    assert list(summary.index) == ["a", "b"]
+    assert summary.loc["a", "cases"] == 2 and summary.loc["a", "median"] == pytest.approx(1.125)
+    assert summary["model_off"].to_dict() == {"a": False, "b": True}
+
+
+@pytest.fixture
+def profiled_run(run_dir, tmp_path):
+    """The run with measured roofs so low that every point lies above them, and its fw rows profiled."""
+    env = json.loads((run_dir / "env.json").read_text())
+    env["roofs"] = roofs_record(matmul=5e12, hbm=0.05e12).to_dict()
+    (run_dir / "env.json").write_text(json.dumps(env))
+    fake = fake_ncu.install(tmp_path, "sample")
+    assert (
+        main(
+            [
+                "profile",
+                str(run_dir),
+                "--kernel",
+                "tfla_sig,sdpa_cudnn",
+                "--mode",
+                "fw",
+                "--ncu-path",
+                str(fake),
+            ]
+        )
+        == 0
+    )
+    return load_run(run_dir)
+
+
+def test_figures_draw_the_measured_roofs_and_link_profiled_points(profiled_run):
+    figures = measured_figures(profiled_run, [ACCELERATORS["h100"]])
+    assert "roofline_profiled_fw" in figures and "roofline_profiled_fwbw" not in figures
+    for name in ("measured_roofline_fw", "roofline_profiled_fw"):
+        ax = figures[name].axes[0]
+        labels = [line.get_label() for line in ax.get_lines()]
+        assert any(label.startswith("measured: 5 TFLOP/s, HBM 0.05 TB/s") for label in labels)
+        assert any("L2 8.00 TB/s" in label for label in labels)
+        legend = [text.get_text() for text in ax.get_legend().get_texts()]
+        assert any("above the measured roof" in text for text in legend)
+    ax = figures["roofline_profiled_fw"].axes[0]
+    profiled = profiled_run.results[profiled_run.results["profile_status"] == "ok"]
+    links = [line for line in ax.get_lines() if line.get_gid() == PROFILE_LINK]
+    assert len(links) == len(profiled)
+    ends = sorted(float(line.get_xdata()[1]) for line in links)
+    assert ends == pytest.approx(sorted(profiled["flops"] / SAMPLE_BYTES))
+
+
+def test_report_shows_roofs_bytes_and_flags(profiled_run):
+    page = build_report(profiled_run, None)
+    for table_id in ("measured-roofs", "above-roof", "bytes-model-vs-measured"):
+        assert f'id="{table_id}"' in page
+    assert "lie above the measured roof" in page
+    summary = profiling.bytes_by_kernel(profiling.roof_check(profiled_run.results, None))
+    off = summary[summary["model_off"]]
+    assert not off.empty
+    for kernel in off["kernel"]:
+        assert kernel in page.split("off by more than 20%")[1].split("</p>")[0]
+
+
+def test_report_without_roofs_says_why(run_dir):
+    page = build_report(load_run(run_dir), None)
+    assert "No measured roofs" in page and 'id="bytes-model-vs-measured"' not in page
+
+
+def test_sweep_flags(capsys):
+    assert main(["sweep", "experiments/smoke.toml", "--no-roofs", "--ncu", "--dry-run"]) == 0
+    assert main(["sweep", "experiments/smoke.toml", "--ncu", "--ncu-path", "/no/such/ncu", "--dry-run"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_profile_a_gpu_run_under_the_real_ncu(tmp_path, capsys):
+    if ncu.locate(None) is None:
+        pytest.skip("ncu is not on PATH")
+    out = tmp_path / "smoke"
+    assert main(["sweep", "experiments/smoke.toml", "--out", str(out), "--kernel", "sdpa_math", "--ncu"]) == 0
+    frame = load_run(out).results
+    chosen = frame[frame["status"] == "ok"]
+    assert chosen["profile_status"].notna().all()
+    if (chosen["profile_status"] == "not_permitted").all():
+        pytest.skip("profiling not permitted on this machine (ERR_NVGPUCTRPERM)")
+    profiled = chosen[chosen["profile_status"] == "ok"]
+    assert not profiled.empty and (profiled["measured_bytes"] > 0).all()
+    assert (profiled["profiled_kernels"] >= 1).all()
+    # The timings are the sweep's: the profiled call never replaces them.
+    assert (profiled["median_ms"] > 0).all()
+    assert torch.cuda.is_available()
