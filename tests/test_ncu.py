@@ -67,6 +67,18 @@ def test_parser_converts_units_separators_and_prefers_the_hopper_tensor_metric()
     assert second.dram_read_bytes is None and second.tensor_pipe_pct is None
 
 
+def test_parser_finds_the_columns_by_name():
+    text = "\n".join(
+        [
+            '"Metric Name","Metric Unit","Metric Value","Kernel Name","ID"',
+            f'"{ncu.DRAM_READ}","byte","10","k","3"',
+            f'"{ncu.DRAM_WRITE}","byte","20","k","3"',
+        ]
+    )
+    (kernel,) = ncu.parse_csv(text)
+    assert (kernel.launch_id, kernel.dram_read_bytes, kernel.dram_write_bytes) == (3, 10, 20)
+
+
 def test_parser_without_a_csv_gives_no_kernels():
     assert ncu.parse_csv("==PROF== Connected\n==WARNING== No kernels were profiled.\n") == []
 
@@ -84,6 +96,13 @@ def test_profile_reads_the_log_file(tmp_path):
     fake = fake_ncu.install(tmp_path, "sample")
     kernels = ncu.profile(fake, ["python", "-c", "pass"], tmp_path / "log.csv", timeout_s=60)
     assert kernels == ncu.parse_csv(fake_ncu.SAMPLE.read_text())
+
+
+def test_profile_collects_the_metrics_asked_for(tmp_path):
+    fake = fake_ncu.install(tmp_path, "sample")
+    ncu.profile(fake, ["python"], tmp_path / "log.csv", timeout_s=60, metrics=[ncu.DURATION])
+    (call,) = fake_ncu.calls(tmp_path)
+    assert call[call.index("--metrics") + 1] == ncu.DURATION
 
 
 def test_profile_drops_a_metric_this_ncu_does_not_know(tmp_path):

@@ -6,6 +6,7 @@ A fake `ncu` (`fake_ncu.py`) stands in for Nsight Compute on CPU; the GPU test u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 from synthetic_run import fig5_rows, write_run
 
-from tfla_bench import ncu, profiling, results, specs
+from tfla_bench import ncu, profiling, results, roofs, specs
 from tfla_bench.cli import main
 from tfla_bench.compare import load_run
 from tfla_bench.model.hardware import ACCELERATORS
@@ -122,6 +123,20 @@ def test_profiling_again_replaces_a_case_and_keeps_the_others(run_dir, tmp_path,
     statuses = profile_frame(run_dir).groupby("mode")["profile_status"].agg(set).to_dict()
     assert statuses == {"fw": {"no_ncu"}, "fwbw": {"ok"}}
     assert len(profile_frame(run_dir)) == 2 * 4  # tfla_sig at chunks 64, 128, 256, 512 per mode
+
+
+@pytest.mark.parametrize(("driver", "recorded"), [("580.00", True), ("590.00", False)])
+def test_profile_records_the_saved_roofs_of_the_runs_gpu_and_driver(
+    run_dir, no_ncu_on_path, tmp_path, monkeypatch, driver, recorded
+):
+    monkeypatch.setenv(roofs.ROOFS_FILE_ENV, str(tmp_path / "roofs.json"))
+    saved = dataclasses.replace(roofs_record(), driver=driver)
+    roofs.save(saved)
+    assert roofs.from_env(json.loads((run_dir / "env.json").read_text())) is None
+    assert main(["profile", str(run_dir), "--kernel", "tfla_sig"]) == 0
+    env = json.loads((run_dir / "env.json").read_text())
+    assert roofs.from_env(env) == (saved if recorded else None)
+    assert env["gpu_name"] == "NVIDIA H100 80GB HBM3"
 
 
 def test_not_permitted_is_asked_once_and_every_row_says_why(run_dir, tmp_path):

@@ -9,10 +9,11 @@ The program is profiled only between `cudaProfilerStart` and `cudaProfilerStop` 
         --log-file LOG -- PROGRAM ARGS
 
 That CSV has one line per kernel launch and metric, with the columns `"ID","Process ID",
-"Process Name","Host Name","Kernel Name",...,"Metric Name","Metric Unit","Metric Value"`; lines
-before its header (`==PROF==` messages, warnings) are skipped. `tests/data/ncu_sample.csv` is such
-a file. Values may carry thousands separators; units other than the base ones (`Kbyte`, `usecond`)
-are converted, so a file written with `--print-units auto` parses too.
+"Process Name","Host Name","Kernel Name",...,"Metric Name","Metric Unit","Metric Value"` (found by
+name, in any order); lines before its header (`==PROF==` messages, warnings) are skipped.
+`tests/data/ncu_sample.csv` is such a file. Values may carry thousands separators; units other
+than the base ones (`Kbyte`, `usecond`) are converted, so a file written with `--print-units auto`
+parses too.
 
 ncu replays every kernel several times to collect its counters, restoring memory in between, and
 locks the clocks to base: its durations are not the runtime of the timed benchmark and are never
@@ -118,16 +119,24 @@ def command(ncu: Path, metrics: Sequence[str], log_file: Path, program: Sequence
     ]
 
 
-def profile(ncu: Path, program: Sequence[str], log_file: Path, timeout_s: float) -> list[KernelMetrics]:
+def profile(
+    ncu: Path, program: Sequence[str], log_file: Path, timeout_s: float, metrics: Sequence[str] = METRICS
+) -> list[KernelMetrics]:
     """Run `program` under ncu and return the metrics of every kernel it launched while profiling.
 
-    A metric this ncu does not know is dropped and the program run again without it.
+    Args:
+        ncu: the executable (`locate`).
+        program: the command line to profile; it brackets what to profile with profiler start/stop.
+        log_file: where ncu writes its report (kept: the per-kernel numbers).
+        timeout_s: wall-clock limit of the whole ncu run.
+        metrics: what to collect (default `METRICS`); a metric this ncu does not know is dropped and
+            the program run again without it.
 
     Raises:
         NcuError: `not_permitted` (`ERR_NVGPUCTRPERM`: no access to the GPU's performance counters),
             `no_kernels` (nothing was profiled), `timeout`, or `failed` with ncu's last error line.
     """
-    metrics = list(METRICS)
+    metrics = list(metrics)
     while True:
         log_file.unlink(missing_ok=True)
         try:
@@ -174,7 +183,7 @@ def parse_csv(text: str) -> list[KernelMetrics]:
         text: the log file (or stdout) of ncu; lines before the CSV header are skipped.
     """
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
+    start = next((i for i, line in enumerate(lines) if _is_header(line)), None)
     if start is None:
         return []
     launches: dict[int, dict[str, float | None]] = {}
@@ -197,6 +206,11 @@ def parse_csv(text: str) -> list[KernelMetrics]:
         )
         for launch_id, values in sorted(launches.items())
     ]
+
+
+def _is_header(line: str) -> bool:
+    cells = next(csv.reader([line]), [])
+    return {"ID", "Kernel Name", "Metric Name", "Metric Value"} <= set(cells)
 
 
 def _number(text: str, unit: str) -> float | None:

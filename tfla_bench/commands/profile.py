@@ -8,6 +8,8 @@ Examples::
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
@@ -15,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tfla_bench import profiling, registry, results, runner
+from tfla_bench import profiling, registry, results, roofs, runner
 from tfla_bench.commands.bench import _ints, _names
 from tfla_bench.errors import UserError
 from tfla_bench.profiling import CaseProfile
@@ -51,7 +53,32 @@ def profile(
     if bad := [m for m in modes if m not in ("fw", "fwbw")]:
         raise UserError(f"--mode: expected fw or fwbw, got {', '.join(bad)}")
     chosen = profiling.select_rows(rows, _names(kernel), seq_lens, modes)
-    profile_run(run_dir, chosen, runner.load_run_spec(run_dir), ncu_path, runner.make_console())
+    console = runner.make_console()
+    _record_roofs(run_dir, console)
+    profile_run(run_dir, chosen, runner.load_run_spec(run_dir), ncu_path, console)
+
+
+def _record_roofs(run_dir: Path, console: Console) -> None:
+    """Give a run without measured roofs in env.json the saved ones of its GPU and driver, if any,
+    so that its report can flag points above them (a run swept before roofs existed, or with --no-roofs)."""
+    path = run_dir / runner.ENV_FILE
+    if not path.is_file():
+        return
+    env = json.loads(path.read_text())
+    if roofs.from_env(env) is not None:
+        return
+    record = roofs.saved(str(env.get("gpu_name")), str(env.get("driver") or "unknown"))
+    if record is None:
+        console.print(
+            f"note: no measured roofs saved for {env.get('gpu_name')} (driver {env.get('driver')}); "
+            "run `tfla-bench roofs` on it to flag points above them"
+        )
+        return
+    env["roofs"] = record.to_dict()
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(env, indent=2) + "\n")
+    os.replace(tmp, path)
+    console.print(f"recorded the saved roofs of {record.key} in {path}")
 
 
 def profile_run(
