@@ -23,6 +23,7 @@ from tfla_bench.model.hardware import ACCELERATORS
 from tfla_bench.plots.measured import PROFILE_LINK, measured_figures
 from tfla_bench.report import build_report
 from tfla_bench.roofs import MeasuredRoofs
+from tfla_bench.workloads import Case
 
 SAMPLE_KERNELS = ncu.parse_csv(fake_ncu.SAMPLE.read_text())
 SAMPLE_BYTES = sum(k.dram_read_bytes + k.dram_write_bytes for k in SAMPLE_KERNELS)
@@ -63,6 +64,27 @@ def no_ncu_on_path(tmp_path, monkeypatch):
 
 def profile_frame(run_dir) -> pd.DataFrame:
     return pd.read_csv(run_dir / profiling.PROFILE_FILE)
+
+
+def test_a_case_sums_its_kernels_and_weights_the_tensor_pipe_by_duration():
+    row = results.ResultRow(case=Case("k", "fw", "bfloat16", 1, 64, 1, 8, 8), family="x", status="ok")
+    row.flops = 1e9
+    kernels = [
+        ncu.KernelMetrics(
+            0, "a", dram_read_bytes=100, dram_write_bytes=50, duration_ns=1000, tensor_pipe_pct=60
+        ),
+        ncu.KernelMetrics(
+            1, "b", dram_read_bytes=10, dram_write_bytes=40, duration_ns=3000, tensor_pipe_pct=20
+        ),
+    ]
+    profile = profiling.summarize(row, kernels)
+    assert (profile.measured_bytes, profile.gpu_time_ms, profile.kernels) == (200, 0.004, 2)
+    assert profile.tensor_pipe_pct == pytest.approx((60 * 1000 + 20 * 3000) / 4000)
+    assert profile.measured_intensity == pytest.approx(1e9 / 200)
+    partial = profiling.summarize(row, [kernels[0], dataclasses.replace(kernels[1], dram_write_bytes=None)])
+    assert partial.measured_bytes is None and partial.measured_intensity is None
+    untensored = profiling.summarize(row, [dataclasses.replace(kernels[0], tensor_pipe_pct=None)])
+    assert untensored.tensor_pipe_pct is None and "tensor-pipe" in untensored.error
 
 
 def test_without_ncu_the_rows_say_why_and_results_stay(run_dir, no_ncu_on_path, capsys):

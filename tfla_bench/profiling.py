@@ -113,26 +113,28 @@ class CaseProfile:
 def summarize(row: ResultRow, kernels: Sequence[ncu.KernelMetrics]) -> CaseProfile:
     """One case's profile from its kernels: bytes and durations summed, tensor pipe duration-weighted."""
 
-    def total(values: list[float | None]) -> float | None:
-        return None if any(value is None for value in values) else sum(values)  # type: ignore[misc]
-
-    durations = [k.duration_ns for k in kernels]
-    weighted = [(k.tensor_pipe_pct, k.duration_ns) for k in kernels]
-    tensor = None
-    if all(pct is not None and ns is not None for pct, ns in weighted) and sum(durations) > 0:  # type: ignore[arg-type]
-        tensor = sum(pct * ns for pct, ns in weighted) / sum(durations)  # type: ignore[operator, arg-type]
-    duration = total(durations)
+    durations = _total([k.duration_ns for k in kernels])
+    weighted = [
+        k.tensor_pipe_pct * k.duration_ns for k in kernels if k.tensor_pipe_pct is not None and k.duration_ns
+    ]
+    tensor = sum(weighted) / durations if durations and len(weighted) == len(kernels) else None
     return CaseProfile(
         case=row.case,
         status="ok",
         flops=row.flops,
         kernels=len(kernels),
-        dram_read_bytes=total([k.dram_read_bytes for k in kernels]),
-        dram_write_bytes=total([k.dram_write_bytes for k in kernels]),
-        gpu_time_ms=duration / 1e6 if duration is not None else None,
+        dram_read_bytes=_total([k.dram_read_bytes for k in kernels]),
+        dram_write_bytes=_total([k.dram_write_bytes for k in kernels]),
+        gpu_time_ms=durations / 1e6 if durations is not None else None,
         tensor_pipe_pct=tensor,
         error="" if tensor is not None else "tensor-pipe utilization not reported by this ncu",
     )
+
+
+def _total(values: list[float | None]) -> float | None:
+    """The sum, or None when a kernel lacks the value (a partial sum would understate the case)."""
+    known = [value for value in values if value is not None]
+    return sum(known) if len(known) == len(values) else None
 
 
 def select_rows(

@@ -18,6 +18,7 @@ from tfla_bench import roofs as measured_roofs
 from tfla_bench.errors import UserError
 from tfla_bench.model.hardware import detect_accelerator
 from tfla_bench.roofs import MeasuredRoofs
+from tfla_bench.runner import make_console
 
 
 def register(app: typer.Typer) -> None:
@@ -44,8 +45,6 @@ def roofs(
     if as_json:
         typer.echo(json.dumps({**result.to_dict(), "saved_to": str(path)}))
         return
-    from tfla_bench.runner import make_console
-
     console = make_console()
     console.print(roofs_table(result))
     console.print(f"saved to {path} (key: {result.key})")
