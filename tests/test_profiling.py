@@ -147,17 +147,30 @@ def test_profiling_again_replaces_a_case_and_keeps_the_others(run_dir, tmp_path,
     assert len(profile_frame(run_dir)) == 2 * 4  # tfla_sig at chunks 64, 128, 256, 512 per mode
 
 
-@pytest.mark.parametrize(("driver", "recorded"), [("580.00", True), ("590.00", False)])
-def test_profile_records_the_saved_roofs_of_the_runs_gpu_and_driver(
-    run_dir, no_ncu_on_path, tmp_path, monkeypatch, driver, recorded
+@pytest.mark.parametrize(
+    ("saved_gpus", "recorded"),
+    [
+        ((("NVIDIA H100 80GB HBM3", "580.00"), ("NVIDIA H100 80GB HBM3", "590.00")), 0),  # its driver
+        ((("NVIDIA H100 80GB HBM3", "570.00"), ("NVIDIA H100 80GB HBM3", "590.00")), 1),  # latest, else
+        ((("NVIDIA H200", "580.00"),), None),  # another GPU's roofs are never taken
+    ],
+)
+def test_profile_records_the_saved_roofs_of_the_runs_gpu(
+    run_dir, no_ncu_on_path, tmp_path, monkeypatch, capsys, saved_gpus, recorded
 ):
     monkeypatch.setenv(roofs.ROOFS_FILE_ENV, str(tmp_path / "roofs.json"))
-    saved = dataclasses.replace(roofs_record(), driver=driver)
-    roofs.save(saved)
+    records = [
+        dataclasses.replace(roofs_record(), gpu_name=gpu, driver=driver, measured_at=f"2026-0{i + 1}-01")
+        for i, (gpu, driver) in enumerate(saved_gpus)
+    ]
+    for record in records:
+        roofs.save(record)
     assert roofs.from_env(json.loads((run_dir / "env.json").read_text())) is None
     assert main(["profile", str(run_dir), "--kernel", "tfla_sig"]) == 0
     env = json.loads((run_dir / "env.json").read_text())
-    assert roofs.from_env(env) == (saved if recorded else None)
+    assert roofs.from_env(env) == (None if recorded is None else records[recorded])
+    out = capsys.readouterr().out
+    assert ("measured under driver" in out) == (recorded == 1)
     assert env["gpu_name"] == "NVIDIA H100 80GB HBM3"
 
 

@@ -59,21 +59,28 @@ def profile(
 
 
 def _record_roofs(run_dir: Path, console: Console) -> None:
-    """Give a run without measured roofs in env.json the saved ones of its GPU and driver, if any,
-    so that its report can flag points above them (a run swept before roofs existed, or with --no-roofs)."""
+    """Give a run without measured roofs in env.json the saved ones of its GPU (under its driver, else
+    the latest of that GPU under another driver, with a note), so that its report can flag points
+    above them: a run swept before roofs existed, or with --no-roofs."""
     path = run_dir / runner.ENV_FILE
     if not path.is_file():
         return
     env = json.loads(path.read_text())
     if roofs.from_env(env) is not None:
         return
-    record = roofs.saved(str(env.get("gpu_name")), str(env.get("driver") or "unknown"))
+    gpu_name, driver = str(env.get("gpu_name")), str(env.get("driver") or "unknown")
+    same_gpu = [record for record in roofs.load_saved() if record.gpu_name == gpu_name]
+    record = roofs.saved(gpu_name, driver) or (same_gpu[-1] if same_gpu else None)
     if record is None:
         console.print(
-            f"note: no measured roofs saved for {env.get('gpu_name')} (driver {env.get('driver')}); "
-            "run `tfla-bench roofs` on it to flag points above them"
+            f"note: no measured roofs of {gpu_name} saved; "
+            "`tfla-bench roofs` there lets the report flag points above them"
         )
         return
+    if record.driver != driver:
+        console.print(
+            f"note: the run used driver {driver}; its roofs were measured under driver {record.driver}"
+        )
     env["roofs"] = record.to_dict()
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(env, indent=2) + "\n")
