@@ -132,3 +132,14 @@ def test_locate(tmp_path, monkeypatch):
     assert ncu.locate(None) == fake
     with pytest.raises(UserError, match="no such file"):
         ncu.locate(tmp_path / "missing" / "ncu")
+
+
+def test_parser_reads_a_real_h100_file_in_ncu_default_units():
+    """`tests/data/ncu_h100_gemm.csv`: ncu 2025.3.1 on an H100 80GB HBM3, one bf16 4096^3 `torch.matmul`
+    (`--csv --page details`, no `--print-units base`: durations in `ns`, thousands separators)."""
+    (gemm,) = ncu.parse_csv((fake_ncu.SAMPLE.parent / "ncu_h100_gemm.csv").read_text())
+    assert gemm.name.startswith("nvjet_sm90")
+    assert gemm.dram_read_bytes == 150_447_616
+    assert gemm.dram_write_bytes == 28_032_768
+    assert gemm.duration_ns == 178_624
+    assert gemm.tensor_pipe_pct == pytest.approx(94.42)

@@ -53,6 +53,11 @@ _UNIT_SCALE = {
     "usecond": 1e3,
     "msecond": 1e6,
     "second": 1e9,
+    # without `--print-units base`, ncu 2025 spells durations short
+    "ns": 1.0,
+    "us": 1e3,
+    "ms": 1e6,
+    "s": 1e9,
     "%": 1.0,
     "": 1.0,
 }
