@@ -131,6 +131,10 @@ def row(
         "note": "",
         "warmup": 10 if ok else math.nan,
         "reps": 30 if ok else math.nan,
+        "ci_rel": 0.005 if ok else math.nan,
+        "stop": "ci" if ok else "",
+        "host_gap_share": 0.0 if ok else math.nan,
+        **{column: math.nan for column in results.GPU_STATE_COLUMNS},
     }
     record.update({f"param_{k}": v for k, v in params.items()})
     return record

@@ -348,3 +348,44 @@ def test_git_sha_named_in_the_env_wins_over_a_stale_checkout(monkeypatch):
     monkeypatch.delenv(envinfo.GIT_SHA_ENV)
     state = envinfo._git_state()
     assert state["git_sha"] != "0123abcd" and set(state) == {"git_sha", "git_dirty"}
+
+
+def test_rows_record_the_calls_made_and_why_timing_stopped(sweep):
+    _, _, report = sweep
+    for row in by_kernel(report.rows)["test_counting"]:
+        assert (row.warmup, row.reps, row.stop) == (1, 2, "fixed")
+        assert row.ci_rel == float("inf")  # two calls give no finite interval for the median
+        # On CPU the host's clock times the calls and NVML is not asked.
+        assert row.host_gap_share is None and row.throttled is None and row.sm_mhz_before is None
+
+
+def test_adaptive_timing_is_the_default(plugin_adapters):
+    adapter = registry.get("test_counting")
+    settings = MeasureSettings(budget_s=0.2, warmup_s=0.01)
+    result = measure_case(adapter, counting_case("fw"), settings, "cpu")
+    assert result.status == "ok", result.error
+    assert result.stop in ("ci", "budget", "max") and result.reps >= settings.min_reps
+    assert result.warmup >= 1 and result.ci_rel >= 0
+    if result.stop == "ci":
+        assert result.ci_rel <= settings.rel_ci
+
+
+def test_new_columns_round_trip_through_the_csv(tmp_path):
+    case = counting_case("fw")
+    row = results.ResultRow(
+        case=case,
+        family="test",
+        status="ok",
+        median_ms=1.0,
+        reps=12,
+        ci_rel=0.004,
+        stop="ci",
+        host_gap_share=0.25,
+        sm_mhz_before=1980,
+        throttle_before="sw_power_cap",
+        power_w_after=612.5,
+        throttled=True,
+    )
+    path = tmp_path / "results.csv"
+    results.rewrite(path, [row], results.columns_for([case]))
+    assert results.read_rows(path) == [row]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from tfla_bench.gpustate import COLUMNS as NVML_COLUMNS
 from tfla_bench.workloads import Case
 
 CASE_COLUMNS = (
@@ -28,6 +29,11 @@ CASE_COLUMNS = (
     "head_dim_qk",
     "head_dim_v",
     "chunk_size",
+)
+# The GPU's state before and after the case (`tfla_bench.gpustate`), then whether it throttled.
+GPU_STATE_COLUMNS = (
+    *(f"{column}_{when}" for when in ("before", "after") for column in NVML_COLUMNS),
+    "throttled",
 )
 METRIC_COLUMNS = (
     "family",
@@ -48,6 +54,10 @@ METRIC_COLUMNS = (
     "note",
     "warmup",
     "reps",
+    "ci_rel",
+    "stop",
+    "host_gap_share",
+    *GPU_STATE_COLUMNS,
 )
 STATUSES = ("ok", "crashed", "oom", "timeout", "unavailable", "unsupported", "error", "failed_check")
 # Statuses decided in the parent without running anything: re-deciding them is free and reflects the
@@ -72,6 +82,11 @@ class ResultRow:
         device: where it ran (`cuda:0`, `cpu`), empty when it did not run.
         error: the reason or the last lines of the error for any status but `ok`.
         note: remarks about an `ok` row (e.g. memory not measured on CPU).
+        warmup, reps: untimed and timed calls made.
+        ci_rel: half-width of the median's 95% confidence interval over the median.
+        stop: why timing stopped: `fixed`, `ci`, `budget` or `max` (`tfla_bench.timing.StopRule`).
+        host_gap_share: share of timed calls during which the GPU may have waited for the host.
+        sm_mhz_before ... throttle_after, throttled: the GPU's state (`tfla_bench.gpustate`).
     """
 
     case: Case
@@ -93,6 +108,20 @@ class ResultRow:
     note: str = ""
     warmup: int | None = None
     reps: int | None = None
+    ci_rel: float | None = None
+    stop: str = ""
+    host_gap_share: float | None = None
+    sm_mhz_before: int | None = None
+    mem_mhz_before: int | None = None
+    temp_c_before: int | None = None
+    power_w_before: float | None = None
+    throttle_before: str = ""
+    sm_mhz_after: int | None = None
+    mem_mhz_after: int | None = None
+    temp_c_after: int | None = None
+    power_w_after: float | None = None
+    throttle_after: str = ""
+    throttled: bool | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -139,6 +168,8 @@ class ResultRow:
                 values[spec.name] = text
             elif text == "":
                 values[spec.name] = None
+            elif "bool" in spec.type:
+                values[spec.name] = text == "True"
             elif "int" in spec.type:
                 values[spec.name] = int(float(text))
             else:

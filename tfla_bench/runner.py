@@ -11,19 +11,29 @@ Each case runs in a worker process that owns one device (`tfla_bench.worker`):
    imports, which is why it is kept apart from the runtime. After `--precompile N`
    (`tfla_bench.precompile`) the kernels are already compiled, so it should hold mostly the
    autotuner's timing runs.
-3. Warmup: `warmup` untimed calls (paper: 10).
+3. Warmup: untimed calls for `warmup_s` (25 ms, at least one), or exactly `warmup` calls when the
+   spec fixes them (paper: 10). They also measure the host's time to queue one call.
 4. Peak memory (CUDA): `torch.cuda.reset_peak_memory_stats`, one call, `max_memory_allocated` is
    `peak_memory_bytes`; minus the inputs baseline it is `peak_memory_above_inputs_bytes`. The L2
    flush buffer does not exist yet and is not counted. The paper's numbers include its 256e6-byte
    flush buffer and accumulated gradients, so they sit above ours. On CPU memory is not measured:
    the cells are empty and the row's note says so.
-5. Runtime: `reps` timed calls (paper: 30). Before each, outside the timed window, every input
-   gradient is set to None and, on GPU with `l2_flush` (default on, as in the paper), a buffer of
-   max(2 x L2, 256e6) bytes is zeroed so the call starts with a cold L2. Each call is bracketed by
-   CUDA events on the current stream (GPU) or `time.perf_counter` (CPU, same loop); the event
-   times are read after one final synchronize. Reported: the median (the headline number), p20,
-   p80 and min. With `cuda_graph`, one call is captured in a CUDA graph and its replays are timed,
-   which removes launch overhead.
+5. Runtime: timed calls until the stop rule of `tfla_bench.timing` is met: by default until the
+   median's 95% confidence interval is within +-1% (`rel_ci`), or 1 s of timed calls
+   (`budget_s`), at least 5 and at most 2000; or exactly `reps` when the spec fixes them (paper:
+   30). Before each, outside the timed window, every input gradient is set to None and, on GPU
+   with `l2_flush` (default on, as in the paper), a buffer of max(2 x L2, 256e6) bytes is zeroed so
+   the call starts with a cold L2; then a GPU spin lasting 1.5x the host's queueing time lets the
+   host queue the whole call before the GPU reaches it. Each call is bracketed by CUDA events on
+   the current stream (GPU) or `time.perf_counter` (CPU, same loop). Reported: the median (the
+   headline number), p20, p80, min, the calls made (`warmup`, `reps`), the median's interval
+   (`ci_rel`), why timing stopped (`stop`), and the share of calls the GPU may have waited for the
+   host in (`host_gap_share`). With `cuda_graph`, one call is captured in a CUDA graph and its
+   replays are timed, which removes launch overhead; the flush still runs before each replay,
+   outside the graph.
+6. GPU state (CUDA, with nvidia-ml-py): clocks, temperature, power and throttle reasons before the
+   inputs are made and after the last timed call (`tfla_bench.gpustate`); `throttled` flags a row
+   measured under a power, thermal or hardware slowdown.
 
 A call is, in `fw`, the forward under `torch.no_grad()`; in `fwbw`, the forward and then the
 backward from a fixed upstream gradient (`grad = "fixed"`: one `randn_like(out)` made on the
@@ -84,7 +94,7 @@ from tfla_bench import envinfo, registry, results
 from tfla_bench.errors import UserError
 from tfla_bench.precompile import PrecompileResult, PrecompileSummary, precompile
 from tfla_bench.results import ResultRow
-from tfla_bench.specs import MeasureSettings, Spec, parse_spec
+from tfla_bench.specs import Spec, parse_spec
 from tfla_bench.worker import Job, Measurement, Worker
 from tfla_bench.workloads import Case
 
@@ -488,7 +498,7 @@ def _dispatch(
                     measurement = worker.run(job)
                     if stop.is_set():
                         return  # interrupted: the worker was killed under us, this is not the kernel's fault
-                    row = _row(planned, measurement, settings)
+                    row = _row(planned, measurement)
                     with lock:
                         crashes.record(row)
                 with lock:
@@ -557,7 +567,7 @@ class _CrashGuard:
         self._last[kernel] = (row.error or "", count + 1 if row.error == last_error else 1)
 
 
-def _row(planned: _Planned, measurement: Measurement, settings: MeasureSettings) -> ResultRow:
+def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
     median_s = measurement.median_ms / 1e3 if measurement.median_ms else None
     return ResultRow(
         case=planned.case,
@@ -577,8 +587,12 @@ def _row(planned: _Planned, measurement: Measurement, settings: MeasureSettings)
         device=measurement.device,
         error=measurement.error,
         note=measurement.note,
-        warmup=settings.warmup,
-        reps=settings.reps,
+        warmup=measurement.warmup,
+        reps=measurement.reps,
+        ci_rel=measurement.ci_rel,
+        stop=measurement.stop,
+        host_gap_share=measurement.host_gap_share,
+        **{key: value for key, value in measurement.gpu_state.items() if value is not None},
     )
 
 

@@ -10,6 +10,11 @@ element by element (`expand = "zip"`, all lists of one length). Derived shapes:
 `[override.<family or adapter name>]` replaces shape keys, `modes`, `params`, `warmup` and `reps`
 for the matching kernels (the adapter-name table wins over the family table). `params` (top level
 or per override) become `Case.params`; a list value there is expanded like a shape list.
+
+Timing: `warmup` and `reps` fix the number of untimed and timed calls (the paper's method); a spec
+without `reps` times adaptively (`rel_ci`, `budget_s`, `min_reps`, `max_reps`; see
+`tfla_bench.timing`), and one without `warmup` warms up for `warmup_s` seconds.
+
 `chunk_size` is dropped (None) for adapters whose `uses_chunk_size` is false, and duplicate cases
 are removed.
 
@@ -50,6 +55,11 @@ TOP_KEYS = (
     "dtype",
     "warmup",
     "reps",
+    "warmup_s",
+    "rel_ci",
+    "budget_s",
+    "min_reps",
+    "max_reps",
     "expand",
     "l2_flush",
     "cuda_graph",
@@ -77,19 +87,28 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 @dataclass(frozen=True)
 class MeasureSettings:
-    """How each case is measured (see `tfla_bench.runner` for the method).
+    """How each case is measured (see `tfla_bench.runner` for the method, `tfla_bench.timing` for the rule).
 
     Attributes:
-        warmup: untimed calls after the first call.
-        reps: timed calls; median, p20, p80 and min are taken over them.
+        warmup: a fixed number of untimed calls after the first call, or None to warm up by time.
+        reps: a fixed number of timed calls (the paper's method), or None for adaptive reps.
+        warmup_s: with `warmup` None, untimed calls until this many seconds have passed (at least one).
+        rel_ci: adaptive target: the median's 95% confidence interval within +-rel_ci of the median.
+        budget_s: adaptive: seconds of timed calls after which a case stops short of `rel_ci`.
+        min_reps, max_reps: adaptive: the fewest and the most timed calls.
         l2_flush: zero a buffer of at least 2x the L2 size before every timed call (GPU only).
         cuda_graph: capture one call in a CUDA graph and time its replays (GPU only).
         grad: upstream gradient in fwbw: `fixed` (one `randn_like(out)` made once) or `sum` (`out.sum()`).
         timeout_s: wall-clock limit per case, first call (compile/autotune) included.
     """
 
-    warmup: int = 10
-    reps: int = 30
+    warmup: int | None = None
+    reps: int | None = None
+    warmup_s: float = 0.025
+    rel_ci: float = 0.01
+    budget_s: float = 1.0
+    min_reps: int = 5
+    max_reps: int = 2000
     l2_flush: bool = True
     cuda_graph: bool = False
     grad: str = "fixed"
@@ -152,7 +171,7 @@ class Spec:
             "modes": list(self.modes),
             "dtype": list(self.dtypes),
             "expand": self.expand,
-            **dataclasses.asdict(self.measurement),
+            **{k: v for k, v in dataclasses.asdict(self.measurement).items() if v is not None},
             "params": dict(self.params),
             "shape": dict(self.shape),
             "override": {},
@@ -239,14 +258,29 @@ def parse_spec(raw: dict[str, Any], source: str) -> Spec:
     dtypes = where.choice_list(raw.get("dtype", "bfloat16"), "dtype", DTYPES)
     expand = where.choice(raw.get("expand", "grid"), "expand", EXPAND_MODES)
     defaults = MeasureSettings()
+
+    def given(key: str) -> Any:
+        value = raw.get(key)
+        return getattr(defaults, key) if value is None else value
+
     measurement = MeasureSettings(
-        warmup=where.integer(raw.get("warmup", defaults.warmup), "warmup", minimum=0),
-        reps=where.integer(raw.get("reps", defaults.reps), "reps", minimum=1),
-        l2_flush=where.boolean(raw.get("l2_flush", defaults.l2_flush), "l2_flush"),
-        cuda_graph=where.boolean(raw.get("cuda_graph", defaults.cuda_graph), "cuda_graph"),
-        grad=where.choice(raw.get("grad", defaults.grad), "grad", GRAD_MODES),
-        timeout_s=where.positive_number(raw.get("timeout_s", defaults.timeout_s), "timeout_s"),
+        warmup=None if raw.get("warmup") is None else where.integer(raw["warmup"], "warmup", minimum=0),
+        reps=None if raw.get("reps") is None else where.integer(raw["reps"], "reps", minimum=1),
+        warmup_s=where.number(given("warmup_s"), "warmup_s", positive=False),
+        rel_ci=where.positive_number(given("rel_ci"), "rel_ci"),
+        budget_s=where.positive_number(given("budget_s"), "budget_s"),
+        min_reps=where.integer(given("min_reps"), "min_reps", minimum=1),
+        max_reps=where.integer(given("max_reps"), "max_reps", minimum=1),
+        l2_flush=where.boolean(given("l2_flush"), "l2_flush"),
+        cuda_graph=where.boolean(given("cuda_graph"), "cuda_graph"),
+        grad=where.choice(given("grad"), "grad", GRAD_MODES),
+        timeout_s=where.positive_number(given("timeout_s"), "timeout_s"),
     )
+    if measurement.max_reps < measurement.min_reps:
+        raise UserError(
+            f"{source}: key 'max_reps': expected at least min_reps ({measurement.min_reps}), "
+            f"got {measurement.max_reps}"
+        )
     shape = where.shape(raw["shape"], "shape", SHAPE_KEYS)
     _check_shape_alternatives(shape, source, "[shape]", base=None)
     overrides = {}
@@ -466,8 +500,12 @@ class _Where:
         return value
 
     def positive_number(self, value: Any, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.fail(key, "a positive number", value)
+        return self.number(value, key, positive=True)
+
+    def number(self, value: Any, key: str, positive: bool) -> float:
+        number = not isinstance(value, bool) and isinstance(value, int | float)
+        if not number or value < 0 or (positive and value == 0):
+            raise self.fail(key, "a positive number" if positive else "a number >= 0", value)
         return float(value)
 
     def shape(self, value: Any, key: str, allowed: tuple[str, ...]) -> dict[str, Any]:

@@ -1,13 +1,31 @@
 """Timing one callable: one loop for GPU and CPU, with CUDA events or `time.perf_counter` as the clock.
 
-`time_calls` runs `before_each` (L2 flush, resetting gradients) outside the timed window, then
-marks the clock, calls the function and marks again. On CUDA the marks are events recorded on the
-current stream and read after one synchronize at the end, so host overhead between calls does not
-serialize the GPU; on CPU the marks are host timestamps, as CPU ops return when they are done.
+How many calls are timed
+------------------------
+`StopRule` decides when a series of per-call times is long enough. With `reps` set it stops after
+exactly that many calls (`fixed`, the paper's method). Otherwise it is adaptive: it stops as soon
+as the 95% confidence interval of the median is within +-`rel_ci` of the median (`ci`), or when
+`budget_s` of measuring is spent (`budget`), or at `max_reps` (`max`), never before `min_reps`.
+The interval is distribution-free: the order statistics x(l) and x(n+1-l), with l the largest
+index such that a Binomial(n, 1/2) count falls below l with probability at most 2.5%
+(`median_ci`). It needs no assumption on the shape of the timing distribution, and it is finite
+from n = 6 on. Warm-up runs by time as well: calls until `warmup_s` has passed, at least one.
+
+What one timed call contains
+----------------------------
+`time_calls` runs `before_each` (L2 flush, resetting gradients) outside the timed window. On CUDA
+it then queues a spin kernel (`torch.cuda._sleep`) that keeps the GPU busy while the host queues
+the start event, the call and the end event, so the GPU finds the whole call queued when it
+reaches the start event and the host's launch gaps stay outside the window. After queueing the
+end event the host asks whether the GPU has already passed the start event: if it has, the GPU
+may have waited for the host inside the window, and the call counts towards `host_gap_share`.
+The events are read after one synchronize per batch of calls. On CPU the marks are host
+timestamps, as CPU ops return when they are done.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,17 +35,81 @@ import torch
 
 # The paper's (and triton.testing's) flush buffer: 256e6 bytes, at least twice any current L2.
 MIN_FLUSH_BYTES = 256_000_000
+# The spin before each timed call lasts this many times the host's time to queue one call, plus
+# SPIN_EXTRA_S; capped, since a call that synchronizes inside cannot be helped by any lead.
+SPIN_FACTOR = 1.5
+SPIN_EXTRA_S = 20e-6
+SPIN_MAX_S = 2e-3
+# A batch of timed calls between two reads of the events is at most this share of the budget.
+BATCH_BUDGET_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a series of timed calls is long enough (see the module docstring).
+
+    Attributes:
+        reps: a fixed number of timed calls, or None for the adaptive rule.
+        rel_ci: the adaptive target: the median's 95% confidence interval within +-rel_ci.
+        budget_s: measuring time after which the adaptive rule stops anyway.
+        min_reps: the fewest timed calls of the adaptive rule.
+        max_reps: the most timed calls of the adaptive rule.
+    """
+
+    reps: int | None = None
+    rel_ci: float = 0.01
+    budget_s: float = 1.0
+    min_reps: int = 5
+    max_reps: int = 2000
+
+    def reason(self, times_ms: list[float], elapsed_s: float) -> str | None:
+        """Why to stop after `times_ms` and `elapsed_s` of measuring (`fixed`, `ci`, `max`, `budget`),
+        or None to go on."""
+        count = len(times_ms)
+        if self.reps is not None:
+            return "fixed" if count >= self.reps else None
+        if count < self.min_reps:
+            return None
+        if ci_rel(times_ms) <= self.rel_ci:
+            return "ci"
+        if count >= self.max_reps:
+            return "max"
+        if elapsed_s >= self.budget_s:
+            return "budget"
+        return None
+
+    def next_batch(self, count: int, elapsed_s: float) -> int:
+        """How many calls to time before the rule is asked again."""
+        if self.reps is not None:
+            return self.reps - count
+        if count < self.min_reps:
+            return self.min_reps - count
+        per_call_s = elapsed_s / count if count else self.budget_s
+        by_budget = int(BATCH_BUDGET_SHARE * self.budget_s / per_call_s) if per_call_s > 0 else count
+        return max(1, min(self.max_reps - count, max(count // 4, 1), max(by_budget, 1)))
 
 
 @dataclass(frozen=True)
 class TimingStats:
-    """Runtime statistics over `reps` timed calls, in milliseconds."""
+    """Runtime statistics over `reps` timed calls, in milliseconds.
+
+    Attributes:
+        median_ms, p20_ms, p80_ms, min_ms: over the timed calls.
+        reps: timed calls.
+        ci_rel: half-width of the median's 95% confidence interval over the median (inf below 6 calls).
+        stop: why timing stopped: `fixed`, `ci`, `budget` or `max`.
+        host_gap_share: share of the calls during which the GPU may have waited for the host
+            (None on CPU, where the clock is the host's).
+    """
 
     median_ms: float
     p20_ms: float
     p80_ms: float
     min_ms: float
     reps: int
+    ci_rel: float = math.inf
+    stop: str = "fixed"
+    host_gap_share: float | None = None
 
 
 def is_cuda(device: str) -> bool:
@@ -52,14 +134,42 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def summarize(times_ms: list[float]) -> TimingStats:
-    """Median, p20, p80 and min of per-call times."""
+def median_ci(values: list[float]) -> tuple[float, float]:
+    """The distribution-free 95% confidence interval of the median: (x(l), x(n+1-l)), 1-based order
+    statistics, with l the largest index where P(Binomial(n, 1/2) < l) <= 0.025; (-inf, inf) when
+    no such l exists (n < 6)."""
+    count = len(values)
+    # Exact integer arithmetic: P(B < l) <= 1/40  <=>  40 * sum_{i<l} C(n, i) <= 2^n.
+    total, below, index = 2**count, 0, 0
+    while index < count and 40 * (below + math.comb(count, index)) <= total:
+        below += math.comb(count, index)
+        index += 1
+    if index == 0:
+        return -math.inf, math.inf
+    ordered = sorted(values)
+    return ordered[index - 1], ordered[count - index]
+
+
+def ci_rel(values: list[float]) -> float:
+    """Half-width of `median_ci` over the median: the larger distance of a bound to the median."""
+    low, high = median_ci(values)
+    middle = percentile(values, 50)
+    if math.isinf(low) or middle <= 0:
+        return math.inf
+    return max(middle - low, high - middle) / middle
+
+
+def summarize(times_ms: list[float], stop: str = "fixed", host_gap_share: float | None = None) -> TimingStats:
+    """Median, p20, p80, min and the median's confidence interval of per-call times."""
     return TimingStats(
         median_ms=percentile(times_ms, 50),
         p20_ms=percentile(times_ms, 20),
         p80_ms=percentile(times_ms, 80),
         min_ms=min(times_ms),
         reps=len(times_ms),
+        ci_rel=ci_rel(times_ms),
+        stop=stop,
+        host_gap_share=host_gap_share,
     )
 
 
@@ -72,40 +182,84 @@ def time_first_call(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - start
 
 
+def warm_up(
+    fn: Callable[[], Any],
+    device: str,
+    *,
+    calls: int | None,
+    seconds: float,
+    before_each: Callable[[], None] | None = None,
+) -> tuple[int, float]:
+    """Untimed calls: exactly `calls`, or (None) until `seconds` of wall time have passed, at least one.
+
+    Returns:
+        The number of calls and the host's median time to queue one call, in seconds (what the
+        spin before each timed call has to cover).
+    """
+    queue_s: list[float] = []
+    start = time.perf_counter()
+    while True:
+        if calls is not None and len(queue_s) >= calls:
+            break
+        if calls is None and queue_s and time.perf_counter() - start >= seconds:
+            break
+        if before_each is not None:
+            before_each()
+        began = time.perf_counter()
+        fn()
+        queue_s.append(time.perf_counter() - began)
+        synchronize(device)
+    return len(queue_s), percentile(queue_s, 50) if queue_s else 0.0
+
+
 def time_calls(
     fn: Callable[[], Any],
     *,
-    reps: int,
+    rule: StopRule,
     device: str,
     before_each: Callable[[], None] | None = None,
+    spin: Callable[[], None] | None = None,
 ) -> TimingStats:
-    """Time `reps` calls of `fn`, each preceded by an untimed `before_each()`.
+    """Time calls of `fn` until `rule` says stop, each preceded by an untimed `before_each()`.
 
     Args:
         fn: the call to time (a kernel launch, forward + backward, or a CUDA graph replay).
-        reps: number of timed calls, >= 1.
+        rule: how many calls (`StopRule`).
         device: `cpu` or a CUDA device; picks CUDA events or `time.perf_counter`.
         before_each: work to do before each call outside the timed window.
+        spin: (CUDA) queues GPU work that gives the host a lead over the GPU (see `Spin`).
 
     Returns:
-        `TimingStats` over the `reps` calls.
+        `TimingStats` over the timed calls.
     """
     cuda = is_cuda(device)
-    marks: list[tuple[Any, Any]] = []
+    times_ms: list[float] = []
+    gaps = 0
     synchronize(device)
-    for _ in range(reps):
-        if before_each is not None:
-            before_each()
-        start = _mark(cuda)
-        fn()
-        end = _mark(cuda)
-        marks.append((start, end))
-    synchronize(device)
-    if cuda:
-        times_ms = [start.elapsed_time(end) for start, end in marks]
-    else:
-        times_ms = [(end - start) * 1e3 for start, end in marks]
-    return summarize(times_ms)
+    start_s = time.perf_counter()
+    while True:
+        elapsed_s = time.perf_counter() - start_s
+        stop = rule.reason(times_ms, elapsed_s)
+        if stop is not None:
+            break
+        marks: list[tuple[Any, Any]] = []
+        for _ in range(rule.next_batch(len(times_ms), elapsed_s)):
+            if before_each is not None:
+                before_each()
+            if spin is not None:
+                spin()
+            start = _mark(cuda)
+            fn()
+            end = _mark(cuda)
+            if cuda and start.query():
+                gaps += 1
+            marks.append((start, end))
+        synchronize(device)
+        if cuda:
+            times_ms += [start.elapsed_time(end) for start, end in marks]
+        else:
+            times_ms += [(end - start) * 1e3 for start, end in marks]
+    return summarize(times_ms, stop, gaps / len(times_ms) if cuda else None)
 
 
 def _mark(cuda: bool) -> Any:
@@ -114,6 +268,29 @@ def _mark(cuda: bool) -> Any:
         event.record()
         return event
     return time.perf_counter()
+
+
+class Spin:
+    """A GPU busy-wait (`torch.cuda._sleep`) long enough for the host to queue one call ahead of the GPU.
+
+    Args:
+        device: a CUDA device (current).
+        queue_s: the host's time to queue one call (from `warm_up`).
+    """
+
+    def __init__(self, device: str, queue_s: float) -> None:
+        synchronize(device)
+        probe_cycles = 1_000_000
+        start = _mark(True)
+        torch.cuda._sleep(probe_cycles)
+        end = _mark(True)
+        synchronize(device)
+        cycles_per_s = probe_cycles / max(start.elapsed_time(end) / 1e3, 1e-9)
+        self.seconds = min(SPIN_FACTOR * queue_s + SPIN_EXTRA_S, SPIN_MAX_S)
+        self.cycles = int(self.seconds * cycles_per_s)
+
+    def __call__(self) -> None:
+        torch.cuda._sleep(self.cycles)
 
 
 class L2Flush:

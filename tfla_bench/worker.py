@@ -17,6 +17,7 @@ and replaced before the next case (`crashed` / `timeout`). A CUDA error that poi
 from __future__ import annotations
 
 import faulthandler
+import functools
 import importlib
 import multiprocessing
 import os
@@ -26,11 +27,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from tfla_bench import gpustate
 from tfla_bench.specs import MeasureSettings
 from tfla_bench.workloads import Case
 
@@ -83,7 +85,11 @@ class Failure:
 
 @dataclass(frozen=True)
 class Measurement:
-    """A worker's answer for one case (or the parent's record of a worker that died or hung)."""
+    """A worker's answer for one case (or the parent's record of a worker that died or hung).
+
+    `warmup` and `reps` are the calls made, `stop` why timing stopped (`tfla_bench.timing`), and
+    `gpu_state` the NVML cells of `gpustate.row_cells` (empty on CPU).
+    """
 
     status: str
     median_ms: float | None = None
@@ -97,6 +103,12 @@ class Measurement:
     error: str = ""
     note: str = ""
     fatal: bool = False
+    warmup: int | None = None
+    reps: int | None = None
+    ci_rel: float | None = None
+    stop: str = ""
+    host_gap_share: float | None = None
+    gpu_state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,7 @@ class DeviceInfo:
     compute_capability: str | None = None
     flush_bytes: int | None = None
     cudnn: int | None = None
+    nvml: dict[str, Any] | None = None
 
 
 def measure_case(adapter: Any, case: Case, settings: MeasureSettings, device: str) -> Measurement:
@@ -119,7 +132,7 @@ def measure_case(adapter: Any, case: Case, settings: MeasureSettings, device: st
     Args:
         adapter: the registry adapter of `case.kernel`.
         case: the case.
-        settings: warmup, reps, L2 flush, CUDA graph, upstream-gradient mode.
+        settings: warm-up, stop rule, L2 flush, CUDA graph, upstream-gradient mode.
         device: `cpu` or `cuda:<i>`.
 
     Returns:
@@ -143,6 +156,8 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     from tfla_bench import memory, timing
 
     cuda = timing.is_cuda(device)
+    monitor = _monitor(device)
+    before = monitor.read() if monitor is not None else None
     torch.manual_seed(0)
     inputs = adapter.make_inputs(case, device)
     inputs_bytes = memory.allocated_bytes(device)
@@ -157,9 +172,9 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     step = make_step(adapter, inputs, case.mode, settings.grad)
     reset_grads()
     first_call_s = timing.time_first_call(step, device)
-    for _ in range(settings.warmup):
-        reset_grads()
-        step()
+    warmup, queue_s = timing.warm_up(
+        step, device, calls=settings.warmup, seconds=settings.warmup_s, before_each=reset_grads
+    )
     reset_grads()
     peak = memory.measure_peak(step, device, inputs_bytes)
 
@@ -171,7 +186,16 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
             flush()
 
     timed = timing.capture_cuda_graph(step, before_each) if settings.cuda_graph and cuda else step
-    stats = timing.time_calls(timed, reps=settings.reps, device=device, before_each=before_each)
+    rule = timing.StopRule(
+        reps=settings.reps,
+        rel_ci=settings.rel_ci,
+        budget_s=settings.budget_s,
+        min_reps=settings.min_reps,
+        max_reps=settings.max_reps,
+    )
+    spin = timing.Spin(device, queue_s) if cuda else None
+    stats = timing.time_calls(timed, rule=rule, device=device, before_each=before_each, spin=spin)
+    after = monitor.read() if monitor is not None else None
     return Measurement(
         status="ok",
         median_ms=stats.median_ms,
@@ -183,7 +207,23 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         peak_memory_above_inputs_bytes=peak.above_inputs_bytes,
         device=device,
         note="" if cuda else "peak memory not measured on CPU",
+        warmup=warmup,
+        reps=stats.reps,
+        ci_rel=stats.ci_rel,
+        stop=stats.stop,
+        host_gap_share=stats.host_gap_share,
+        gpu_state=gpustate.row_cells(before, after) if monitor is not None else {},
     )
+
+
+@functools.cache
+def _monitor(device: str) -> gpustate.Monitor | None:
+    """The NVML monitor of a CUDA device (one per process), None on CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return None
+    return gpustate.Monitor(str(torch.cuda.get_device_properties(device).uuid))
 
 
 def make_step(adapter: Any, inputs: dict[str, Any], mode: str, grad: str) -> Callable[[], None]:
@@ -258,6 +298,7 @@ def _device_info(device: str) -> DeviceInfo:
         compute_capability=f"{props.major}.{props.minor}",
         flush_bytes=max(2 * props.L2_cache_size, timing.MIN_FLUSH_BYTES),
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        nvml=_monitor(device).limits(),
     )
 
 

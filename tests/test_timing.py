@@ -1,0 +1,85 @@
+"""The stop rule on synthetic timings, the median's confidence interval and the timing loop on CPU."""
+
+import math
+import random
+
+from tfla_bench import timing
+from tfla_bench.timing import StopRule
+
+
+def simulate(rule: StopRule, draw, per_call_s: float) -> tuple[int, str]:
+    """Feed `rule` synthetic times in the batches it asks for; elapsed time grows per call."""
+    times: list[float] = []
+    while True:
+        elapsed = len(times) * per_call_s
+        stop = rule.reason(times, elapsed)
+        if stop is not None:
+            return len(times), stop
+        batch = rule.next_batch(len(times), elapsed)
+        assert batch >= 1
+        times += [draw() for _ in range(batch)]
+
+
+def noise(spread: float, seed: int = 0):
+    rng = random.Random(seed)
+    return lambda: 1.0 + spread * rng.random()
+
+
+def test_median_ci_matches_the_binomial_table():
+    assert timing.median_ci([1.0] * 5) == (-math.inf, math.inf)
+    values = [float(i) for i in range(1, 101)]
+    # n = 100: the 95% interval of the median spans ranks 40 and 61 (order-statistic tables).
+    assert timing.median_ci(values) == (40.0, 61.0)
+    assert timing.median_ci([float(i) for i in range(1, 7)]) == (1.0, 6.0)
+    assert timing.ci_rel([2.0] * 10) == 0.0
+
+
+def test_a_noisy_series_stops_later_than_a_quiet_one():
+    rule = StopRule(rel_ci=0.01, budget_s=100.0, max_reps=5000)
+    quiet_reps, quiet_stop = simulate(rule, noise(0.005), per_call_s=1e-3)
+    noisy_reps, noisy_stop = simulate(rule, noise(0.2), per_call_s=1e-3)
+    assert quiet_stop == noisy_stop == "ci"
+    assert noisy_reps > 4 * quiet_reps
+
+
+def test_the_budget_stops_a_series_that_never_settles():
+    rule = StopRule(rel_ci=0.001, budget_s=1.0, max_reps=10_000)
+    reps, stop = simulate(rule, noise(1.0), per_call_s=0.01)
+    assert stop == "budget"
+    # Batches are at most a tenth of the budget, so it stops soon after the budget is spent.
+    assert 100 <= reps <= 115
+
+
+def test_the_minimum_holds_for_long_calls_and_the_maximum_caps():
+    rule = StopRule(rel_ci=0.01, budget_s=1.0, min_reps=5)
+    assert simulate(rule, noise(0.5), per_call_s=0.4) == (5, "budget")
+    capped = StopRule(rel_ci=1e-6, budget_s=1e9, min_reps=5, max_reps=50)
+    assert simulate(capped, noise(1.0), per_call_s=1e-3) == (50, "max")
+
+
+def test_fixed_reps_are_honoured_whatever_the_noise_or_budget():
+    rule = StopRule(reps=30, budget_s=1e-9)
+    assert simulate(rule, noise(5.0), per_call_s=10.0) == (30, "fixed")
+
+
+def test_time_calls_on_cpu_adaptive_and_fixed():
+    calls = []
+
+    def fn():
+        calls.append(1)
+
+    fixed = timing.time_calls(fn, rule=StopRule(reps=7), device="cpu")
+    assert (fixed.reps, fixed.stop, len(calls), fixed.host_gap_share) == (7, "fixed", 7, None)
+    adaptive = timing.time_calls(fn, rule=StopRule(budget_s=0.05, min_reps=5), device="cpu")
+    assert adaptive.stop in ("ci", "budget", "max") and adaptive.reps >= 5
+    assert adaptive.reps == len(calls) - 7
+    assert adaptive.ci_rel <= 0.01 if adaptive.stop == "ci" else adaptive.ci_rel >= 0
+
+
+def test_warm_up_by_time_and_by_count():
+    count, queue_s = timing.warm_up(lambda: None, "cpu", calls=3, seconds=10.0)
+    assert count == 3 and queue_s >= 0
+    count, _ = timing.warm_up(lambda: None, "cpu", calls=None, seconds=0.0)
+    assert count == 1
+    count, _ = timing.warm_up(lambda: None, "cpu", calls=None, seconds=0.02)
+    assert count > 1

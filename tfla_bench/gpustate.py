@@ -1,0 +1,123 @@
+"""The GPU's state around each case, read through NVML (`nvidia-ml-py`, imported lazily).
+
+Before and after each case the worker reads the SM and memory clocks, the temperature, the power
+draw and the clock-event (throttle) reasons. A row measured while a reason other than idling or
+the application clock setting held (power cap, thermal or hardware slowdown) is flagged
+`throttled`. Only reads: clocks and power limits are never changed. Without the package or a
+driver every reading is None and `env.json` carries one note saying why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# NVML's clock-event reason bits (nvml.h, nvmlClocksEventReason*), named as the row shows them.
+REASONS = {
+    0x1: "idle",
+    0x2: "app_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}
+THROTTLING = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
+COLUMNS = ("sm_mhz", "mem_mhz", "temp_c", "power_w", "throttle")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One NVML reading of one GPU."""
+
+    sm_mhz: int
+    mem_mhz: int
+    temp_c: int
+    power_w: float
+    throttle: str
+
+    @property
+    def throttled(self) -> bool:
+        return bool(THROTTLING & set(self.throttle.split("+")))
+
+
+def reason_names(mask: int) -> str:
+    """A clock-event reason bit mask as names joined by `+` (`none` for 0, unknown bits in hex)."""
+    names = [name for bit, name in REASONS.items() if mask & bit]
+    rest = mask & ~sum(REASONS)
+    if rest:
+        names.append(hex(rest))
+    return "+".join(names) or "none"
+
+
+class Monitor:
+    """NVML handle of one CUDA device; every method returns None when NVML cannot be used.
+
+    Args:
+        uuid: the device's UUID as torch reports it (`torch.cuda.get_device_properties(d).uuid`),
+            which names the same GPU whatever `CUDA_VISIBLE_DEVICES` says.
+    """
+
+    def __init__(self, uuid: str) -> None:
+        self.note: str | None = None
+        self._nvml: Any = None
+        self._handle: Any = None
+        try:
+            import pynvml
+        except ImportError:
+            self.note = "nvidia-ml-py is not installed: no clocks, temperature, power or throttle per row"
+            return
+        try:
+            pynvml.nvmlInit()
+            name = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+            self._handle = pynvml.nvmlDeviceGetHandleByUUID(name)
+        except pynvml.NVMLError as exc:
+            self.note = f"NVML unusable ({exc}): no clocks, temperature, power or throttle per row"
+            return
+        self._nvml = pynvml
+
+    def read(self) -> Reading | None:
+        """The current clocks, temperature, power and clock-event reasons."""
+        if self._nvml is None:
+            return None
+        nvml, handle = self._nvml, self._handle
+        try:
+            reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
+                nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+            )
+            return Reading(
+                sm_mhz=nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+                mem_mhz=nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM),
+                temp_c=nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+                power_w=nvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
+                throttle=reason_names(reasons(handle)),
+            )
+        except nvml.NVMLError:
+            return None
+
+    def limits(self) -> dict[str, Any]:
+        """For env.json: the clocks' maxima and the power limit, or the note saying why there are none."""
+        if self._nvml is None:
+            return {"note": self.note}
+        nvml, handle = self._nvml, self._handle
+        try:
+            return {
+                "max_sm_mhz": nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM),
+                "max_mem_mhz": nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM),
+                "power_limit_w": nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3,
+            }
+        except nvml.NVMLError as exc:
+            return {"note": f"NVML did not give the limits: {exc}"}
+
+
+def row_cells(before: Reading | None, after: Reading | None) -> dict[str, Any]:
+    """The row's `<column>_before`, `<column>_after` and `throttled` cells (None where not read)."""
+    cells: dict[str, Any] = {}
+    for suffix, reading in (("before", before), ("after", after)):
+        for column in COLUMNS:
+            cells[f"{column}_{suffix}"] = getattr(reading, column) if reading is not None else None
+    readings = [reading for reading in (before, after) if reading is not None]
+    cells["throttled"] = any(reading.throttled for reading in readings) if readings else None
+    return cells
