@@ -134,3 +134,16 @@ def test_report_shows_the_gate_of_a_checked_sweep(tmp_path):
     page = build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])
     assert '<section id="gate">' in page and 'id="gate"' in page
     assert "killed by SIGABRT" in page and "on NVIDIA H100 80GB HBM3" in page
+
+
+def test_report_shows_where_the_time_went(tmp_path):
+    from tfla_bench import phases
+
+    run_dir = write_run(tmp_path / "fig5_consttoken-20250101-000000", fw_rows()[:4])
+    assert 'id="timings"' not in build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])
+    clock = phases.PhaseClock()
+    with clock.phase("measuring"):
+        clock.add_case("sdpa_flash", 12.5)
+    clock.write(run_dir)
+    page = build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])
+    assert '<section id="timings">' in page and "adapter sdpa_flash" in page and "phase measuring" in page

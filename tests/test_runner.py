@@ -12,7 +12,7 @@ import pytest
 import torch
 from plugin_support import registered_test_adapters
 
-from tfla_bench import registry, results, runner, specs, timing
+from tfla_bench import phases, registry, results, runner, specs, timing
 from tfla_bench.errors import UserError
 from tfla_bench.specs import MeasureSettings
 from tfla_bench.worker import measure_case
@@ -389,3 +389,30 @@ def test_new_columns_round_trip_through_the_csv(tmp_path):
     path = tmp_path / "results.csv"
     results.rewrite(path, [row], results.columns_for([case]))
     assert results.read_rows(path) == [row]
+
+
+def test_timings_json_says_where_the_time_went(sweep):
+    _, cases, report = sweep
+    record = phases.read(report.run_dir)
+    assert set(record["phases_s"]) == {"workers", "measuring"}
+    assert record["wall_s"] >= record["phases_s"]["measuring"] > 0
+    # The sleeping kernel hit its timeout, so it took the most time of all adapters.
+    assert next(iter(record["adapters"])) == "test_sleep"
+    assert record["adapters"]["test_sleep"]["seconds"] >= TIMEOUT_S
+    assert sum(entry["cases"] for entry in record["adapters"].values()) == report.dispatched
+    table = phases.rows(record)
+    assert table[-1] == {"part": "wall", "seconds": record["wall_s"], "cases": None, "share": 1.0}
+
+
+def test_a_resumed_run_keeps_the_earlier_timings(tmp_path):
+    clock = phases.PhaseClock()
+    with clock.phase("measuring"):
+        clock.add_case("k", 0.5)
+    clock.write(tmp_path)
+    again = phases.PhaseClock()
+    again.write(tmp_path)
+    record = phases.read(tmp_path)
+    assert record["phases_s"] == {} and record["earlier"][0]["adapters"] == {
+        "k": {"seconds": 0.5, "cases": 1}
+    }
+    assert phases.read(tmp_path / "missing") is None

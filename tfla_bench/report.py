@@ -1,13 +1,13 @@
 """One self-contained HTML page per run (`tfla-bench report RUN_DIR`).
 
 The page holds the environment (env.json), the correctness gate when the sweep ran with
-`--check` (check.json), a status summary, every result row, the rows that did not run with their
-reasons, the comparison with the published data set (per mode, plain and
-roofline-normalized where the run's GPU is known, plus both sides' unmatched rows), the roofline
-fraction per kernel, the measured roofs and the model-vs-measured bytes where the run has them
-(`tfla_bench.roofs`, `tfla_bench.profiling`), the published-kernel mapping, and every figure of
-`tfla_bench.plots.runs` and `tfla_bench.plots.measured`, embedded as base64 PNG: one file to open,
-nothing beside it.
+`--check` (check.json), the sweep's wall time per phase and adapter (timings.json), a status
+summary, every result row, the rows that did not run with their reasons, the comparison with the
+published data set (per mode, plain and roofline-normalized where the run's GPU is known, plus
+both sides' unmatched rows), the roofline fraction per kernel, the measured roofs and the
+model-vs-measured bytes where the run has them (`tfla_bench.roofs`, `tfla_bench.profiling`), the
+published-kernel mapping, and every figure of `tfla_bench.plots.runs` and
+`tfla_bench.plots.measured`, embedded as base64 PNG: one file to open, nothing beside it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
+from tfla_bench import phases
 from tfla_bench.compare import (
     Comparison,
     Run,
@@ -274,6 +275,10 @@ def build_report(run: Run, published: str | None, accelerators: list[Accelerator
     gate = gate_table(run.run_dir)
     if gate is not None:
         sections.append(("gate", "Correctness gate", lambda: _gate_section(*gate)))
+    timings = phases.read(run.run_dir)
+    if timings is not None:
+        table = pd.DataFrame(phases.rows(timings))
+        sections.append(("timings", "Where the time went", lambda: frame_html(table, "timings")))
     sections += [
         ("status", "Status summary", lambda: frame_html(status_summary(run.results), "status-summary")),
         ("results", "Results", lambda: frame_html(results_table(run.results), "results")),

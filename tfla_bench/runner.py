@@ -57,7 +57,8 @@ Robustness
   worker), cases sent one at a time. Cases are sharded over devices by a stable hash of
   `Case.key`, so a resumed run gives every case the same device.
 - Rows are appended to `results.csv` as they finish and flushed; `env.json` is written before the
-  first case runs; `spec.json` holds the spec for `--resume`. Ctrl-C kills the workers and keeps
+  first case runs; `spec.json` holds the spec for `--resume`; `timings.json` (`tfla_bench.phases`)
+  the wall time per phase and per adapter when the sweep ends. Ctrl-C kills the workers and keeps
   every row already written.
 - `--resume DIR` keeps every finished row and runs only the other cases. Finished means any
   status except `unavailable`, `unsupported` and `failed_check`: those cost nothing to decide
@@ -72,6 +73,7 @@ import hashlib
 import json
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -92,6 +94,7 @@ from rich.table import Table
 
 from tfla_bench import envinfo, registry, results
 from tfla_bench.errors import UserError
+from tfla_bench.phases import PhaseClock
 from tfla_bench.precompile import PrecompileResult, PrecompileSummary, precompile
 from tfla_bench.results import ResultRow
 from tfla_bench.specs import Spec, parse_spec
@@ -284,6 +287,7 @@ def run_sweep(
     precompile_processes: int = 0,
     roofs: bool = False,
     console: Console | None = None,
+    clock: PhaseClock | None = None,
 ) -> SweepReport:
     """Measure `cases` and write `results.csv`, `env.json` and `spec.json` into `run_dir`.
 
@@ -300,12 +304,15 @@ def run_sweep(
         roofs: on CUDA, record the GPU's measured roofs in `env.json` under `roofs`, measured first
             in a child process when none are saved (`tfla_bench.roofs`).
         console: where progress goes (default: stderr).
+        clock: the command's `PhaseClock` (a gate before the sweep is in it); default one started
+            here. Written as `timings.json` when the sweep ends, interrupted or not.
 
     Returns:
         A `SweepReport`. Ctrl-C kills the workers and re-raises `KeyboardInterrupt` after the rows
         written so far are safely on disk.
     """
     console = console or make_console(stderr=True)
+    clock = clock or PhaseClock()
     devices = devices or select_devices(None)
     cuda = devices[0] != "cpu"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -344,19 +351,28 @@ def run_sweep(
             console.print(f"resuming {run_dir}: {len(kept)} finished row(s) kept")
         if decided:
             console.print(f"{len(decided)} case(s) not run (unavailable, unsupported or failed check)")
-        measured_roofs = _roofs(devices[0], console) if roofs and cuda and to_run else None
+        measured_roofs = None
+        if roofs and cuda and to_run:
+            with clock.phase("roofs"):
+                measured_roofs = _roofs(devices[0], console)
         precompiled = None
         if precompile_processes > 0 and to_run:
-            precompiled = _precompile(to_run, precompile_processes, devices, run_dir, spec, console)
-        workers = _start_workers(devices, to_run, run_dir, spec, cuda, console, precompiled, measured_roofs)
+            with clock.phase("precompile"):
+                precompiled = _precompile(to_run, precompile_processes, devices, run_dir, spec, console)
+        with clock.phase("workers"):
+            workers = _start_workers(
+                devices, to_run, run_dir, spec, cuda, console, precompiled, measured_roofs
+            )
         try:
-            _dispatch(to_run, workers, spec, writer, console)
+            with clock.phase("measuring"):
+                _dispatch(to_run, workers, spec, writer, console, clock)
         finally:
             for worker in workers:
                 worker.stop()
             report.worker_starts = sum(worker.starts for worker in workers)
     finally:
         writer.close()
+        clock.write(run_dir)
     report.rows = results.read_rows(csv_path)
     return report
 
@@ -472,7 +488,12 @@ def _start_workers(
 
 
 def _dispatch(
-    to_run: list[_Planned], workers: list[Worker], spec: Spec, writer: results.ResultWriter, console: Console
+    to_run: list[_Planned],
+    workers: list[Worker],
+    spec: Spec,
+    writer: results.ResultWriter,
+    console: Console,
+    clock: PhaseClock,
 ) -> None:
     """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come."""
     if not to_run:
@@ -495,12 +516,14 @@ def _dispatch(
                 if row is None:
                     settings = spec.measurement_for(planned.adapter)
                     job = Job(planned.case, type(planned.adapter).__module__, settings)
+                    began = time.monotonic()
                     measurement = worker.run(job)
                     if stop.is_set():
                         return  # interrupted: the worker was killed under us, this is not the kernel's fault
                     row = _row(planned, measurement)
                     with lock:
                         crashes.record(row)
+                        clock.add_case(planned.case.kernel, time.monotonic() - began)
                 with lock:
                     writer.write(row)
                     progress.console.print(_line(row))

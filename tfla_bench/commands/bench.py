@@ -13,7 +13,6 @@ Examples::
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +25,7 @@ from rich.table import Table
 from tfla_bench import correctness, registry, results, runner, specs
 from tfla_bench.commands import check as check_command
 from tfla_bench.errors import UserError
+from tfla_bench.phases import PhaseClock
 from tfla_bench.specs import Spec
 
 KernelOption = Annotated[
@@ -38,8 +38,22 @@ OutOption = Annotated[
 GpusOption = Annotated[
     str | None, typer.Option("--gpus", help="GPUs to use: a count N (the first N) or a list such as 0,2")
 ]
-WarmupOption = Annotated[int | None, typer.Option("--warmup", help="untimed calls after the first call")]
-RepsOption = Annotated[int | None, typer.Option("--reps", help="timed calls (median, p20, p80, min)")]
+WarmupOption = Annotated[
+    int | None, typer.Option("--warmup", help="a fixed number of untimed calls (default: 25 ms of calls)")
+]
+RepsOption = Annotated[
+    int | None, typer.Option("--reps", help="a fixed number of timed calls (default: adaptive, see --rel-ci)")
+]
+RelCiOption = Annotated[
+    float | None,
+    typer.Option(
+        "--rel-ci", help="adaptive reps: stop when the median's 95% interval is within +-this (0.01)"
+    ),
+]
+BudgetOption = Annotated[
+    float | None,
+    typer.Option("--budget", help="adaptive reps: seconds of timed calls per case at most (1.0)"),
+]
 TimeoutOption = Annotated[
     float | None, typer.Option("--timeout", help="seconds per case, first call included (default 900)")
 ]
@@ -169,6 +183,8 @@ def run(
     gpus: GpusOption = None,
     warmup: WarmupOption = None,
     reps: RepsOption = None,
+    rel_ci: RelCiOption = None,
+    budget: BudgetOption = None,
     timeout: TimeoutOption = None,
     l2_flush: FlushOption = None,
     cuda_graph: GraphOption = None,
@@ -223,6 +239,8 @@ def run(
         precompile,
         warmup,
         reps,
+        rel_ci,
+        budget,
         timeout,
         l2_flush,
         cuda_graph,
@@ -247,6 +265,8 @@ def sweep(
     gpus: GpusOption = None,
     warmup: WarmupOption = None,
     reps: RepsOption = None,
+    rel_ci: RelCiOption = None,
+    budget: BudgetOption = None,
     timeout: TimeoutOption = None,
     l2_flush: FlushOption = None,
     cuda_graph: GraphOption = None,
@@ -272,6 +292,8 @@ def sweep(
         precompile,
         warmup,
         reps,
+        rel_ci,
+        budget,
         timeout,
         l2_flush,
         cuda_graph,
@@ -293,6 +315,8 @@ class _Flags:
     precompile: int
     warmup: int | None
     reps: int | None
+    rel_ci: float | None
+    budget: float | None
     timeout: float | None
     l2_flush: bool | None
     cuda_graph: bool | None
@@ -306,11 +330,15 @@ def _execute(
     spec: Spec, only: list[str] | None, out: Path | None, resume: Path | None, flags: _Flags
 ) -> None:
     """Apply measurement flags, expand, and either print the cases or run them and print the summary."""
+    clock = PhaseClock()
     if flags.grad is not None and flags.grad not in specs.GRAD_MODES:
         raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {flags.grad!r}")
     for flag, value, minimum in (("--warmup", flags.warmup, 0), ("--reps", flags.reps, 1)):
         if value is not None and value < minimum:
             raise UserError(f"{flag}: expected an integer >= {minimum}, got {value}")
+    for flag, value in (("--rel-ci", flags.rel_ci), ("--budget", flags.budget)):
+        if value is not None and value <= 0:
+            raise UserError(f"{flag}: expected a positive number, got {value:g}")
     if flags.timeout is not None and flags.timeout <= 0:
         raise UserError(f"--timeout: expected a positive number of seconds, got {flags.timeout:g}")
     if flags.precompile < 0:
@@ -318,6 +346,8 @@ def _execute(
     spec = spec.with_measurement(
         warmup=flags.warmup,
         reps=flags.reps,
+        rel_ci=flags.rel_ci,
+        budget_s=flags.budget,
         timeout_s=flags.timeout,
         l2_flush=flags.l2_flush,
         cuda_graph=flags.cuda_graph,
@@ -335,8 +365,10 @@ def _execute(
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
     devices = runner.select_devices(flags.gpus)
     kernels = sorted({case.kernel for case in cases})
-    failed_check = _gate(kernels, devices[0], run_dir, stdout) if flags.check else {}
-    start = time.monotonic()
+    failed_check = {}
+    if flags.check:
+        with clock.phase("gate"):
+            failed_check = _gate(kernels, devices[0], run_dir, stdout)
     report = runner.run_sweep(
         spec,
         cases,
@@ -346,17 +378,20 @@ def _execute(
         failed_check=failed_check,
         precompile_processes=flags.precompile,
         roofs=flags.roofs,
+        clock=clock,
     )
     stdout.print(runner.summary_table(report.rows))
     stdout.print(
         f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} kept; "
-        f"{time.monotonic() - start:.1f} s; results in {run_dir / runner.RESULTS_FILE}"
+        f"{clock.to_dict()['wall_s']:.1f} s; results in {run_dir / runner.RESULTS_FILE}"
     )
     ok_rows = [row for row in report.rows if row.status == "ok"]
     if flags.ncu and ok_rows:
         from tfla_bench.commands.profile import profile_run
 
-        profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
+        with clock.phase("profile"):
+            profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
+        clock.write(run_dir)
 
 
 def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dict[str, str]:

@@ -1,0 +1,95 @@
+"""Where a sweep's time went: `timings.json` in the run directory.
+
+`PhaseClock` measures the sweep's wall time from the command's start, the time of each phase
+(`gate`: the correctness gate of `--check`; `roofs`: the GPU's measured roofs; `precompile`;
+`workers`: starting the workers and writing env.json; `measuring`: every case, first calls
+included; `profile`: Nsight Compute after the sweep) and, within measuring, each
+adapter's seconds and cases. With several GPUs the per-adapter seconds add up over the workers, so
+they may exceed the measuring phase. A resumed run keeps the earlier attempts under `earlier`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+TIMINGS_FILE = "timings.json"
+
+
+class PhaseClock:
+    """Wall time of a sweep, per phase and per adapter; starts when made."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+        self.phases: dict[str, float] = {}
+        self.adapters: dict[str, dict[str, float]] = {}
+        self._earlier: list[dict[str, Any]] | None = None
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the time spent inside the block to phase `name`."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - began
+
+    def add_case(self, adapter: str, seconds: float) -> None:
+        """Count one case of `adapter` that took `seconds` (from sending it to having its row)."""
+        entry = self.adapters.setdefault(adapter, {"seconds": 0.0, "cases": 0})
+        entry["seconds"] += seconds
+        entry["cases"] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "wall_s": round(time.monotonic() - self._start, 3),
+            "phases_s": {name: round(seconds, 3) for name, seconds in self.phases.items()},
+            "adapters": {
+                name: {"seconds": round(entry["seconds"], 3), "cases": int(entry["cases"])}
+                for name, entry in sorted(self.adapters.items(), key=lambda item: -item[1]["seconds"])
+            },
+        }
+
+    def write(self, run_dir: Path) -> None:
+        """Write `timings.json`, keeping an earlier attempt's record (a resumed run) under `earlier`;
+        this clock's own earlier writes are replaced."""
+        if self._earlier is None:
+            previous = read(run_dir)
+            self._earlier = [] if previous is None else [*previous.pop("earlier", []), previous]
+        record = self.to_dict()
+        if self._earlier:
+            record["earlier"] = self._earlier
+        (run_dir / TIMINGS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def read(run_dir: Path) -> dict[str, Any] | None:
+    """The run's `timings.json`, or None when the run has none (or it is not valid JSON)."""
+    path = Path(run_dir) / TIMINGS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per phase, then per adapter (seconds, cases and share of the wall time), then the total."""
+    wall = record["wall_s"] or 1.0
+    table = [
+        {"part": f"phase {name}", "seconds": seconds, "cases": None, "share": seconds / wall}
+        for name, seconds in record["phases_s"].items()
+    ]
+    table += [
+        {
+            "part": f"adapter {name}",
+            "seconds": entry["seconds"],
+            "cases": entry["cases"],
+            "share": entry["seconds"] / wall,
+        }
+        for name, entry in record["adapters"].items()
+    ]
+    table.append({"part": "wall", "seconds": record["wall_s"], "cases": None, "share": 1.0})
+    return table
