@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from tfla_bench.commands import analysis, bench, check, model, profile, roofs
+from tfla_bench.commands import analysis, bench, check, diff, model, profile, roofs
 from tfla_bench.errors import UserError
 
 app = typer.Typer(
@@ -31,6 +31,7 @@ analysis.register(app)
 check.register(app)
 roofs.register(app)
 profile.register(app)
+diff.register(app)
 
 # typer >= 0.20 vendors click and older typer uses the click package; both raise usage errors
 # derived from a class named ClickException, found here without importing either click.

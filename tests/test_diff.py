@@ -1,0 +1,139 @@
+"""`tfla-bench diff` on hand-made run directories: matching, verdicts, summary, threshold, exit codes."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from tfla_bench import results
+from tfla_bench.cli import main
+from tfla_bench.diff import diff_runs, verdict
+from tfla_bench.results import ResultRow
+from tfla_bench.workloads import Case
+
+ENV = {
+    "gpu_name": "NVIDIA H100 80GB HBM3",
+    "torch": "2.11.0",
+    "triton": "3.6.0",
+    "packages": {"fla-core": "0.6.0"},
+}
+
+
+def case(kernel: str, seq_len: int, mode: str = "fw", **params) -> Case:
+    return Case(kernel, mode, "bfloat16", 65536 // seq_len, seq_len, 16, 128, 256, 128, params=params)
+
+
+def row(case_: Case, median: float, ci: float | None = 0.005, status: str = "ok") -> ResultRow:
+    ok = status == "ok"
+    return ResultRow(
+        case=case_,
+        family="mlstm",
+        status=status,
+        median_ms=median if ok else None,
+        p20_ms=median * 0.9 if ok else None,
+        p80_ms=median * 1.1 if ok else None,
+        ci_rel=ci if ok else None,
+        error="" if ok else "boom",
+    )
+
+
+def write(run_dir, rows, env=ENV):
+    run_dir.mkdir(parents=True)
+    results.rewrite(run_dir / "results.csv", rows, results.columns_for([r.case for r in rows]))
+    (run_dir / "env.json").write_text(json.dumps(env))
+    return run_dir
+
+
+@pytest.fixture
+def runs(tmp_path):
+    a = write(
+        tmp_path / "a",
+        [
+            row(case("tfla_sig", 1024), 1.00),
+            row(case("tfla_sig", 2048), 2.00),
+            row(case("tfla_sig", 4096), 4.00),
+            row(case("sdpa_flash", 1024, causal=False), 3.00),
+            row(case("sdpa_flash", 1024, causal=True), 1.50),  # same shape, other params: its own case
+            row(case("gla", 1024), 5.00),
+            row(case("mamba2", 1024), 7.00),
+        ],
+    )
+    b = write(
+        tmp_path / "b",
+        [
+            row(case("tfla_sig", 1024), 0.80),  # faster
+            row(case("tfla_sig", 2048), 2.01),  # within the noise: same
+            row(case("tfla_sig", 4096), 4.40),  # slower by 10%
+            row(case("sdpa_flash", 1024, causal=False), 3.09, ci=None),  # p20..p80 noise: same
+            row(case("sdpa_flash", 1024, causal=True), 1.50),
+            row(case("gla", 1024), 0.0, status="crashed"),
+            row(case("lightning2", 1024), 2.00),
+        ],
+        env={**ENV, "gpu_name": "NVIDIA H200", "packages": {"fla-core": "0.7.0"}},
+    )
+    return a, b
+
+
+def test_rows_match_by_case_with_noise_aware_verdicts(runs):
+    result = diff_runs(*runs)
+    got = {(r.kernel, r.seq_len, r.params): (r.verdict, r.ratio) for r in result.rows.itertuples()}
+    assert got[("tfla_sig", 1024, "")] == ("faster", pytest.approx(0.8))
+    assert got[("tfla_sig", 2048, "")][0] == "same"
+    assert got[("tfla_sig", 4096, "")] == ("slower", pytest.approx(1.1))
+    assert got[("sdpa_flash", 1024, "causal=False")][0] == "same"  # 3% change, 10% p20..p80 half-spread
+    assert got[("sdpa_flash", 1024, "causal=True")] == ("same", pytest.approx(1.0))
+    assert got[("gla", 1024, "")][0] == "status" and math.isnan(got[("gla", 1024, "")][1])
+    assert list(result.only_a["kernel"]) == ["mamba2"] and list(result.only_b["kernel"]) == ["lightning2"]
+
+
+def test_summary_is_the_geometric_mean_per_kernel_and_mode(runs):
+    summary = diff_runs(*runs).summary.set_index("kernel")
+    assert summary.loc["tfla_sig", "geomean_ratio"] == pytest.approx((0.8 * 2.01 / 2 * 1.1) ** (1 / 3))
+    assert summary.loc["tfla_sig", ["cases", "faster", "slower", "same"]].tolist() == [3, 1, 1, 1]
+    assert summary.loc["gla", "cases"] == 0 and summary.loc["gla", "status"] == 1
+
+
+def test_different_gpus_and_versions_are_named(runs):
+    warnings = diff_runs(*runs).warnings
+    assert any("gpu_name" in w and "H200" in w for w in warnings)
+    assert any("fla-core" in w and "0.6.0" in w and "0.7.0" in w for w in warnings)
+    assert len(warnings) == 2
+
+
+def test_verdict_edges():
+    assert (
+        verdict(1.015, 0.02) == "same" and verdict(1.03, 0.02) == "slower" and verdict(0.9, 0.05) == "faster"
+    )
+
+
+def test_cli_threshold_exit_codes_and_outputs(runs, tmp_path, capsys):
+    a, b = runs
+    assert main(["diff", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "warning:" in out and "geometric mean" in out and "cases in run A only" in out
+    assert main(["diff", str(a), str(b), "--threshold", "5"]) == 1
+    assert "1 case(s) slower by more than 5%" in capsys.readouterr().out
+    assert main(["diff", str(a), str(b), "--threshold", "15"]) == 0
+    json_path, csv_path, png = tmp_path / "d.json", tmp_path / "d.csv", tmp_path / "d.png"
+    assert (
+        main(["diff", str(a), str(b), "--json", str(json_path), "--csv", str(csv_path), "--plot", str(png)])
+        == 0
+    )
+    record = json.loads(json_path.read_text())
+    assert {"rows", "summary", "only_a", "only_b", "warnings"} <= set(record) and len(record["rows"]) == 6
+    assert len(pd.read_csv(csv_path)) == 6
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_no_matching_case_or_no_run_is_one_line_and_exit_2(runs, tmp_path, capsys):
+    a, _ = runs
+    other = write(tmp_path / "other", [row(case("mamba", 8192), 1.0)])
+    assert main(["diff", str(a), str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no case of") and "\n" not in err
+    assert main(["diff", str(a), str(tmp_path / "missing")]) == 2
+    assert "no results.csv" in capsys.readouterr().err
+    assert main(["diff", str(a), str(a), "--threshold", "-1"]) == 2
+    assert main(["diff", str(a), str(a), "--plot", str(tmp_path / "no" / "dir" / "x.png")]) == 2
+    assert "cannot write" in capsys.readouterr().err

@@ -1,0 +1,241 @@
+"""Two runs of the suite side by side (`tfla-bench diff RUN_A RUN_B`): did anything get slower?
+
+Rows match by case: kernel, mode, dtype, batch, seq_len, heads, head dims, chunk size and params
+(`Case.key`). For a case that is `ok` in both runs the ratio is B / A of the medians, and its
+noise is the sum of the two runs' relative uncertainties of their medians: `ci_rel` (the
+median's 95% interval) where the row has a finite one, else half the p20..p80 spread over the
+median (runs timed with fixed reps before `ci_rel` existed). The verdict is `same` when
+|ratio - 1| is within that noise, else `faster` or `slower`; a case `ok` in one run only is
+`status`. Per kernel and mode the summary is the geometric mean of the ratios. Cases in one run
+only are listed apart, and a different GPU or library version between the runs is a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from tfla_bench import results
+from tfla_bench.errors import UserError
+from tfla_bench.plots.runs import DPI, MODE_TITLES, kernel_color, set_log2_x
+from tfla_bench.results import ResultRow
+
+RESULTS_FILE = "results.csv"
+ENV_FILE = "env.json"
+# env.json facts that make two runs' numbers differ for reasons other than the code.
+ENV_FACTS = ("gpu_name", "driver", "cuda", "cudnn", "torch", "triton")
+VERDICTS = ("faster", "slower", "same", "status")
+# Labelled ratios on the plot's log y axis.
+RATIO_TICKS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
+ROW_COLUMNS = (
+    *results.CASE_COLUMNS,
+    "params",
+    "status_a",
+    "status_b",
+    "a_ms",
+    "b_ms",
+    "ratio",
+    "noise",
+    "verdict",
+)
+
+
+@dataclass
+class RunDiff:
+    """The comparison of run B with run A.
+
+    Attributes:
+        rows: one row per case in both runs (`ROW_COLUMNS`).
+        summary: per kernel and mode: matched ok cases, the geometric mean of B/A, and verdict counts.
+        only_a, only_b: cases found in one run only (case columns and status).
+        warnings: differences between the runs' GPUs or library versions.
+    """
+
+    rows: pd.DataFrame
+    summary: pd.DataFrame
+    only_a: pd.DataFrame
+    only_b: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+
+    def slower_than(self, threshold_pct: float) -> pd.DataFrame:
+        """Rows judged slower (beyond their noise) by more than `threshold_pct` percent."""
+        rows = self.rows
+        return rows[(rows["verdict"] == "slower") & (rows["ratio"] > 1 + threshold_pct / 100)]
+
+    def to_json(self) -> dict[str, Any]:
+        def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+            return json.loads(frame.to_json(orient="records"))
+
+        return {
+            "rows": records(self.rows),
+            "summary": records(self.summary),
+            "only_a": records(self.only_a),
+            "only_b": records(self.only_b),
+            "warnings": self.warnings,
+        }
+
+
+def load(run_dir: Path) -> tuple[list[ResultRow], dict[str, Any]]:
+    """A run directory's rows and env.json (an empty env when it has none)."""
+    run_dir = Path(run_dir)
+    path = run_dir / RESULTS_FILE
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no {RESULTS_FILE} (not a run directory)")
+    try:
+        rows = results.read_rows(path)
+    except (KeyError, ValueError) as exc:
+        raise UserError(f"{path}: not a results file of this suite ({exc})") from None
+    try:
+        env = json.loads((run_dir / ENV_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        env = {}
+    return rows, env
+
+
+def noise(row: ResultRow) -> float:
+    """The relative uncertainty of a row's median: `ci_rel` if finite, else half its p20..p80 spread."""
+    if row.ci_rel is not None and math.isfinite(row.ci_rel):
+        return row.ci_rel
+    if row.p20_ms is None or row.p80_ms is None or not row.median_ms:
+        return 0.0
+    return (row.p80_ms - row.p20_ms) / 2 / row.median_ms
+
+
+def verdict(ratio: float, noise_rel: float) -> str:
+    """`same` when the change is within the noise, else `faster` (ratio < 1) or `slower`."""
+    if abs(ratio - 1) <= noise_rel:
+        return "same"
+    return "faster" if ratio < 1 else "slower"
+
+
+def diff_runs(run_a: Path, run_b: Path) -> RunDiff:
+    """Compare run B with run A; a `UserError` when no case is in both."""
+    rows_a, env_a = load(run_a)
+    rows_b, env_b = load(run_b)
+    by_key_a = {row.case.key: row for row in rows_a}
+    by_key_b = {row.case.key: row for row in rows_b}
+    common = [key for key in by_key_a if key in by_key_b]
+    if not common:
+        raise UserError(f"no case of {run_b} matches a case of {run_a}")
+    records = [_compare(by_key_a[key], by_key_b[key]) for key in common]
+    table = pd.DataFrame(records, columns=list(ROW_COLUMNS))
+    only_a = _cases([row for key, row in by_key_a.items() if key not in by_key_b])
+    only_b = _cases([row for key, row in by_key_b.items() if key not in by_key_a])
+    return RunDiff(table, summarize(table), only_a, only_b, env_warnings(env_a, env_b))
+
+
+def _compare(a: ResultRow, b: ResultRow) -> dict[str, Any]:
+    record = {**_case_cells(a), "status_a": a.status, "status_b": b.status}
+    if a.status == b.status == "ok" and a.median_ms and b.median_ms:
+        ratio = b.median_ms / a.median_ms
+        spread = noise(a) + noise(b)
+        record.update(a_ms=a.median_ms, b_ms=b.median_ms, ratio=ratio, noise=spread)
+        record["verdict"] = verdict(ratio, spread)
+    else:
+        record.update(a_ms=a.median_ms, b_ms=b.median_ms, ratio=math.nan, noise=math.nan, verdict="status")
+    return record
+
+
+def _case_cells(row: ResultRow) -> dict[str, Any]:
+    cells = {column: getattr(row.case, column) for column in results.CASE_COLUMNS}
+    cells["params"] = " ".join(f"{k}={v}" for k, v in sorted(row.case.params.items()))
+    return cells
+
+
+def display(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table for the terminal: the shape columns folded into one `shape` cell."""
+    chunk = frame["chunk_size"].map(lambda value: "" if pd.isna(value) else f" L{int(value)}")
+    shape = (
+        "B"
+        + frame["batch"].astype(str)
+        + " T"
+        + frame["seq_len"].astype(str)
+        + " H"
+        + frame["num_heads"].astype(str)
+        + " Dqk"
+        + frame["head_dim_qk"].astype(str)
+        + " Dv"
+        + frame["head_dim_v"].astype(str)
+        + chunk
+    )
+    rest = [column for column in frame.columns if column not in results.CASE_COLUMNS[3:]]
+    return frame[rest].assign(shape=shape)[[*rest[:3], "shape", *rest[3:]]]
+
+
+def _cases(rows: list[ResultRow]) -> pd.DataFrame:
+    columns = [*results.CASE_COLUMNS, "params", "status"]
+    return pd.DataFrame([{**_case_cells(row), "status": row.status} for row in rows], columns=columns)
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel and mode: ok cases in both runs, the geometric mean of B/A and the verdict counts."""
+    records = []
+    for (kernel, mode), group in table.groupby(["kernel", "mode"], sort=True):
+        ratios = group["ratio"].dropna()
+        counts = group["verdict"].value_counts()
+        records.append(
+            {
+                "kernel": kernel,
+                "mode": mode,
+                "cases": len(ratios),
+                "geomean_ratio": math.exp(ratios.map(math.log).mean()) if len(ratios) else math.nan,
+                **{name: int(counts.get(name, 0)) for name in VERDICTS},
+            }
+        )
+    return pd.DataFrame(records, columns=["kernel", "mode", "cases", "geomean_ratio", *VERDICTS])
+
+
+def env_warnings(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
+    """One line per GPU or library fact (env.json, its `packages` included) that differs between runs."""
+    facts_a = {**{k: env_a.get(k) for k in ENV_FACTS}, **(env_a.get("packages") or {})}
+    facts_b = {**{k: env_b.get(k) for k in ENV_FACTS}, **(env_b.get("packages") or {})}
+    return [
+        f"{name} differs: A {facts_a.get(name)}, B {facts_b.get(name)}"
+        for name in dict.fromkeys([*facts_a, *facts_b])
+        if name != "tfla-bench" and facts_a.get(name) != facts_b.get(name)
+    ]
+
+
+def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
+    """B/A per matched ok case over seq_len: one panel per mode, log y, one colour per kernel."""
+    ok = run_diff.rows.dropna(subset=["ratio"])
+    modes = [mode for mode in MODE_TITLES if mode in set(ok["mode"])] or ["fw"]
+    fig = Figure(figsize=(6.5 * len(modes), 4.8), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, len(modes), squeeze=False)[0]
+    for ax, mode in zip(axes, modes, strict=True):
+        rows = ok[ok["mode"] == mode]
+        for kernel, group in rows.groupby("kernel", sort=True):
+            color = kernel_color(kernel)
+            ax.errorbar(
+                group["seq_len"],
+                group["ratio"],
+                yerr=group["noise"] * group["ratio"],
+                fmt="o",
+                color=color,
+                label=kernel,
+                alpha=0.85,
+                capsize=2,
+            )
+        ax.axhline(1.0, color="#555", linewidth=1)
+        ax.set_yscale("log")
+        if len(rows):
+            set_log2_x(ax, sorted(set(rows["seq_len"])))
+            low = min(rows["ratio"].min() / 1.05, 0.95)
+            high = max(rows["ratio"].max() * 1.05, 1.05)
+            ax.set_ylim(low, high)
+            ticks = [tick for tick in RATIO_TICKS if low <= tick <= high]
+            ax.set_yticks(ticks, labels=[f"{tick:g}" for tick in ticks])
+            ax.minorticks_off()
+            ax.legend(fontsize=8)
+        ax.set_title(MODE_TITLES.get(mode, mode))
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("runtime B / A (below 1: B faster)")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    return fig
