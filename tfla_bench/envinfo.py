@@ -83,6 +83,8 @@ def collect(
         "l2_cache_bytes": info.l2_cache_bytes if info else None,
         "compute_capability": info.compute_capability if info else None,
         "clocks": {key: value for key, value in smi.items() if key != "driver"} or None,
+        # NVML's clock maxima and power limit, or the note saying why rows carry no GPU state.
+        "nvml": info.nvml if info else None,
         "driver": smi.get("driver"),
         "cuda": torch.version.cuda,
         "cudnn": info.cudnn if info else None,

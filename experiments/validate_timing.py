@@ -1,0 +1,11 @@
+"""Check the suite's clock against Nsight Compute and back-to-back CUDA graphs (see tfla_bench.validation).
+
+python experiments/validate_timing.py [OUT.md]
+"""
+
+import sys
+
+from tfla_bench.validation import main
+
+if __name__ == "__main__":
+    sys.exit(main())

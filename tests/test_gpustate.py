@@ -1,0 +1,95 @@
+"""NVML readings per row: the reason names, the throttle flag, a stand-in NVML, and NVML absent."""
+
+import sys
+import types
+
+import pytest
+
+from tfla_bench import gpustate, results
+from tfla_bench.gpustate import Monitor, Reading
+
+
+def test_reason_names_and_the_throttle_flag():
+    assert gpustate.reason_names(0) == "none"
+    assert gpustate.reason_names(0x1 | 0x4) == "idle+sw_power_cap"
+    assert gpustate.reason_names(0x1000) == "0x1000"
+    assert Reading(1980, 2619, 60, 500.0, "sw_power_cap").throttled
+    assert Reading(1980, 2619, 60, 500.0, "hw_thermal+sw_thermal").throttled
+    assert not Reading(345, 2619, 30, 70.0, "idle").throttled
+    assert not Reading(1980, 2619, 60, 500.0, "none").throttled
+
+
+def test_row_cells_name_every_gpu_state_column():
+    before = Reading(1980, 2619, 40, 120.0, "none")
+    after = Reading(1755, 2619, 71, 690.0, "sw_power_cap")
+    cells = gpustate.row_cells(before, after)
+    assert set(cells) == set(results.GPU_STATE_COLUMNS)
+    assert cells["sm_mhz_after"] == 1755 and cells["throttle_after"] == "sw_power_cap" and cells["throttled"]
+    assert gpustate.row_cells(None, None)["throttled"] is None
+
+
+def test_nvml_absent_gives_empty_readings_and_one_note(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    monitor = Monitor("GPU-1234")
+    assert monitor.read() is None
+    assert "nvidia-ml-py is not installed" in monitor.limits()["note"]
+
+
+class FakeNvml(types.ModuleType):
+    """Just the NVML calls the monitor makes, answering like an H100 under its power cap."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 0, 2, 0
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self):
+        super().__init__("pynvml")
+        self.uuids = []
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.uuids.append(uuid)
+        return "handle"
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return 1755 if clock == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock):
+        return 1980 if clock == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 66
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 699_500
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return 700_000
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return 0x4
+
+
+def test_a_reading_through_nvml(monkeypatch):
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monitor = Monitor("1234-abcd")
+    assert fake.uuids == ["GPU-1234-abcd"]
+    reading = monitor.read()
+    assert reading == Reading(1755, 2619, 66, pytest.approx(699.5), "sw_power_cap") and reading.throttled
+    assert monitor.limits() == {"max_sm_mhz": 1980, "max_mem_mhz": 2619, "power_limit_w": 700.0}
+
+
+def test_nvml_errors_become_notes_not_crashes(monkeypatch):
+    fake = FakeNvml()
+
+    def refuse(uuid):
+        raise fake.NVMLError("Not Found")
+
+    fake.nvmlDeviceGetHandleByUUID = refuse
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monitor = Monitor("GPU-1")
+    assert monitor.read() is None and "NVML unusable (Not Found)" in monitor.limits()["note"]

@@ -1,0 +1,115 @@
+"""The timing validation: ncu CSV parsing on CPU; the comparison with independent clocks on a GPU."""
+
+import shutil
+
+import pytest
+
+from tfla_bench import validation
+from tfla_bench.validation import Check, parse_ncu_csv, per_call
+
+
+def csv_line(*cells: str) -> str:
+    return ",".join(f'"{cell}"' for cell in cells)
+
+
+KERNEL = "void at::native::vectorized_elementwise_kernel<4, at::native::neg_kernel_cuda>(int, T2, T3)"
+PLACE = ("1", "7", "(128, 1, 1)", "(2048, 1, 1)", "0", "9.0", "Command line profiler metrics")
+# `ncu --csv --metrics gpu__time_duration.sum`: the details page, one row per kernel and metric.
+DETAILS = "\n".join(
+    [
+        "==PROF== Connected to process 4242 (/usr/bin/python3.12)",
+        '==PROF== Profiling "vectorized_elementwise_kernel": 0%....50%....100% - 1 pass',
+        csv_line(
+            "ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+            "Grid Size", "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value",
+        ),
+        csv_line("0", "4242", "python3.12", "127.0.0.1", KERNEL, *PLACE, "gpu__time_duration.sum", "usecond",
+                 "1,234.56"),
+        csv_line("1", "4242", "python3.12", "127.0.0.1", KERNEL, *PLACE, "gpu__time_duration.sum", "nsecond",
+                 "987"),
+        "==PROF== Disconnected from process 4242",
+    ]
+)  # fmt: skip
+# `ncu --csv --page raw --metrics gpu__time_duration.sum`: one column per metric, units under the header.
+RAW = """"ID","Process ID","Process Name","Kernel Name","gpu__time_duration.sum"
+"","","","","msecond"
+"0","7","python","nvjet_tst_128x256","1.50"
+"1","7","python","splitKreduce_kernel","0.02"
+"2","7","python","nvjet_tst_128x256","1.52"
+"3","7","python","splitKreduce_kernel","0.02"
+"""
+
+
+def test_parse_ncu_details_page():
+    assert parse_ncu_csv(DETAILS) == pytest.approx([1.23456, 0.000987])
+
+
+def test_parse_ncu_raw_page_and_group_kernels_into_calls():
+    times = parse_ncu_csv(RAW)
+    assert times == pytest.approx([1.50, 0.02, 1.52, 0.02])
+    assert per_call(times, 2) == pytest.approx([1.52, 1.54])
+    with pytest.raises(ValueError, match="do not split"):
+        per_call(times, 3)
+
+
+def test_parse_ncu_rejects_other_output():
+    with pytest.raises(ValueError, match="no ncu CSV header"):
+        parse_ncu_csv("==PROF== ERR_NVGPUCTRPERM - no permission to access performance counters\n")
+    with pytest.raises(ValueError, match="no column"):
+        parse_ncu_csv('"ID","Kernel Name","dram__bytes.sum"\n"","","byte"\n"0","k","12"\n')
+    with pytest.raises(ValueError, match="unknown ncu time unit"):
+        parse_ncu_csv(RAW.replace("msecond", "fortnight"))
+
+
+def test_markdown_marks_rows_more_than_two_percent_apart():
+    checks = [
+        Check("copy", "256 MB", 0.170, 0.004, 0.0, ncu_ms=0.168, graph_ms=0.169),
+        Check("copy", "1 MB", 0.0060, 0.02, 0.0, ncu_ms=0.0040),
+    ]
+    table = validation.markdown(checks, "NVIDIA H100 80GB HBM3")
+    lines = table.splitlines()
+    assert lines[2].startswith("| op | size | suite ms")
+    assert "| 1.012 |" in lines[4] and "✗" not in lines[4]
+    assert "1.500 ✗" in lines[5]
+
+
+@pytest.mark.gpu
+def test_suite_agrees_with_a_back_to_back_graph_far_above_l2_and_the_flush_shows():
+    fn, _ = validation.make_op("copy", 512 << 20, "cuda")
+    stats = validation.suite_time(fn, "cuda")
+    assert stats.median_ms == pytest.approx(validation.graph_time(fn), rel=validation.TOLERANCE)
+    assert stats.host_gap_share == 0.0
+    gemm, _ = validation.make_op("gemm", 8192, "cuda")
+    assert validation.suite_time(gemm, "cuda").median_ms == pytest.approx(
+        validation.graph_time(gemm), rel=validation.TOLERANCE
+    )
+    small, _ = validation.make_op("copy", 4 << 20, "cuda")
+    cold = validation.suite_time(small, "cuda", flush=True).median_ms
+    warm = validation.suite_time(small, "cuda", flush=False).median_ms
+    assert cold > warm
+
+
+@pytest.mark.gpu
+def test_the_spin_keeps_host_gaps_out_of_a_python_heavy_call():
+    fn, _ = validation.make_op("tiny", 0, "cuda")
+    with_spin = validation.suite_time(fn, "cuda", flush=False, spin=True)
+    without = validation.suite_time(fn, "cuda", flush=False, spin=False)
+    assert with_spin.host_gap_share == 0.0 and without.host_gap_share > 0.5
+    assert with_spin.median_ms < without.median_ms
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="needs Nsight Compute (ncu) on PATH")
+def test_suite_agrees_with_nsight_compute():
+    for op, size in (("copy", 256 << 20), ("gemm", 8192)):
+        fn, _ = validation.make_op(op, size, "cuda")
+        suite = validation.suite_time(fn, "cuda").median_ms
+        assert suite == pytest.approx(validation.ncu_time(op, size), rel=validation.TOLERANCE), op
+
+
+def test_the_validation_script_needs_a_gpu(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert validation.main([]) == 2
+    assert capsys.readouterr().err.startswith("error: the timing validation needs a CUDA GPU")
