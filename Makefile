@@ -20,7 +20,7 @@ PLATFORM ?= manylinux_2_28_x86_64
 # Wheels the baselines and the peer need besides the node's own torch/triton/numpy/matplotlib, and
 # setuptools/wheel so `pip install -e .` can build there without an index. No dependencies are
 # resolved: lightning-attn and mlstm-kernels would pull torch, mamba-ssm tilelang and transformers.
-WHEELHOUSE_WHEELS := fla-core==0.6.0 lightning-attn==0.0.5 mlstm-kernels==2.0.6 einops PyYAML packaging \
+WHEELHOUSE_WHEELS := fla-core==0.6.0 lightning-attn==0.0.5 mlstm-kernels==2.0.6 einops PyYAML packaging nvidia-ml-py \
 	"setuptools>=77" wheel
 MAMBA_SSM := mamba-ssm==2.3.2.post1
 # FlashAttention 4 (`flash_attn.cute`) and its CUTLASS DSL, whose CUDA library wheel follows the node's CUDA major.
