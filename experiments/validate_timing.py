@@ -1,6 +1,6 @@
 """Check the suite's clock against Nsight Compute and back-to-back CUDA graphs (see tfla_bench.validation).
 
-python experiments/validate_timing.py [OUT.md]
+python experiments/validate_timing.py [OUT]
 """
 
 import sys

@@ -38,6 +38,7 @@ NCU_WARMUP = 3
 NCU_CALLS = 10
 NVTX_RANGE = "timed"
 TOLERANCE = 0.02
+DEFAULT_OUT = Path("timing_validation").with_suffix(".md")
 # The Python-heavy call: this many tiny kernels, each launched by the host.
 TINY_KERNELS = 200
 _UNITS_MS = {
@@ -273,7 +274,8 @@ def validate(device: str = "cuda", ncu: str | None = "ncu") -> list[Check]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`validate_timing.py [OUT.md]`: print the table and write it (default timing_validation.md);
+    """`validate_timing.py [OUT]`: print the markdown table and write it to OUT (default
+    `DEFAULT_OUT`);
     `child OP SIZE`: the process Nsight Compute profiles."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["child"]:
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: the timing validation needs a CUDA GPU", file=sys.stderr)
         return 2
-    out = Path(args[0]) if args else Path("timing_validation.md")
+    out = Path(args[0]) if args else DEFAULT_OUT
     table = markdown(validate(), torch.cuda.get_device_name())
     print(table)
     out.write_text(table)
