@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from tfla_bench import validation
-from tfla_bench.validation import Check, parse_ncu_csv, per_call
+from tfla_bench import ncu, validation
+from tfla_bench.validation import NCU_OPTIONS, Check, per_call
 
 
 def csv_line(*cells: str) -> str:
@@ -30,35 +30,23 @@ DETAILS = "\n".join(
         "==PROF== Disconnected from process 4242",
     ]
 )  # fmt: skip
-# `ncu --csv --page raw --metrics gpu__time_duration.sum`: one column per metric, units under the header.
-RAW = """"ID","Process ID","Process Name","Kernel Name","gpu__time_duration.sum"
-"","","","","msecond"
-"0","7","python","nvjet_tst_128x256","1.50"
-"1","7","python","splitKreduce_kernel","0.02"
-"2","7","python","nvjet_tst_128x256","1.52"
-"3","7","python","splitKreduce_kernel","0.02"
-"""
 
 
-def test_parse_ncu_details_page():
-    assert parse_ncu_csv(DETAILS) == pytest.approx([1.23456, 0.000987])
-
-
-def test_parse_ncu_raw_page_and_group_kernels_into_calls():
-    times = parse_ncu_csv(RAW)
-    assert times == pytest.approx([1.50, 0.02, 1.52, 0.02])
-    assert per_call(times, 2) == pytest.approx([1.52, 1.54])
+def test_ncu_durations_of_the_details_page_grouped_into_calls(tmp_path):
+    kernels = ncu.parse_csv(DETAILS)
+    durations_ms = [kernel.duration_ns / 1e6 for kernel in kernels]
+    assert durations_ms == pytest.approx([1.23456, 0.000987])
+    assert per_call(durations_ms, 1) == pytest.approx([1.235547])
+    assert per_call([1.50, 0.02, 1.52, 0.02], 2) == pytest.approx([1.52, 1.54])
     with pytest.raises(ValueError, match="do not split"):
-        per_call(times, 3)
+        per_call(durations_ms, 3)
 
 
-def test_parse_ncu_rejects_other_output():
-    with pytest.raises(ValueError, match="no ncu CSV header"):
-        parse_ncu_csv("==PROF== ERR_NVGPUCTRPERM - no permission to access performance counters\n")
-    with pytest.raises(ValueError, match="no column"):
-        parse_ncu_csv('"ID","Kernel Name","dram__bytes.sum"\n"","","byte"\n"0","k","12"\n')
-    with pytest.raises(ValueError, match="unknown ncu time unit"):
-        parse_ncu_csv(RAW.replace("msecond", "fortnight"))
+def test_the_ncu_command_carries_the_validation_clock_options(tmp_path):
+    line = ncu.command(tmp_path / "ncu", [ncu.DURATION], tmp_path / "log.csv", ["python"], NCU_OPTIONS)
+    assert line[line.index("--clock-control") + 1] == "none"
+    assert line[line.index("--cache-control") + 1] == "all"
+    assert line.index("--cache-control") < line.index("--") < line.index("python")
 
 
 def test_markdown_marks_rows_more_than_two_percent_apart():
@@ -100,11 +88,12 @@ def test_the_spin_keeps_host_gaps_out_of_a_python_heavy_call():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="needs Nsight Compute (ncu) on PATH")
-def test_suite_agrees_with_nsight_compute():
+def test_suite_agrees_with_nsight_compute(tmp_path):
     for op, size in (("copy", 256 << 20), ("gemm", 8192)):
         fn, _ = validation.make_op(op, size, "cuda")
         suite = validation.suite_time(fn, "cuda").median_ms
-        assert suite == pytest.approx(validation.ncu_time(op, size), rel=validation.TOLERANCE), op
+        ncu_ms = validation.ncu_time(op, size, ncu.locate(None), tmp_path / f"{op}.csv")
+        assert suite == pytest.approx(ncu_ms, rel=validation.TOLERANCE), op
 
 
 def test_the_validation_script_needs_a_gpu(capsys, monkeypatch):

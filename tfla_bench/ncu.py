@@ -17,7 +17,9 @@ parses too.
 
 ncu replays every kernel several times to collect its counters, restoring memory in between, and
 locks the clocks to base: its durations are not the runtime of the timed benchmark and are never
-used as such.
+used as such. The one exception is `tfla_bench.validation`, which profiles single-kernel ops with
+`--clock-control none` (the GPU's own clocks) and only `gpu__time_duration` as an independent clock
+to check the suite's timing against.
 """
 
 from __future__ import annotations
@@ -104,8 +106,11 @@ def locate(ncu_path: Path | None) -> Path | None:
     return Path(found) if found else None
 
 
-def command(ncu: Path, metrics: Sequence[str], log_file: Path, program: Sequence[str]) -> list[str]:
-    """The ncu command line that profiles `program` between profiler start and stop."""
+def command(
+    ncu: Path, metrics: Sequence[str], log_file: Path, program: Sequence[str], options: Sequence[str] = ()
+) -> list[str]:
+    """The ncu command line that profiles `program` between profiler start and stop (`options`:
+    more ncu flags, such as `--clock-control none`)."""
     return [
         str(ncu),
         "--profile-from-start",
@@ -119,13 +124,19 @@ def command(ncu: Path, metrics: Sequence[str], log_file: Path, program: Sequence
         "base",
         "--log-file",
         str(log_file),
+        *options,
         "--",
         *program,
     ]
 
 
 def profile(
-    ncu: Path, program: Sequence[str], log_file: Path, timeout_s: float, metrics: Sequence[str] = METRICS
+    ncu: Path,
+    program: Sequence[str],
+    log_file: Path,
+    timeout_s: float,
+    metrics: Sequence[str] = METRICS,
+    options: Sequence[str] = (),
 ) -> list[KernelMetrics]:
     """Run `program` under ncu and return the metrics of every kernel it launched while profiling.
 
@@ -136,6 +147,7 @@ def profile(
         timeout_s: wall-clock limit of the whole ncu run.
         metrics: what to collect (default `METRICS`); a metric this ncu does not know is dropped and
             the program run again without it.
+        options: more ncu flags (`command`).
 
     Raises:
         NcuError: `not_permitted` (`ERR_NVGPUCTRPERM`: no access to the GPU's performance counters),
@@ -146,7 +158,7 @@ def profile(
         log_file.unlink(missing_ok=True)
         try:
             done = subprocess.run(
-                command(ncu, metrics, log_file, program),
+                command(ncu, metrics, log_file, program, options),
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,

@@ -4,10 +4,10 @@ For a device copy (an elementwise kernel that reads and writes N bytes) of 1 MB 
 bf16 GEMM, `validate` sets the suite's median (`tfla_bench.timing`: cold L2, spin, CUDA events,
 adaptive reps) beside:
 
-- Nsight Compute's `gpu__time_duration.sum` for the same kernels, profiled in a child process
-  with `--clock-control none` (the GPU's own clocks, as the suite runs) and `--cache-control all`
-  (caches flushed before each kernel, as the suite's L2 flush); the child marks its timed calls
-  with an NVTX range, so only they are profiled;
+- Nsight Compute's `gpu__time_duration.sum` for the same kernels (`tfla_bench.ncu`), profiled in
+  a child process with `--clock-control none` (the GPU's own clocks, as the suite runs) and
+  `--cache-control all` (caches flushed before each kernel, as the suite's L2 flush); the child
+  brackets its calls with profiler start and stop, so only they are profiled;
 - for ops far above the L2 size, one CUDA graph of `GRAPH_CALLS` back-to-back calls, replayed and
   timed, divided by `GRAPH_CALLS` (no launch gaps, and the L2 cannot hold the data anyway).
 
@@ -19,15 +19,13 @@ GPU waited in). `experiments/validate_timing.py` prints the markdown table and w
 
 from __future__ import annotations
 
-import csv
-import io
-import shutil
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tfla_bench import ncu
 
 COPY_SIZES_MB = (1, 4, 16, 64, 256, 1024)
 GEMM_SIZES = (4096, 8192)
@@ -36,7 +34,7 @@ GRAPH_MIN_L2 = 2
 GRAPH_CALLS = 100
 NCU_WARMUP = 3
 NCU_CALLS = 10
-NVTX_RANGE = "timed"
+NCU_OPTIONS = ("--clock-control", "none", "--cache-control", "all")
 TOLERANCE = 0.02
 DEFAULT_OUT = Path("timing_validation").with_suffix(".md")
 # The Python-heavy call: this many tiny kernels, each launched by the host.
@@ -67,37 +65,6 @@ class Check:
 
     def ratio(self, other: float | None) -> float | None:
         return self.suite_ms / other if other else None
-
-
-def parse_ncu_csv(text: str, metric: str = "gpu__time_duration.sum") -> list[float]:
-    """The metric's values in ms, one per profiled kernel in launch order, from `ncu --csv` output.
-
-    Reads both layouts ncu writes: the details page (one row per kernel and metric, with `Metric
-    Name`, `Metric Unit` and `Metric Value` columns) and `--page raw` (one column per metric, a
-    units row under the header). Lines before the header (`==PROF==` messages) are skipped;
-    thousands separators are dropped.
-    """
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
-    if start is None:
-        raise ValueError('no ncu CSV header (a line starting with "ID") in the output')
-    table = [line for line in lines[start:] if line.startswith('"')]
-    rows = list(csv.reader(io.StringIO("\n".join(table))))
-    header, body = rows[0], [row for row in rows[1:] if row]
-    if "Metric Name" in header:
-        name, unit, value = (header.index(key) for key in ("Metric Name", "Metric Unit", "Metric Value"))
-        return [_ms(row[value], row[unit]) for row in body if row[name] == metric]
-    if metric not in header:
-        raise ValueError(f"ncu CSV has no column {metric}")
-    column = header.index(metric)
-    units, kernels = body[0], body[1:]
-    return [_ms(row[column], units[column]) for row in kernels]
-
-
-def _ms(value: str, unit: str) -> float:
-    if unit not in _UNITS_MS:
-        raise ValueError(f"unknown ncu time unit {unit!r}")
-    return float(value.replace(",", "")) * _UNITS_MS[unit]
 
 
 def per_call(kernel_ms: list[float], calls: int) -> list[float]:
@@ -203,45 +170,40 @@ def graph_time(fn: Callable[[], None], replays: int = 10) -> float:
     return statistics.median(times)
 
 
-def ncu_time(op: str, size: int, ncu: str = "ncu") -> float:
+def ncu_time(op: str, size: int, executable: Path, log_file: Path) -> float:
     """Median per-call `gpu__time_duration` of the op under Nsight Compute, in ms (a child process)."""
-    command = [
-        ncu,
-        "--clock-control", "none",
-        "--cache-control", "all",
-        "--metrics", "gpu__time_duration.sum",
-        "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/",
-        "--csv",
-        sys.executable, "-m", "tfla_bench.validation", "child", op, str(size),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"ncu exited with {done.returncode}: {' | '.join(tail)}")
-    return statistics.median(per_call(parse_ncu_csv(done.stdout), NCU_CALLS))
+    program = [sys.executable, "-m", "tfla_bench.validation", "child", op, str(size)]
+    kernels = ncu.profile(
+        executable, program, log_file, timeout_s=600, metrics=[ncu.DURATION], options=NCU_OPTIONS
+    )
+    durations = [kernel.duration_ns / 1e6 for kernel in kernels if kernel.duration_ns is not None]
+    return statistics.median(per_call(durations, NCU_CALLS))
 
 
 def child(op: str, size: int) -> None:
-    """The process ncu profiles: warm-up calls, then NCU_CALLS calls inside the NVTX range."""
+    """The process ncu profiles: warm-up calls, then NCU_CALLS calls between profiler start and stop."""
     import torch
 
     fn, _ = make_op(op, size, "cuda")
     for _ in range(NCU_WARMUP):
         fn()
     torch.cuda.synchronize()
+    torch.cuda.profiler.start()
     for _ in range(NCU_CALLS):
-        torch.cuda.nvtx.range_push(NVTX_RANGE)
         fn()
-        torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
-def validate(device: str = "cuda", ncu: str | None = "ncu") -> list[Check]:
-    """Every row of the validation table (ncu rows only when `ncu` is found on PATH)."""
+def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
+    """Every row of the validation table (the ncu column when `ncu_path` or `ncu` on PATH is found)."""
+    import tempfile
+
     import torch
 
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    ncu_path = shutil.which(ncu) if ncu else None
+    executable = ncu.locate(ncu_path)
+    log_dir = Path(tempfile.mkdtemp(prefix="tfla-validate-"))
     checks = []
     ops = [("copy", mb << 20, f"{mb} MB") for mb in COPY_SIZES_MB]
     ops += [("gemm", n, f"{n}^3 bf16") for n in GEMM_SIZES]
@@ -251,8 +213,11 @@ def validate(device: str = "cuda", ncu: str | None = "ncu") -> list[Check]:
         check = Check(op, label, stats.median_ms, stats.ci_rel, stats.host_gap_share)
         if data >= GRAPH_MIN_L2 * l2:
             check.graph_ms = graph_time(fn)
-        if ncu_path:
-            check.ncu_ms = ncu_time(op, size, ncu_path)
+        if executable is not None:
+            try:
+                check.ncu_ms = ncu_time(op, size, executable, log_dir / f"{op}-{size}.csv")
+            except ncu.NcuError as exc:
+                check.note = f"ncu {exc.status}: {exc.reason}"
         checks.append(check)
     in_l2 = 4 << 20
     fn, _ = make_op("copy", in_l2, device)
