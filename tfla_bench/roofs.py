@@ -240,7 +240,7 @@ def _median_ms(fn: Any, device: str) -> float:
 
     for _ in range(WARMUP_CALLS):
         fn()
-    return timing.time_calls(fn, reps=TIMED_CALLS, device=device).median_ms
+    return timing.time_calls(fn, rule=timing.StopRule(reps=TIMED_CALLS), device=device).median_ms
 
 
 def _matmul_flops_per_s(n: int, device: str) -> float:
