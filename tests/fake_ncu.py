@@ -5,7 +5,7 @@ What it does depends on `mode`:
 
 - `sample`: writes `tests/data/ncu_sample.csv` as ncu's log file;
 - `not_permitted`: prints ncu's `ERR_NVGPUCTRPERM` message and exits 1;
-- `unknown_metric`: refuses the tensor-pipe metrics ncu 2025 names first, as an older ncu would;
+- `unknown_metric`: refuses the tensor-pipe metric, as an ncu for another GPU may;
 - `empty`: profiles nothing.
 
 Every call appends its arguments (one JSON list per line) to `calls.jsonl` beside the script.
@@ -34,7 +34,7 @@ if mode == "not_permitted":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
           "Counters on the target device 0.")
     sys.exit(1)
-tensor = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
+tensor = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
 if mode == "unknown_metric" and tensor in metrics:
     log.write_text("==ERROR== Failed to find metric " + tensor + "\\n")
     sys.exit(1)

@@ -110,7 +110,7 @@ def test_profile_drops_a_metric_this_ncu_does_not_know(tmp_path):
     kernels = ncu.profile(fake, ["python"], tmp_path / "log.csv", timeout_s=60)
     assert kernels
     first, second = (call[call.index("--metrics") + 1].split(",") for call in fake_ncu.calls(tmp_path))
-    assert ncu.TENSOR_PIPE[0] in first and ncu.TENSOR_PIPE[0] not in second
+    assert ncu.TENSOR_PIPE[1] in first and ncu.TENSOR_PIPE[1] not in second
     assert ncu.DRAM_READ in second
 
 
