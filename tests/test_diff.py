@@ -137,3 +137,15 @@ def test_cli_no_matching_case_or_no_run_is_one_line_and_exit_2(runs, tmp_path, c
     assert main(["diff", str(a), str(a), "--threshold", "-1"]) == 2
     assert main(["diff", str(a), str(a), "--plot", str(tmp_path / "no" / "dir" / "x.png")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_the_plot_runs_along_the_column_that_varies(tmp_path):
+    from tfla_bench.diff import ratio_figure
+
+    def head_dim_case(dim):
+        return Case("tfla_sig", "fwbw", "bfloat16", 8, 8192, 16, dim, dim, 128)
+
+    a = write(tmp_path / "a", [row(head_dim_case(d), 1.0) for d in (64, 128, 256)])
+    b = write(tmp_path / "b", [row(head_dim_case(d), 1.1) for d in (64, 128, 256)])
+    (ax,) = ratio_figure(diff_runs(a, b), "t").axes
+    assert ax.get_xlabel() == "head dim v" and ax.get_title() == "forward + backward (fwbw)"

@@ -5,9 +5,10 @@ Rows match by case: kernel, mode, dtype, batch, seq_len, heads, head dims, chunk
 noise is the sum of the two runs' relative uncertainties of their medians: `ci_rel` (the
 median's 95% interval) where the row has a finite one, else half the p20..p80 spread over the
 median (runs timed with fixed reps before `ci_rel` existed). The verdict is `same` when
-|ratio - 1| is within that noise, else `faster` or `slower`; a case `ok` in one run only is
-`status`. Per kernel and mode the summary is the geometric mean of the ratios. Cases in one run
-only are listed apart, and a different GPU or library version between the runs is a warning.
+|ratio - 1| is within that noise, else `faster` or `slower`; a case not `ok` in both runs is
+`status` (its two statuses are in the row). Per kernel and mode the summary is the geometric mean
+of the ratios. Cases in one run only are listed apart, and a different GPU or library version
+between the runs is a warning.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ ENV_FILE = "env.json"
 # env.json facts that make two runs' numbers differ for reasons other than the code.
 ENV_FACTS = ("gpu_name", "driver", "cuda", "cudnn", "torch", "triton")
 VERDICTS = ("faster", "slower", "same", "status")
+# The plot's x axis: the first of these case columns that varies between the matched rows.
+X_COLUMNS = ("seq_len", "head_dim_v", "chunk_size")
 # Labelled ratios on the plot's log y axis.
 RATIO_TICKS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 ROW_COLUMNS = (
@@ -203,21 +206,22 @@ def env_warnings(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
 
 
 def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
-    """B/A per matched ok case over seq_len: one panel per mode, log y, one colour per kernel."""
+    """B/A per matched ok case: one panel per mode, log y, one colour per kernel; x is the first of
+    seq_len, head_dim_v and chunk_size that takes more than one value (seq_len if none does)."""
     ok = run_diff.rows.dropna(subset=["ratio"])
+    x = next((column for column in X_COLUMNS if ok[column].nunique() > 1), X_COLUMNS[0])
     modes = [mode for mode in MODE_TITLES if mode in set(ok["mode"])] or ["fw"]
     fig = Figure(figsize=(6.5 * len(modes), 4.8), dpi=DPI, layout="constrained")
     axes = fig.subplots(1, len(modes), squeeze=False)[0]
     for ax, mode in zip(axes, modes, strict=True):
-        rows = ok[ok["mode"] == mode]
+        rows = ok[(ok["mode"] == mode) & ok[x].notna()]
         for kernel, group in rows.groupby("kernel", sort=True):
-            color = kernel_color(kernel)
             ax.errorbar(
-                group["seq_len"],
+                group[x].astype(float),
                 group["ratio"],
                 yerr=group["noise"] * group["ratio"],
                 fmt="o",
-                color=color,
+                color=kernel_color(kernel),
                 label=kernel,
                 alpha=0.85,
                 capsize=2,
@@ -225,7 +229,7 @@ def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
         ax.axhline(1.0, color="#555", linewidth=1)
         ax.set_yscale("log")
         if len(rows):
-            set_log2_x(ax, sorted(set(rows["seq_len"])))
+            set_log2_x(ax, sorted(set(rows[x].astype(float))))
             low = min(rows["ratio"].min() / 1.05, 0.95)
             high = max(rows["ratio"].max() * 1.05, 1.05)
             ax.set_ylim(low, high)
@@ -234,7 +238,7 @@ def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
             ax.minorticks_off()
             ax.legend(fontsize=8)
         ax.set_title(MODE_TITLES.get(mode, mode))
-        ax.set_xlabel("sequence length")
+        ax.set_xlabel(x.replace("_", " "))
         ax.set_ylabel("runtime B / A (below 1: B faster)")
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(title, fontsize=10)
