@@ -174,3 +174,23 @@ def test_sweep_check_marks_failing_kernel_without_running_it(
             "seconds": None,
         }
     ]
+
+
+def test_sweep_times_adaptively_when_the_spec_fixes_no_reps(capsys, plugins, spec_file, tmp_path):
+    spec_file.write_text(SPEC.replace("warmup = 1\nreps = 2\n", ""))
+    out_dir = tmp_path / "run"
+    args = ["sweep", str(spec_file), "--out", str(out_dir), "--kernel", "sdpa_math"]
+    assert main([*args, "--budget", "0.05", "--rel-ci", "0.02"]) == 0
+    measurement = json.loads((out_dir / "env.json").read_text())["measurement"]
+    assert (measurement["budget_s"], measurement["rel_ci"], measurement["reps"]) == (0.05, 0.02, None)
+    for row in results.read_rows(out_dir / "results.csv"):
+        assert row.status == "ok" and row.stop in ("ci", "budget", "max") and row.reps >= 5
+        assert row.warmup >= 1
+    record = json.loads((out_dir / "timings.json").read_text())
+    assert record["adapters"]["sdpa_math"]["cases"] == 4 and record["wall_s"] > 0
+
+
+@pytest.mark.parametrize("flag", ["--rel-ci", "--budget"])
+def test_adaptive_flags_must_be_positive(capsys, spec_file, tmp_path, flag):
+    assert main(["sweep", str(spec_file), "--out", str(tmp_path / "run"), flag, "0"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {flag}: expected a positive number, got 0"

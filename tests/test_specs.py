@@ -139,6 +139,13 @@ def test_to_dict_round_trips_and_measurement_overrides(tmp_path):
         (BASE.replace("num_heads = 16", "num_heads = 16\nnum_head = 2"), "unknown key 'num_head' in [shape]"),
         (BASE.replace('modes = ["fw"]', 'modes = ["bw"]'), "key 'modes': expected one or a list of fw, fwbw"),
         (BASE.replace('name = "t"', 'name = "t"\nreps = 0'), "key 'reps': expected an integer >= 1"),
+        (BASE.replace('name = "t"', 'name = "t"\nrel_ci = 0'), "key 'rel_ci': expected a positive number"),
+        (BASE.replace('name = "t"', 'name = "t"\nbudget_s = "1s"'), "key 'budget_s': expected a positive"),
+        (BASE.replace('name = "t"', 'name = "t"\nwarmup_s = -1'), "key 'warmup_s': expected a number >= 0"),
+        (
+            BASE.replace('name = "t"', 'name = "t"\nmin_reps = 10\nmax_reps = 5'),
+            "key 'max_reps': expected at least min_reps (10), got 5",
+        ),
         (
             BASE.replace('name = "t"', 'name = "t"\nl2_flush = "yes"'),
             "key 'l2_flush': expected true or false",
@@ -203,3 +210,14 @@ def test_override_warmup_and_reps_apply_per_kernel_and_the_command_line_wins(tmp
     assert specs.parse_spec(spec.to_dict(), "round trip").measurement_for(attention).reps == 100
     forced = spec.with_measurement(reps=3)
     assert forced.measurement_for(attention).reps == 3 and forced.measurement_for(attention).warmup == 25
+
+
+def test_a_spec_without_reps_times_adaptively_and_round_trips(tmp_path):
+    spec = specs.load_spec(
+        write(tmp_path, BASE.replace('name = "t"', 'name = "t"\nrel_ci = 0.02\nbudget_s = 3'))
+    )
+    settings = spec.measurement
+    assert (settings.warmup, settings.reps, settings.rel_ci, settings.budget_s) == (None, None, 0.02, 3.0)
+    assert (settings.min_reps, settings.max_reps, settings.warmup_s) == (5, 2000, 0.025)
+    assert "reps" not in spec.to_dict() and specs.parse_spec(spec.to_dict(), spec.source) == spec
+    assert spec.with_measurement(reps=30).measurement.reps == 30
