@@ -223,7 +223,8 @@ def _monitor(device: str) -> gpustate.Monitor | None:
 
     if not device.startswith("cuda"):
         return None
-    return gpustate.Monitor(str(torch.cuda.get_device_properties(device).uuid))
+    # A torch without `uuid` gives an empty name, which NVML refuses: the monitor then carries a note.
+    return gpustate.Monitor(str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))
 
 
 def make_step(adapter: Any, inputs: dict[str, Any], mode: str, grad: str) -> Callable[[], None]:
