@@ -319,6 +319,20 @@ def test_sweep_flags(capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a quick CPU sweep; the GPU test below uses ncu")
+def test_sweep_ncu_profiles_every_ok_case_after_timing(tmp_path):
+    fake = fake_ncu.install(tmp_path, "sample")
+    out = tmp_path / "smoke"
+    args = ["sweep", "experiments/smoke.toml", "--out", str(out), "--kernel", "sdpa_math"]
+    assert main([*args, "--ncu", "--ncu-path", str(fake)]) == 0
+    frame = load_run(out).results
+    ok = frame[frame["status"] == "ok"]
+    assert len(ok) == 4 and (ok["profile_status"] == "ok").all()
+    assert len(fake_ncu.calls(tmp_path)) == len(ok)
+    assert ok["measured_bytes"].tolist() == pytest.approx([SAMPLE_BYTES] * len(ok))
+    assert (ok["median_ms"] > 0).all()
+
+
 @pytest.mark.gpu
 def test_profile_a_gpu_run_under_the_real_ncu(tmp_path, capsys):
     if ncu.locate(None) is None:
