@@ -71,28 +71,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
 
 from tfla_bench import envinfo, registry, results
+from tfla_bench.console import case_label, make_console, progress_bar, row_line
 from tfla_bench.errors import UserError
 from tfla_bench.phases import PhaseClock
 from tfla_bench.precompile import PrecompileResult, PrecompileSummary, precompile
@@ -107,16 +96,6 @@ CRASH_REPEATS = 2
 RESULTS_FILE = "results.csv"
 ENV_FILE = "env.json"
 SPEC_FILE = "spec.json"
-_STATUS_STYLE = {
-    "ok": "green",
-    "oom": "yellow",
-    "timeout": "yellow",
-    "crashed": "red",
-    "error": "red",
-    "failed_check": "red",
-    "unavailable": "dim",
-    "unsupported": "dim",
-}
 
 
 @dataclass
@@ -511,7 +490,7 @@ def _dispatch(
                 if stop.is_set():
                     return
                 with lock:
-                    progress.update(task, description=_label(planned.case))
+                    progress.update(task, description=case_label(planned.case))
                     row = crashes.verdict(planned)
                 if row is None:
                     settings = spec.measurement_for(planned.adapter)
@@ -526,7 +505,7 @@ def _dispatch(
                         clock.add_case(planned.case.kernel, time.monotonic() - began)
                 with lock:
                     writer.write(row)
-                    progress.console.print(_line(row))
+                    progress.console.print(row_line(row))
                     progress.advance(task)
         except BaseException as exc:  # a bug: stop the sweep and re-raise it in the main thread
             errors.append(exc)
@@ -619,92 +598,7 @@ def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
     )
 
 
-def _shape(case: Case) -> str:
-    chunk = f" L{case.chunk_size}" if case.chunk_size else ""
-    return f"B{case.batch} T{case.seq_len} H{case.num_heads} Dqk{case.head_dim_qk} Dv{case.head_dim_v}{chunk}"
-
-
-def _label(case: Case) -> str:
-    params = " ".join(f"{k}={v}" for k, v in sorted(case.params.items()))
-    return f"{case.kernel} {case.mode} {case.dtype} {_shape(case)} {params}".rstrip()
-
-
-def make_console(*, stderr: bool = False) -> Console:
-    """A rich console; 160 columns wide when not a terminal, so logs and pipes keep one row per line."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=160)
-
-
-def progress_bar(console: Console, *, eta: bool = False, transient: bool = False) -> Progress:
-    """The suite's progress bar: spinner, description, bar, done/total, elapsed time (and the eta)."""
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
-    columns.append(TimeElapsedColumn())
-    if eta:
-        columns += [TextColumn("eta"), TimeRemainingColumn()]
-    return Progress(*columns, console=console, transient=transient)
-
-
-def _line(row: ResultRow) -> str:
-    style = _STATUS_STYLE.get(row.status, "")
-    if row.status == "ok":
-        memory = f", {row.peak_memory_bytes / 1e9:.2f} GB" if row.peak_memory_bytes is not None else ""
-        detail = f"{row.median_ms:.3f} ms{memory}"
-    else:
-        detail = row.error[:200]
-    return f"[{style}]{row.status:>11}[/] {_label(row.case)}: {detail}"
-
-
-def cases_table(cases: list[Case], *, cuda: bool) -> Table:
-    """The expanded cases of a dry run, with what would happen to each (`run` or the status and reason)."""
+def case_fates(cases: list[Case], *, cuda: bool) -> dict[str, str]:
+    """What the sweep would decide without running, per case key: `status: reason`."""
     decided, _ = plan(cases, cuda=cuda)
-    fates = {row.case.key: f"{row.status}: {row.error}" for row in decided}
-    table = Table(title=f"{len(cases)} case(s)")
-    for column in ("kernel", "mode", "dtype", "shape"):
-        table.add_column(column, no_wrap=True)
-    for column in ("params", "plan"):
-        table.add_column(column, overflow="fold")
-    for case in cases:
-        params = " ".join(f"{k}={v}" for k, v in sorted(case.params.items()))
-        table.add_row(case.kernel, case.mode, case.dtype, _shape(case), params, fates.get(case.key, "run"))
-    return table
-
-
-def summary_table(rows: Iterable[ResultRow]) -> Table:
-    """Median ms per kernel configuration (rows) and seq_len (columns); the status where not ok."""
-    rows = list(rows)
-    seq_lens = sorted({row.case.seq_len for row in rows})
-    groups: dict[tuple, dict[int, ResultRow]] = {}
-    for row in rows:
-        case = row.case
-        key = (
-            case.kernel,
-            case.mode,
-            case.dtype,
-            case.num_heads,
-            case.head_dim_qk,
-            case.head_dim_v,
-            case.chunk_size,
-            tuple(sorted(case.params.items())),
-        )
-        groups.setdefault(key, {})[case.seq_len] = row
-    table = Table(title="median runtime (ms) by seq_len; the status where not ok")
-    for column in ("kernel", "mode", "dtype", "config"):
-        table.add_column(column)
-    for seq_len in seq_lens:
-        table.add_column(str(seq_len), justify="right")
-    for key in sorted(groups, key=str):
-        by_len = groups[key]
-        kernel, mode, dtype, heads, dqk, dv, chunk, params = key
-        config = f"H{heads} Dqk{dqk} Dv{dv}" + (f" L{chunk}" if chunk else "")
-        config += "".join(f" {k}={v}" for k, v in params)
-        cells = []
-        for seq_len in seq_lens:
-            row = by_len.get(seq_len)
-            if row is None:
-                cells.append("")
-            elif row.status == "ok" and row.median_ms is not None:
-                cells.append(f"{row.median_ms:.3f}")
-            else:
-                cells.append(f"[{_STATUS_STYLE.get(row.status, '')}]{row.status}[/]")
-        table.add_row(kernel, mode, dtype, config, *cells)
-    return table
+    return {row.case.key: f"{row.status}: {row.error}" for row in decided}

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from tfla_bench import correctness, registry, results, runner, specs
 from tfla_bench.commands import check as check_command
+from tfla_bench.console import cases_table, make_console, summary_table
 from tfla_bench.errors import UserError
 from tfla_bench.phases import PhaseClock
 from tfla_bench.specs import Spec
@@ -146,7 +147,7 @@ def list_adapters(
             "[green]yes[/]" if entry["available"] else f"[red]no[/]: {entry['reason']}",
             entry["constraints"],
         )
-    runner.make_console().print(table)
+    make_console().print(table)
 
 
 def run(
@@ -358,9 +359,9 @@ def _execute(
         from tfla_bench import ncu
 
         ncu.locate(flags.ncu_path)  # a bad --ncu-path is refused before anything runs
-    stdout = runner.make_console()
+    stdout = make_console()
     if flags.dry_run:
-        stdout.print(runner.cases_table(cases, cuda=torch.cuda.is_available()))
+        stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
         return
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
     devices = runner.select_devices(flags.gpus)
@@ -380,7 +381,7 @@ def _execute(
         roofs=flags.roofs,
         clock=clock,
     )
-    stdout.print(runner.summary_table(report.rows))
+    stdout.print(summary_table(report.rows))
     stdout.print(
         f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} kept; "
         f"{clock.to_dict()['wall_s']:.1f} s; results in {run_dir / runner.RESULTS_FILE}"

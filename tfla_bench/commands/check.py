@@ -24,16 +24,13 @@ from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from tfla_bench import registry
+from tfla_bench.console import STATUS_STYLE, make_console, progress_bar
 from tfla_bench.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, json_row, run_gate
 from tfla_bench.errors import UserError
-from tfla_bench.runner import make_console, progress_bar
 from tfla_bench.workloads import DTYPES
-
-_STATUS_STYLE = {"ok": "green", "unavailable": "dim", "unsupported": "dim", "no_reference": "yellow"}
 
 
 def register(app: typer.Typer) -> None:
@@ -80,7 +77,7 @@ def check(
     if as_json:
         typer.echo(json.dumps([json_row(result) for result in results], indent=2))
     else:
-        Console().print(gate_table(results))
+        make_console().print(gate_table(results))
     if failed_names(results):
         raise typer.Exit(code=1)
 
@@ -115,7 +112,7 @@ def gate_progress(total: int) -> Iterator[dict[str, Callable[[Any], None]]]:
 
 def progress_line(result: GateResult) -> str:
     """One line for a finished adapter: status, error against tolerance or the reason, seconds."""
-    style = _STATUS_STYLE.get(result.status, "red")
+    style = STATUS_STYLE.get(result.status, "red")
     if result.max_rel_error is not None:
         detail = f"max rel err {result.max_rel_error:.2e} (tol {result.tolerance:.0e})"
     else:
@@ -135,7 +132,7 @@ def gate_table(results: list[GateResult]) -> Table:
         table.add_column(column, no_wrap=True)
     table.add_column("reason", overflow="fold")
     for result in results:
-        style = _STATUS_STYLE.get(result.status, "red")
+        style = STATUS_STYLE.get(result.status, "red")
         passed = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[result.passed]
         table.add_row(
             result.name,

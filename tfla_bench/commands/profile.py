@@ -19,6 +19,7 @@ from rich.console import Console
 
 from tfla_bench import profiling, registry, results, roofs, runner
 from tfla_bench.commands.bench import _ints, _names
+from tfla_bench.console import make_console
 from tfla_bench.errors import UserError
 from tfla_bench.profiling import CaseProfile
 from tfla_bench.results import ResultRow
@@ -53,7 +54,7 @@ def profile(
     if bad := [m for m in modes if m not in ("fw", "fwbw")]:
         raise UserError(f"--mode: expected fw or fwbw, got {', '.join(bad)}")
     chosen = profiling.select_rows(rows, _names(kernel), seq_lens, modes)
-    console = runner.make_console()
+    console = make_console()
     _record_roofs(run_dir, console)
     profile_run(run_dir, chosen, runner.load_run_spec(run_dir), ncu_path, console)
 

@@ -15,10 +15,10 @@ import typer
 from rich.table import Table
 
 from tfla_bench import roofs as measured_roofs
+from tfla_bench.console import make_console
 from tfla_bench.errors import UserError
 from tfla_bench.model.hardware import detect_accelerator
 from tfla_bench.roofs import MeasuredRoofs
-from tfla_bench.runner import make_console
 
 
 def register(app: typer.Typer) -> None:
