@@ -3,13 +3,11 @@
 import contextlib
 import io
 import json
-import sys
-import types
 
 import pytest
 
 from tfla_bench.cli import main
-from tfla_bench.plots import model_figures
+from tfla_bench.plots import catalog
 from tfla_bench.plots.model_figures import FIGURE_NAMES
 
 # The README example: mLSTMsig chunkwise, T = 8192, L = 128, d_qk = 128, d_hv = 256, batch 8, heads 16.
@@ -194,10 +192,8 @@ def test_roofline_custom_gpu_and_measured_run(capsys, monkeypatch, tmp_path):
         calls["measured"] = (run_dir, out_dir, [a.name for a in accelerators])
         return [out_dir / "measured.png"]
 
-    monkeypatch.setattr(model_figures, "write_model_figures", fake_write)
-    monkeypatch.setitem(
-        sys.modules, "tfla_bench.plots.measured", types.SimpleNamespace(plot_measured_roofline=fake_measured)
-    )
+    monkeypatch.setattr(catalog, "write_model_figures", fake_write)
+    monkeypatch.setattr(catalog, "plot_measured_roofline", fake_measured)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     code, out, err = run(

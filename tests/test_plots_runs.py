@@ -11,20 +11,20 @@ from synthetic_run import RUNTIME_FACTOR, fig5_rows, headdim_rows, published_val
 from tfla_bench.cli import main
 from tfla_bench.compare import compare_run, load_run
 from tfla_bench.model.hardware import ACCELERATORS
+from tfla_bench.plots.base import render
+from tfla_bench.plots.catalog import plot_measured_roofline, plot_run, run_context
 from tfla_bench.plots.measured import (
     chunkwise_mlstm_rows,
-    measured_figures,
+    measured_plots,
     measured_roofline_figure,
-    plot_measured_roofline,
     roofline_fractions,
 )
 from tfla_bench.plots.runs import (
     chunk_sweep_shapes,
     chunk_tradeoff_figure,
     memory_vs_seq_len_figure,
-    plot_run,
     published_label,
-    run_figures,
+    run_plots,
     runtime_vs_head_dim_figure,
     runtime_vs_seq_len_figure,
 )
@@ -59,9 +59,9 @@ def lines_by_label(ax):
     return {line.get_label(): line for line in ax.get_lines()}
 
 
-def test_runtime_vs_seq_len_has_fw_and_fwbw_panels_with_published_dashed(fig5):
+def test_runtime_vs_seq_len_has_fw_and_fwbw_panels_with_published_dotted(fig5):
     run, comparison = fig5
-    fig = runtime_vs_seq_len_figure(run, comparison)
+    fig = runtime_vs_seq_len_figure(run_context(run, comparison))
     fw, fwbw = fig.axes
     assert fw.get_title() == "forward (fw)" and fwbw.get_title() == "forward + backward (fwbw)"
     for ax in (fw, fwbw):
@@ -71,7 +71,7 @@ def test_runtime_vs_seq_len_has_fw_and_fwbw_panels_with_published_dashed(fig5):
     # tfla_sig has several chunk sizes in the run, so its label names the chunk of this curve.
     solid = lines["tfla_sig L128"]
     dashed = lines[published_label("tfla_sig L128")]
-    assert solid.get_linestyle() == "-" and dashed.get_linestyle() == "--"
+    assert solid.get_linestyle() == "-" and dashed.get_linestyle() == ":"
     assert dashed.get_color() == solid.get_color()
     assert list(solid.get_xdata()) == [2048, 4096, 8192]
     published = [
@@ -84,7 +84,7 @@ def test_runtime_vs_seq_len_has_fw_and_fwbw_panels_with_published_dashed(fig5):
 
 def test_runtime_figure_draws_only_ok_rows_and_names_the_rest(fig5):
     run, comparison = fig5
-    fig = runtime_vs_seq_len_figure(run, comparison)
+    fig = runtime_vs_seq_len_figure(run_context(run, comparison))
     fw, fwbw = fig.axes
     labels_fw, labels_fwbw = set(lines_by_label(fw)), set(lines_by_label(fwbw))
     assert "gla" in labels_fw and "gla" not in labels_fwbw  # fwbw unsupported
@@ -104,7 +104,8 @@ def test_the_not_drawn_note_is_wrapped_to_the_figure_width(tmp_path):
     for r in [r for r in rows if r["kernel"] == "fa3"]:
         for name in ("mamba", "mamba2_split_conv", "fa2", "simple_gla", "lightning2"):
             rows.append({**r, "kernel": name})
-    fig = runtime_vs_seq_len_figure(load_run(write_run(tmp_path / "fig5_consttoken-20250101-000000", rows)))
+    run = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000000", rows))
+    fig = runtime_vs_seq_len_figure(run_context(run))
     lines = fig.get_supxlabel().splitlines()
     assert len(lines) >= 2 and "mamba2_split_conv fwbw (unavailable)" in " ".join(" ".join(lines).split())
     assert max(len(line) for line in lines) <= fig.get_figwidth() * 19
@@ -113,27 +114,27 @@ def test_the_not_drawn_note_is_wrapped_to_the_figure_width(tmp_path):
 def test_runtime_axis_turns_log_when_kernels_differ_by_orders_of_magnitude(tmp_path):
     rows = fig5_rows()
     close = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000000", rows))
-    for ax in runtime_vs_seq_len_figure(close).axes:
+    for ax in runtime_vs_seq_len_figure(run_context(close)).axes:
         assert ax.get_yscale() == "linear"  # the synthetic kernels lie within 20x of each other
     for r in rows:
         if r["kernel"] == "sdpa_flash":
             r["median_ms"] *= 100  # attention at long sequences against linear RNNs (Fig. 5)
     far = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000001", rows))
-    for ax in runtime_vs_seq_len_figure(far).axes:
+    for ax in runtime_vs_seq_len_figure(run_context(far)).axes:
         assert ax.get_yscale() == "log"
-    assert [ax.get_yscale() for ax in memory_vs_seq_len_figure(far).axes] == ["linear", "linear"]
+    assert [ax.get_yscale() for ax in memory_vs_seq_len_figure(run_context(far)).axes] == ["linear", "linear"]
 
 
-def test_without_published_data_there_are_no_dashed_lines(fig5):
+def test_without_published_data_there_are_no_dotted_lines(fig5):
     run, _ = fig5
-    fig = runtime_vs_seq_len_figure(run, None)
+    fig = runtime_vs_seq_len_figure(run_context(run, None))
     styles = {line.get_linestyle() for ax in fig.axes for line in ax.get_lines()}
-    assert styles == {"-"}
+    assert ":" not in styles and "-" in styles
 
 
 def test_memory_vs_seq_len_in_gigabytes(fig5):
     run, comparison = fig5
-    fig = memory_vs_seq_len_figure(run, comparison)
+    fig = memory_vs_seq_len_figure(run_context(run, comparison))
     ax = fig.axes[1]
     assert ax.get_ylabel() == "peak memory [GB]"
     line = lines_by_label(ax)[published_label("sdpa_cudnn")]
@@ -145,7 +146,7 @@ def test_chunk_tradeoff_at_the_swept_shape(fig5):
     run, comparison = fig5
     shapes = chunk_sweep_shapes(run.results)
     assert shapes == [{"batch": 8, "seq_len": 8192, "num_heads": 16, "head_dim_qk": 128, "head_dim_v": 256}]
-    fig = chunk_tradeoff_figure(run, shapes[0], comparison)
+    fig = chunk_tradeoff_figure(run_context(run, comparison), shapes[0])
     assert len(fig.axes) == 4  # runtime and memory, for fw and fwbw
     runtime_ax, memory_ax = fig.axes[2], fig.axes[3]
     assert runtime_ax.get_xlabel() == "chunk size L" and runtime_ax.get_ylabel() == "median runtime [ms]"
@@ -159,7 +160,7 @@ def test_chunk_tradeoff_at_the_swept_shape(fig5):
 
 def test_runtime_vs_head_dim(headdim, fig5):
     run, comparison = headdim
-    fig = runtime_vs_head_dim_figure(run, comparison)
+    fig = runtime_vs_head_dim_figure(run_context(run, comparison))
     ax = fig.axes[0]
     assert ax.get_xlabel().startswith("head dim Dv")
     lines = lines_by_label(ax)
@@ -173,8 +174,8 @@ def test_runtime_vs_head_dim(headdim, fig5):
     ].sort_values("head_dim_v")["runtime_ms"]
     assert np.asarray(lines[published_label("tfla_sig")].get_ydata()) == pytest.approx(expected.to_numpy())
     # A const-token run sweeps no head dim, and a head-dim run no sequence length.
-    assert runtime_vs_head_dim_figure(*fig5) is None
-    assert runtime_vs_seq_len_figure(run, comparison) is None
+    assert runtime_vs_head_dim_figure(run_context(*fig5)) is None
+    assert runtime_vs_seq_len_figure(run_context(run, comparison)) is None
 
 
 def test_a_kernel_with_one_ok_point_is_named_in_the_note(tmp_path):
@@ -184,7 +185,7 @@ def test_a_kernel_with_one_ok_point_is_named_in_the_note(tmp_path):
             r.update(status="crashed", median_ms=float("nan"), peak_memory_bytes=float("nan"))
     run_dir = tmp_path / "fig17_headdim-20250101-000000"
     write_run(run_dir, rows, spec="fig17_headdim", published=None)
-    fig = runtime_vs_head_dim_figure(load_run(run_dir))
+    fig = runtime_vs_head_dim_figure(run_context(load_run(run_dir)))
     assert "tfla_exp" not in lines_by_label(fig.axes[0]) and "tfla_exp" in lines_by_label(fig.axes[1])
     note = " ".join(fig.get_supxlabel().split())
     assert "fewer than 2 ok points" in note and "tfla_exp fw (crashed, ok)" in note
@@ -192,7 +193,8 @@ def test_a_kernel_with_one_ok_point_is_named_in_the_note(tmp_path):
 
 def test_run_figures_and_plot_run_write_pngs(fig5, tmp_path):
     run, comparison = fig5
-    assert set(run_figures(run, comparison)) == {
+    context = run_context(run, comparison)
+    assert {plot.name for plot, _ in render(run_plots(context), context)} == {
         "runtime_vs_seq_len",
         "memory_vs_seq_len",
         "chunk_tradeoff_B8_T8192_H16_Dqk128_Dv256",
@@ -231,7 +233,7 @@ def test_measured_roofline_places_mlstm_points_under_both_roofs(fig5):
     run, _ = fig5
     rows = chunkwise_mlstm_rows(run.results)
     assert set(rows["kernel"]) == {"tfla_sig", "tfla_exp", "limit_chunk"}
-    fig = measured_roofline_figure(rows, H100_H200, "fw", "test")
+    fig = measured_roofline_figure(run_context(run, None, H100_H200), "fw")
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert ax.get_xlabel() == "arithmetic intensity [FLOP/byte]"
@@ -251,7 +253,8 @@ def test_measured_roofline_places_mlstm_points_under_both_roofs(fig5):
 
 def test_plot_measured_roofline_writes_every_figure_and_the_fraction_csv(fig5, tmp_path):
     run, _ = fig5
-    figures = measured_figures(run, H100_H200)
+    context = run_context(run, None, H100_H200)
+    figures = {plot.name: fig for plot, fig in render(measured_plots(context), context)}
     slug = "B8_T8192_H16_Dqk128_Dv256"
     assert set(figures) == {
         "measured_roofline_fw",

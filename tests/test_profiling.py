@@ -20,7 +20,9 @@ from tfla_bench import ncu, profiling, results, roofs, specs
 from tfla_bench.cli import main
 from tfla_bench.compare import load_run
 from tfla_bench.model.hardware import ACCELERATORS
-from tfla_bench.plots.measured import PROFILE_LINK, measured_figures
+from tfla_bench.plots.base import render
+from tfla_bench.plots.catalog import run_context
+from tfla_bench.plots.measured import PROFILE_LINK, measured_plots
 from tfla_bench.report import build_report
 from tfla_bench.roofs import MeasuredRoofs
 from tfla_bench.workloads import Case
@@ -279,14 +281,15 @@ def profiled_run(run_dir, tmp_path):
 
 
 def test_figures_draw_the_measured_roofs_and_link_profiled_points(profiled_run):
-    figures = measured_figures(profiled_run, [ACCELERATORS["h100"]])
+    context = run_context(profiled_run, None, [ACCELERATORS["h100"]])
+    figures = {plot.name: fig for plot, fig in render(measured_plots(context), context)}
     assert "roofline_profiled_fw" in figures and "roofline_profiled_fwbw" not in figures
     for name in ("measured_roofline_fw", "roofline_profiled_fw"):
         ax = figures[name].axes[0]
         labels = [line.get_label() for line in ax.get_lines()]
         assert any(label.startswith("measured: 5 TFLOP/s, HBM 0.05 TB/s") for label in labels)
         assert any("L2 8.00 TB/s" in label for label in labels)
-        legend = [text.get_text() for text in ax.get_legend().get_texts()]
+        legend = [text.get_text() for text in figures[name].legends[0].get_texts()]
         assert any("above the measured roof" in text for text in legend)
     ax = figures["roofline_profiled_fw"].axes[0]
     profiled = profiled_run.results[profiled_run.results["profile_status"] == "ok"]

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import base64
+import html
 import re
+from html.parser import HTMLParser
 
+import pandas as pd
 import pytest
 from synthetic_run import fig5_rows, write_run
 
 from tfla_bench.cli import main
 from tfla_bench.compare import compare_run, comparison_tables, load_run
 from tfla_bench.model.hardware import ACCELERATORS
-from tfla_bench.plots.measured import measured_figures
-from tfla_bench.plots.runs import run_figures
-from tfla_bench.report import build_report, write_report
+from tfla_bench.plots.base import render
+from tfla_bench.plots.catalog import plots, run_context
+from tfla_bench.report import build_report, failures_table, write_report
 
 FIG5 = "tfla_fig5_consttoken_rerun_nh16"
 TABLE_IDS = (
@@ -87,17 +90,19 @@ def test_report_comparison_table_has_the_ratio_values(report):
 def test_report_embeds_every_figure_as_png(report):
     run_dir, _, page = report
     run = load_run(run_dir)
-    expected = set(run_figures(run, compare_run(run, FIG5))) | set(
-        measured_figures(run, [ACCELERATORS["h100"], ACCELERATORS["h200"]])
-    )
-    captions = set(re.findall(r"<figcaption>([^<]+)</figcaption>", page))
-    assert captions == expected
+    context = run_context(run, compare_run(run, FIG5), [ACCELERATORS["h100"], ACCELERATORS["h200"]])
+    drawn = render(plots(context, ["run", "measured"]), context)
+    expected = {plot.name for plot, _ in drawn}
+    names = set(re.findall(r'<span class="note">\(([^)<]+)\.png\)</span></figcaption>', page))
+    assert names == expected
+    for plot, _ in drawn:
+        assert html.escape(plot.caption) in page
     sources = re.findall(r'src="([^"]+)"', page)
     assert len(sources) == len(expected)
     for source in sources:
         assert source.startswith("data:image/png;base64,")
         assert base64.b64decode(source.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "<link" not in page and "<script" not in page
+    assert "<link" not in page and "<script src" not in page
 
 
 def small_rows():
@@ -147,3 +152,111 @@ def test_report_shows_where_the_time_went(tmp_path):
     clock.write(run_dir)
     page = build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])
     assert '<section id="timings">' in page and "adapter sdpa_flash" in page and "phase measuring" in page
+
+
+class _Page(HTMLParser):
+    """The tables (id, classes, header, rows of cell texts) and figure captions of a report page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, dict] = {}
+        self.captions: list[str] = []
+        self.meta: list[dict] = []
+        self._table: dict | None = None
+        self._cell: list[str] | None = None
+        self._row: list[str] | None = None
+        self._caption: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "meta":
+            self.meta.append(attrs)
+        elif tag == "table":
+            self._table = {"classes": (attrs.get("class") or "").split(), "header": [], "rows": []}
+            self.tables[attrs.get("id", "")] = self._table
+        elif tag == "tr" and self._table is not None:
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+        elif tag == "figcaption":
+            self._caption = []
+
+    def handle_data(self, data):
+        for sink in (self._cell, self._caption):
+            if sink is not None:
+                sink.append(data)
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            key = "header" if not self._table["header"] else "rows"
+            if key == "header":
+                self._table["header"] = self._row
+            else:
+                self._table["rows"].append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+        elif tag == "figcaption":
+            self.captions.append(" ".join("".join(self._caption).split()))
+            self._caption = None
+
+
+def parse(page: str) -> _Page:
+    parser = _Page()
+    parser.feed(page)
+    return parser
+
+
+def test_report_tables_and_captions_parse_as_html(report):
+    _, _, page = report
+    parsed = parse(page)
+    assert {"name": "viewport", "content": "width=device-width, initial-scale=1"} in parsed.meta
+    assert set(TABLE_IDS) - {"compare-fwbw", "compare-normalized-fwbw"} <= set(parsed.tables)
+    results = parsed.tables["results"]
+    assert results["header"][:3] == ["kernel", "mode", "dtype"] and len(results["rows"]) > 10
+    assert "sortable" in results["classes"] and "sortable" not in parsed.tables["failures"]["classes"]
+    for table in parsed.tables.values():
+        for row in table["rows"]:
+            assert not any(cell.startswith("{") for cell in row), row  # no dict dumped into a cell
+    env = {row[0]: row[1] for row in parsed.tables["env-measurement"]["rows"]}
+    assert env["warmup"] == "10" and env["l2_flush"] == "True"
+    assert len(parsed.captions) >= 5
+    for caption in parsed.captions:
+        assert caption.startswith("Figure ") and len(caption.split()) > 8, caption
+    assert any("paper Fig. 5" in caption for caption in parsed.captions)
+    assert 'class="scroll"' in page and "<script>" in page
+
+
+def test_failures_are_grouped_by_reason(tmp_path):
+    rows = fw_rows()
+    crashed = [r for r in rows if r["status"] == "crashed"]
+    assert len(crashed) == 2  # one LLVM crash per sequence length
+    page = build_report(load_run(write_run(tmp_path / "run", rows)), None, [ACCELERATORS["h100"]])
+    failures = parse(page).tables["failures"]
+    assert failures["header"] == ["status", "reason", "rows", "kernels", "seq_len"]
+    llvm = [row for row in failures["rows"] if "LLVM ERROR" in row[1]]
+    assert len(llvm) == 1 and llvm[0][2] == "2"
+    assert llvm[0][3] == "mlstm_kernels_exp fw ×2" and llvm[0][4] == "4096, 8192"
+    assert page.count("LLVM ERROR: SLPVectorizer assertion") == 1
+
+
+def test_failures_at_different_addresses_are_one_group():
+    results = pd.DataFrame(
+        [
+            {"kernel": "k", "mode": "fw", "seq_len": 1024, "status": "crashed", "error": "abort at 0x7f12"},
+            {"kernel": "k", "mode": "fwbw", "seq_len": 2048, "status": "crashed", "error": "abort at 0x7f99"},
+            {"kernel": "k", "mode": "fw", "seq_len": 4096, "status": "ok", "error": ""},
+        ]
+    )
+    table = failures_table(results)
+    assert len(table) == 1 and table["rows"].iloc[0] == 2 and table["kernels"].iloc[0] == "k fw ×1, k fwbw ×1"
+
+
+def test_report_of_a_cpu_run_names_cpu_and_no_roof(tmp_path):
+    run_dir = write_run(tmp_path / "run", small_rows(), gpu_name=None)
+    page = build_report(load_run(run_dir), None)
+    assert "on CPU" in page and "CPU run: no GPU roof bounds it" in page
+    assert "roofline_fraction.png" not in page

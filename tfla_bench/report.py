@@ -1,13 +1,18 @@
-"""One self-contained HTML page per run (`tfla-bench report RUN_DIR`).
+"""One self-contained HTML page per run (`tfla-bench report RUN_DIR`), laid out like a paper's
+results section.
 
-The page holds the environment (env.json), the correctness gate when the sweep ran with
-`--check` (check.json), the sweep's wall time per phase and adapter (timings.json), a status
-summary, every result row, the rows that did not run with their reasons, the comparison with the
-published data set (per mode, plain and roofline-normalized where the run's GPU is known, plus
-both sides' unmatched rows), the roofline fraction per kernel, the measured roofs and the
-model-vs-measured bytes where the run has them (`tfla_bench.roofs`, `tfla_bench.profiling`), the
-published-kernel mapping, and every figure of `tfla_bench.plots.runs` and
-`tfla_bench.plots.measured`, embedded as base64 PNG: one file to open, nothing beside it.
+The page holds the environment (env.json, nested keys flattened to one row each), the correctness
+gate when the sweep ran with `--check` (check.json), the sweep's wall time per phase and adapter
+(timings.json), a status summary, every result row, the rows that did not run grouped by their
+reason (one row per reason, naming the rows it affected), the comparison with the published data
+set (per mode, plain and roofline-normalized where the run's GPU is known, plus both sides'
+unmatched rows), the roofline fraction per kernel, the measured roofs and the model-vs-measured
+bytes where the run has them (`tfla_bench.roofs`, `tfla_bench.profiling`), the published-kernel
+mapping, and the run and measured figures of `tfla_bench.plots.catalog`, each numbered with its
+caption and embedded as base64 PNG: one file to open, nothing beside it.
+
+Every table is an HTML table in a box that scrolls sideways, long ones sort by a click on a
+column head (a few lines of inline script), and the page fits a phone's width.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from tfla_bench.compare import (
 )
 from tfla_bench.correctness import CHECK_FILE
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator, detect_accelerator
-from tfla_bench.plots.measured import measured_figures, own_accelerator, roofline_fractions
-from tfla_bench.plots.runs import DPI, run_figures
+from tfla_bench.plots.base import device_name, is_cpu_run, render
+from tfla_bench.plots.catalog import plots, run_context
+from tfla_bench.plots.measured import own_accelerator, roofline_fractions
 from tfla_bench.profiling import MODEL_OFF, bytes_by_kernel, profile_failures, roof_check
 from tfla_bench.published import PUBLISHED_GPU_NOTE, PUBLISHED_MEMORY_NOTE, mapping_table
 from tfla_bench.results import CASE_COLUMNS
@@ -58,16 +64,41 @@ RESULT_COLUMNS = (
     "gbps",
 )
 
+REPORT_DPI = 100
+SORTABLE_ROWS = 10  # tables longer than this sort by a click on a column head
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; padding: 0 1em;
+  color: #222; line-height: 1.4; }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
-table.data { border-collapse: collapse; font-size: .85em; margin: .5em 0 1.5em; }
+.scroll { overflow-x: auto; -webkit-overflow-scrolling: touch; margin: .5em 0 1.5em; }
+table.data { border-collapse: collapse; font-size: .85em; }
 table.data th, table.data td { border: 1px solid #ddd; padding: .2em .5em; text-align: right; }
-table.data th { background: #f3f3f3; }
+table.data th { background: #f3f3f3; position: sticky; top: 0; }
+table.sortable th { cursor: pointer; } table.sortable th:after { content: " \\2195"; color: #aaa; }
 table.data td:first-child, table.data th:first-child { text-align: left; }
-figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { font-size: .85em; color: #555; } .note { color: #555; font-size: .9em; }
-nav a { margin-right: 1em; }
+figure { margin: 1em 0 2em; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: .9em; color: #444; max-width: 60em; } .note { color: #555; font-size: .9em; }
+nav a { margin-right: 1em; display: inline-block; }
+@media (max-width: 600px) { body { margin: .5em auto; padding: 0 .5em; } h1 { font-size: 1.3em; }
+  table.data { font-size: .75em; } }
+"""
+# Sorts a table by the clicked column: numbers numerically, text alphabetically, empty cells last.
+_SORT_SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("thead th").forEach(function (th, col) {
+    th.addEventListener("click", function () {
+      var body = table.tBodies[0], rows = Array.from(body.rows);
+      var dir = th.dataset.dir === "asc" ? -1 : 1; th.dataset.dir = dir === 1 ? "asc" : "desc";
+      var key = function (r) { var t = r.cells[col].textContent.trim(), n = parseFloat(t);
+        return t === "" ? null : (isNaN(n) || !/^[-+.\\d]/.test(t) ? t : n); };
+      rows.sort(function (a, b) { var x = key(a), y = key(b);
+        if (x === null) return 1; if (y === null) return -1;
+        if (typeof x === typeof y) return (x < y ? -1 : x > y ? 1 : 0) * dir;
+        return (typeof x === "number" ? -1 : 1) * dir; });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+});
 """
 
 
@@ -76,33 +107,51 @@ def _float(value: float) -> str:
 
 
 def frame_html(df: pd.DataFrame, table_id: str) -> str:
-    """A DataFrame as an HTML table with id `table_id` (values escaped, empty cells for NaN)."""
+    """A DataFrame as an HTML table with id `table_id` (values escaped, empty cells for NaN) in a
+    box that scrolls sideways; sortable when longer than `SORTABLE_ROWS`."""
     if df.empty:
         return f'<p class="note" id="{table_id}">(no rows)</p>'
-    return df.to_html(
-        index=False, na_rep="", float_format=_float, classes="data", border=0, table_id=table_id
+    classes = ["data", *(["sortable"] if len(df) > SORTABLE_ROWS else [])]
+    table = df.to_html(
+        index=False, na_rep="", float_format=_float, classes=classes, border=0, table_id=table_id
     )
+    return f'<div class="scroll">{table}</div>'
 
 
-def figure_html(name: str, fig: Figure) -> str:
-    """A figure as an embedded PNG with its name as caption."""
+def figure_html(number: int, name: str, caption: str, fig: Figure) -> str:
+    """A figure as an embedded PNG, numbered, with its caption and file name."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI)
+    fig.savefig(buffer, format="png", dpi=REPORT_DPI)
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    name = html.escape(name)
     return (
-        f'<figure id="fig-{html.escape(name)}"><img alt="{html.escape(name)}" '
-        f'src="data:image/png;base64,{data}"><figcaption>{html.escape(name)}</figcaption></figure>'
+        f'<figure id="fig-{name}"><img alt="Figure {number}: {name}" loading="lazy" '
+        f'src="data:image/png;base64,{data}"><figcaption><b>Figure {number}.</b> {html.escape(caption)} '
+        f'<span class="note">({name}.png)</span></figcaption></figure>'
     )
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """Nested dicts as one `a.b.c` key per leaf; lists as comma-separated text; None as empty."""
+    if isinstance(value, dict):
+        flat: dict[str, str] = {}
+        for key, inner in value.items():
+            flat.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
+        return flat if flat or not prefix else {prefix: ""}
+    if isinstance(value, list | tuple):
+        text = ", ".join(json.dumps(v) if isinstance(v, dict | list) else str(v) for v in value)
+        return {prefix: text}
+    return {prefix: "" if value is None else str(value)}
 
 
 def _env_tables(env: dict[str, Any]) -> str:
     scalars = {k: v for k, v in env.items() if not isinstance(v, dict)}
-    parts = [
-        frame_html(pd.DataFrame({"key": list(scalars), "value": [str(v) for v in scalars.values()]}), "env")
-    ]
+    flat = flatten(scalars)
+    parts = [frame_html(pd.DataFrame({"key": list(flat), "value": list(flat.values())}), "env")]
     for key, value in env.items():
         if isinstance(value, dict):
-            table = pd.DataFrame({"name": list(value), "value": [json.dumps(v) for v in value.values()]})
+            flat = flatten(value)
+            table = pd.DataFrame({"name": list(flat), "value": list(flat.values())})
             parts.append(f"<h3>{html.escape(key)}</h3>" + frame_html(table, f"env-{key}"))
     return "\n".join(parts)
 
@@ -138,9 +187,29 @@ def results_table(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def failures_table(results: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose status is not ok, with their reason."""
-    failed = results[results["status"] != "ok"]
-    return failed[[*ROW_SHAPE, "status", "error"]]
+    """Rows whose status is not ok, one row per status and reason: how many rows it cost and which.
+
+    Columns: `status`, `reason`, `rows` (their count), `kernels` (each kernel and mode with its
+    count) and `seq_len` (the sequence lengths affected). Memory addresses in a reason are masked,
+    so one crash met at several addresses is one group.
+    """
+    failed = results[results["status"] != "ok"].copy()
+    columns = ["status", "reason", "rows", "kernels", "seq_len"]
+    if failed.empty:
+        return pd.DataFrame(columns=columns)
+    failed["reason"] = (
+        failed["error"].fillna("").astype(str).str.replace(r"0x[0-9a-fA-F]+", "0x…", regex=True)
+    )
+    groups = []
+    for (status, reason), group in failed.groupby(["status", "reason"], sort=True):
+        counts = group.groupby(["kernel", "mode"], sort=True).size()
+        kernels = ", ".join(f"{kernel} {mode} ×{n}" for (kernel, mode), n in counts.items())
+        seq_lens = ", ".join(str(int(t)) for t in sorted(group["seq_len"].dropna().unique()))
+        groups.append((status, reason, len(group), kernels, seq_lens))
+    table = pd.DataFrame(groups, columns=columns)
+    return table.sort_values(["rows", "status"], ascending=[False, True], kind="stable").reset_index(
+        drop=True
+    )
 
 
 def fraction_summary(fractions: pd.DataFrame) -> pd.DataFrame:
@@ -250,6 +319,8 @@ def _comparison_section(run: Run, plain: Comparison) -> str:
 
 
 def _accelerators(run: Run) -> list[Accelerator]:
+    if is_cpu_run(run):
+        return []
     accelerators = [ACCELERATORS[name] for name in DEFAULT_ACCELERATORS]
     own = detect_accelerator(run.gpu_name)
     if own is not None and own not in accelerators:
@@ -265,10 +336,10 @@ def build_report(run: Run, published: str | None, accelerators: list[Accelerator
         published: the published data set to compare with, or None for none.
         accelerators: roofs for the measured roofline figures; default H100, H200 and the run's GPU.
     """
-    accelerators = accelerators or _accelerators(run)
+    accelerators = _accelerators(run) if accelerators is None else accelerators
     comparison: Comparison | None = compare_run(run, published) if published else None
-    own, detected = own_accelerator(run, accelerators)
-    fractions = roofline_fractions(run, accelerators)
+    context = run_context(run, comparison, accelerators)
+    fractions = roofline_fractions(run, context.accelerators)
     sections: list[tuple[str, str, Callable[[], str]]] = [
         ("environment", "Environment", lambda: _env_tables(run.env)),
     ]
@@ -282,21 +353,25 @@ def build_report(run: Run, published: str | None, accelerators: list[Accelerator
     sections += [
         ("status", "Status summary", lambda: frame_html(status_summary(run.results), "status-summary")),
         ("results", "Results", lambda: frame_html(results_table(run.results), "results")),
-        ("failures", "Rows that did not run", lambda: frame_html(failures_table(run.results), "failures")),
+        (
+            "failures",
+            "Rows that did not run",
+            lambda: (
+                "<p>One row per status and reason, with the rows it affected.</p>"
+                + frame_html(failures_table(run.results), "failures")
+            ),
+        ),
     ]
     if comparison is not None:
         sections.append(
             ("comparison", f"Comparison with {published}", lambda: _comparison_section(run, comparison))
         )
-    gpu = (
-        own.display_name if detected else f"{own.display_name} (assumed: {run.gpu_name} is not in the model)"
-    )
     sections += [
         (
             "roofline",
             "Fraction of the roofline bound",
             lambda: (
-                f"<p>Model lower-bound runtime / measured runtime on {html.escape(gpu)}.</p>"
+                _fraction_intro(run, context.accelerators)
                 + frame_html(fraction_summary(fractions), "roofline-fraction")
             ),
         ),
@@ -307,21 +382,42 @@ def build_report(run: Run, published: str | None, accelerators: list[Accelerator
     sections += [
         ("mapping", "Published kernels and our adapters", lambda: frame_html(mapping_table(), "mapping")),
     ]
-    figures = {**run_figures(run, comparison), **measured_figures(run, accelerators)}
-    sections.append(("figures", "Figures", lambda: "\n".join(figure_html(n, f) for n, f in figures.items())))
+    drawn = render(plots(context, ["run", "measured"]), context)
+    sections.append(
+        (
+            "figures",
+            "Figures",
+            lambda: "\n".join(
+                figure_html(i, plot.name, plot.caption, fig) for i, (plot, fig) in enumerate(drawn, 1)
+            ),
+        )
+    )
 
     title = f"tfla-bench report: {run.spec}"
     nav = " ".join(f'<a href="#{sid}">{html.escape(heading)}</a>' for sid, heading, _ in sections)
     body = "\n".join(
-        f'<section id="{sid}"><h2>{html.escape(heading)}</h2>\n{render()}\n</section>'
-        for sid, heading, render in sections
+        f'<section id="{sid}"><h2>{html.escape(heading)}</h2>\n{content()}\n</section>'
+        for sid, heading, content in sections
     )
     return (
-        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f"<style>{_STYLE}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
-        f'<p class="note">{html.escape(str(run.run_dir))} on {html.escape(run.gpu_name)}, started '
-        f"{html.escape(str(run.env.get('started_at', '?')))}</p>\n<nav>{nav}</nav>\n{body}\n</body></html>\n"
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
+        f"<h1>{html.escape(title)}</h1>\n"
+        f'<p class="note">{html.escape(str(run.run_dir))} on {html.escape(device_name(run))}, started '
+        f"{html.escape(str(run.env.get('started_at', '?')))}</p>\n<nav>{nav}</nav>\n{body}\n"
+        f"<script>{_SORT_SCRIPT}</script>\n</body></html>\n"
     )
+
+
+def _fraction_intro(run: Run, accelerators: list[Accelerator]) -> str:
+    if not accelerators:
+        return f'<p class="note">{html.escape(device_name(run))} run: no GPU roof bounds it.</p>'
+    own, detected = own_accelerator(run, accelerators)
+    gpu = (
+        own.display_name if detected else f"{own.display_name} (assumed: {run.gpu_name} is not in the model)"
+    )
+    return f"<p>Model lower-bound runtime / measured runtime on {html.escape(gpu)}.</p>"
 
 
 def write_report(run_dir: Path, published: str | None = None, out: Path | None = None) -> Path:

@@ -8,15 +8,11 @@ the run's env.json, and `--published none` turns the comparison off.
 from __future__ import annotations
 
 import json
-import math
-import sys
 from pathlib import Path
 from typing import Annotated
 
-import pandas as pd
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from tfla_bench.compare import (
     NORMALIZE_CHOICES,
@@ -28,6 +24,7 @@ from tfla_bench.compare import (
     published_only_summary,
     resolve_published_name,
 )
+from tfla_bench.console import TABLE_WIDTH, make_console, print_frame
 from tfla_bench.errors import UserError
 from tfla_bench.published import PUBLISHED_MEMORY_NOTE, list_published
 
@@ -61,31 +58,8 @@ ReportOutOption = Annotated[
 ]
 
 
-# Rich squeezes tables to 80 columns when the output is not a terminal; a file or pipe gets them whole.
-_PIPE_WIDTH = 250
-
-
 def _console() -> Console:
-    return Console() if sys.stdout.isatty() else Console(width=_PIPE_WIDTH)
-
-
-def _cell(value: object) -> str:
-    if value is None or value is pd.NA:
-        return ""
-    if isinstance(value, float):
-        return "" if math.isnan(value) else f"{value:.4g}"
-    return str(value)
-
-
-def print_frame(console: Console, df: pd.DataFrame, title: str) -> None:
-    """Print a DataFrame as a rich table (numbers to 4 significant digits, empty cells for NaN)."""
-    table = Table(title=title, title_justify="left", show_lines=False)
-    for column in df.columns:
-        numeric = pd.api.types.is_numeric_dtype(df[column])
-        table.add_column(str(column), justify="right" if numeric else "left")
-    for row in df.itertuples(index=False):
-        table.add_row(*(_cell(v) for v in row))
-    console.print(table)
+    return make_console(width=TABLE_WIDTH)
 
 
 def _require_published(name: str | None) -> str:
@@ -144,7 +118,7 @@ def compare(
 
 def plot(run_dir: RunDirArgument, published: PublishedOption = None, out: FiguresOutOption = None) -> None:
     """Write the run's paper-style figures (runtime and memory vs seq_len, chunk trade-off, head dim)."""
-    from tfla_bench.plots.runs import plot_run
+    from tfla_bench.plots.catalog import plot_run
 
     paths = plot_run(run_dir, out, published)
     console = _console()

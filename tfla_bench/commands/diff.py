@@ -15,9 +15,9 @@ from typing import Annotated
 import typer
 
 from tfla_bench.commands.analysis import print_frame
+from tfla_bench.console import make_console
 from tfla_bench.diff import diff_runs, display, ratio_figure
 from tfla_bench.errors import UserError
-from tfla_bench.runner import make_console
 
 RunArgument = Annotated[Path, typer.Argument(help="A run directory (results.csv, env.json).")]
 

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
+from tfla_bench.console import make_console
 from tfla_bench.errors import UserError
 from tfla_bench.model.counts import MlstmShape, check_chunk_size
 from tfla_bench.model.hardware import ACCELERATORS, CUSTOM, Accelerator, resolve_accelerator
@@ -238,7 +238,7 @@ def _report(
         return
 
     chunk_text = f"L={chunk_size}, " if chunk_size is not None else ""
-    console = Console()
+    console = make_console()
     console.print(
         f"{shape.label} {formulation.value} forward on {accelerator.display_name} "
         f"({_si(accelerator.peak_flops_per_s, 'FLOP/s')}, {_si(accelerator.bandwidth_bytes_per_s, 'B/s')})\n"
@@ -395,14 +395,12 @@ def roofline(
     accelerators = _roofline_accelerators(gpu, peak_flops, bandwidth)
     if measured is not None and not measured.is_dir():
         raise UserError(f"--measured {measured} is not a directory")
-    from tfla_bench.plots.model_figures import write_model_figures
+    from tfla_bench.plots import catalog
 
-    written = write_model_figures(out, accelerators)
+    written = catalog.write_model_figures(out, accelerators)
     if measured is not None:
-        from tfla_bench.plots.measured import plot_measured_roofline
-
-        written += plot_measured_roofline(measured, out, accelerators)
-    console = Console()
+        written += catalog.plot_measured_roofline(measured, out, accelerators)
+    console = make_console()
     console.print(_summary_table(accelerators))
     # Plain print: rich would wrap long paths, and a path should be copyable as one line.
     print(f"wrote {len(written)} files:")

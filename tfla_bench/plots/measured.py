@@ -1,7 +1,7 @@
 """Measured runs on the analytic model: roofline overlay, measured vs theoretical runtime, fraction of bound.
 
-`plot_measured_roofline(run_dir, out_dir, accelerators)` (called by `tfla-bench roofline
---measured RUN_DIR`) writes:
+`measured_plots(context)` lists these figures of a run (drawn by `tfla-bench roofline --measured
+RUN_DIR` and by the report), each against the context's roofs:
 
 - `measured_roofline_<mode>.png`: the chunkwise mLSTM rows (TFLA and its peers) at their
   arithmetic intensity (analytic FLOPs / bytes of the row) and achieved FLOP/s (FLOPs / median
@@ -18,47 +18,57 @@
   row of any kernel at its measured intensity (filled), linked by a thin line to its model
   intensity (hollow).
 
-Where the run recorded measured roofs (`env.json`, `tfla_bench.roofs`), the roofline figures draw
-them (matmul and HBM solid black, L2 dotted) beside the data-sheet roofs, place profiled rows at
-their measured intensity, and ring in red every point above the measured roof.
+Where the run recorded measured roofs (`env.json`, `tfla_bench.roofs`), they are among the
+context's roofs (black: HBM solid, L2 dotted, beside the data-sheet roofs); the roofline figures
+place profiled rows at their measured intensity and ring in red every point above the measured roof.
 
 The theory curves use the paper's model settings (causal factor 0.5, states in fp32, q/k/v and
-gates in the run's dtype); the measured points use the FLOPs and bytes the adapters recorded.
+gates in the run's dtype); the measured points use the FLOPs and bytes the adapters recorded. A
+CPU run has no roof: its points are drawn alone and it has no fraction of a bound.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tfla_bench.compare import Run, load_run, param_columns
+from tfla_bench.compare import Run, param_columns
 from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
 from tfla_bench.model.roofline import runtime_ms_lower, runtime_ms_upper
+from tfla_bench.plots.base import (
+    FigureContext,
+    Label,
+    Plot,
+    device_name,
+    draw_roofs,
+    grid_shape,
+    new_figure,
+    place_labels,
+    run_subtitle,
+)
 from tfla_bench.plots.runs import (
     MODE_TITLES,
     SHORT_NAMES,
     chunk_sweep_shapes,
-    kernel_color,
-    save_figures,
     select_shape,
     set_log2_x,
     shape_slug,
 )
+from tfla_bench.plots.style import accelerator_style, row_style
 from tfla_bench.profiling import roof_check
 from tfla_bench.published import CASE_KEYS, MLSTM_GATES
-from tfla_bench.roofs import MeasuredRoofs, from_env
+from tfla_bench.roofs import from_env
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 STATE_BYTES = 4
-ACCELERATOR_STYLES = ("-", "--", ":", "-.")
-ACCELERATOR_COLORS = ("#222222", "#1f77b4", "#2ca02c", "#d62728", "#9467bd")
 MIN_THEORY_CHUNK = 16
+FRACTION_MIN_HEIGHT = 3.6
 # The gid of the thin line from a profiled row's model intensity to its measured one.
 PROFILE_LINK = "profile-link"
 
@@ -101,7 +111,6 @@ def roofline_fractions(run: Run, accelerators: list[Accelerator]) -> pd.DataFram
         run's own GPU (the first accelerator if the GPU is unknown to the model), plus the
         per-accelerator columns. fraction = bound_ms / median_ms.
     """
-    own, _ = own_accelerator(run, accelerators)
     results = run.results
     rows = results[
         (results["status"] == "ok")
@@ -113,6 +122,9 @@ def roofline_fractions(run: Run, accelerators: list[Accelerator]) -> pd.DataFram
     table = rows[[*case_columns, "status", "median_ms", "flops", "bytes"]].copy()
     table["intensity_flops_per_byte"] = table["flops"] / table["bytes"]
     table["achieved_tflops"] = table["flops"] / (table["median_ms"] * 1e-3) / 1e12
+    if not accelerators:
+        return table.iloc[0:0].reset_index(drop=True)
+    own, _ = own_accelerator(run, accelerators)
     table["gpu"] = own.name
     table["bound_ms"] = [
         runtime_ms_lower(f, b, own) for f, b in zip(table["flops"], table["bytes"], strict=True)
@@ -132,7 +144,7 @@ def fraction_figure(
     if fractions.empty:
         return None
     order = fractions.groupby("kernel")["fraction"].median().sort_values().index.tolist()
-    fig = Figure(figsize=(9, 1.5 + 0.45 * len(order)), layout="constrained")
+    fig = new_figure(9, max(FRACTION_MIN_HEIGHT, 1.5 + 0.45 * len(order)))
     ax = fig.subplots()
     offsets = {"fw": -0.15, "fwbw": 0.15}
     markers = {"fw": "o", "fwbw": "s"}
@@ -141,7 +153,7 @@ def fraction_figure(
         if rows.empty:
             continue
         y = [order.index(k) + offsets[mode] for k in rows["kernel"]]
-        colors = [kernel_color(k) for k in rows["kernel"]]
+        colors = [row_style(k, "", {}).color for k in rows["kernel"]]
         ax.scatter(rows["fraction"], y, c=colors, marker=markers[mode], alpha=0.8, label=MODE_TITLES[mode])
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(order)))
@@ -153,39 +165,24 @@ def fraction_figure(
         else f"{accelerator.display_name} (assumed; {run.gpu_name} unknown)"
     )
     ax.set_xlabel(f"fraction of the roofline bound on {gpu} (model lower-bound runtime / measured runtime)")
-    ax.set_title(f"{run.spec}: how close each kernel runs to the roofline (one point per case)")
+    ax.set_title(f"how close each kernel runs to the roofline (one point per case)\n{run_subtitle(run)}")
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize="small", loc="lower right")
+    fig.legend(fontsize="small", loc="outside right center")
     return fig
 
 
-def _roof(ax: Any, accelerator: Accelerator, intensities: np.ndarray, style: str, color: str) -> None:
-    roof = np.minimum(accelerator.bandwidth_bytes_per_s * intensities, accelerator.peak_flops_per_s)
-    ax.plot(
-        intensities, roof / 1e12, linestyle=style, color=color, label=f"{accelerator.display_name} roofline"
-    )
-    ridge = accelerator.intensity_flops_per_byte
-    ax.axvline(ridge, color=color, linestyle=style, alpha=0.3, linewidth=0.8)
-
-
-def _measured_roofs(ax: Any, roofs: MeasuredRoofs, intensities: np.ndarray) -> None:
-    peak = roofs.matmul_flops_per_s
-    for bandwidth, style, what in ((roofs.hbm_bytes_per_s, "-", "HBM"), (roofs.l2_bytes_per_s, ":", "L2")):
-        ax.plot(
-            intensities,
-            np.minimum(bandwidth * intensities, peak) / 1e12,
-            linestyle=style,
-            color="black",
-            linewidth=2.0 if what == "HBM" else 1.2,
-            label=f"measured: {peak / 1e12:.0f} TFLOP/s, {what} {bandwidth / 1e12:.2f} TB/s",
-        )
+def _kernel_style(rows: pd.DataFrame, kernel: str):
+    # Chunkwise mLSTM rows of one kernel share their params along a figure: the first row's apply.
+    first = rows[rows["kernel"] == kernel].iloc[0]
+    params = {c: first[c] for c in param_columns(rows)}
+    return row_style(kernel, str(first.get("family", "mlstm")), params)
 
 
 def _profiled_points(ax: Any, check: pd.DataFrame) -> None:
     """Profiled rows at their measured intensity, each linked to its model intensity; points above
     the measured roof ringed in red."""
     for index, (_, row) in enumerate(check[check["measured_intensity"].notna()].iterrows()):
-        color = kernel_color(row["kernel"])
+        color = row_style(row["kernel"], str(row.get("family", ""))).color
         y = row["achieved_flops_per_s"] / 1e12
         ax.plot(
             [row["model_intensity"], row["measured_intensity"]],
@@ -214,88 +211,77 @@ def _profiled_points(ax: Any, check: pd.DataFrame) -> None:
         )
 
 
-def _intensity_axis(values: list[float], accelerators: list[Accelerator]) -> np.ndarray:
+def _intensity_axis(values: list[float], context: FigureContext) -> np.ndarray:
     finite = [v for v in values if v > 0 and math.isfinite(v)]
+    ridges = [roof.accelerator.intensity_flops_per_byte for roof in context.roofs]
     low = min(min(finite, default=1.0) / 4, 1.0)
-    high = max(
-        max(finite, default=1.0) * 4, max((a.intensity_flops_per_byte for a in accelerators), default=1) * 4
-    )
+    high = max(max(finite, default=1.0) * 4, max(ridges, default=1.0) * 4)
     return np.logspace(math.log10(low), math.log10(high), 200)
 
 
-def measured_roofline_figure(
-    rows: pd.DataFrame,
-    accelerators: list[Accelerator],
-    mode: str,
-    title: str,
-    roofs: MeasuredRoofs | None = None,
-) -> Figure:
-    """Measured chunkwise mLSTM points on each accelerator's roofline (paper Fig. 22 with our points),
-    with the measured roofs and the profiled rows' measured intensities where the run has them."""
+def _roof_title(context: FigureContext, what: str) -> str:
+    roof_note = "" if context.roofs else " (CPU run: no GPU roof)"
+    return f"{what}{roof_note}\n{run_subtitle(context.run)}"
+
+
+def measured_roofline_figure(context: FigureContext, mode: str) -> Figure | None:
+    """Measured chunkwise mLSTM points under the context's roofs (paper Fig. 22 with our points),
+    with the profiled rows' measured intensities where the run has them."""
+    rows = chunkwise_mlstm_rows(context.run.results)
     rows = rows[rows["mode"] == mode]
-    check = roof_check(rows, roofs)
-    fig = Figure(figsize=(9, 6), layout="constrained")
+    if rows.empty:
+        return None
+    check = roof_check(rows, from_env(context.run.env))
+    fig = new_figure(10, 6)
     ax = fig.subplots()
-    intensities = _intensity_axis(
-        [*rows["intensity_flops_per_byte"], *check["measured_intensity"].dropna()], accelerators
-    )
-    for i, acc in enumerate(accelerators):
-        _roof(
-            ax, acc, intensities, ACCELERATOR_STYLES[i % 4], ACCELERATOR_COLORS[i % len(ACCELERATOR_COLORS)]
-        )
-    if roofs is not None:
-        _measured_roofs(ax, roofs, intensities)
+    values = [*rows["intensity_flops_per_byte"], *check["measured_intensity"].dropna()]
+    draw_roofs(ax, context.roofs, _intensity_axis(values, context))
+    labels: list[Label] = []
     for kernel, group in rows.groupby("kernel", sort=True):
+        style = _kernel_style(rows, kernel)
         ax.scatter(
             group["intensity_flops_per_byte"],
             group["achieved_flops_per_s"] / 1e12,
-            color=kernel_color(kernel),
             label=f"{kernel} (measured)",
             zorder=3,
+            **style.points(),
         )
         # One chunk-size label per (kernel, chunk), at the median of its points (several T overlap).
         for chunk, points in group.groupby("chunk_size"):
-            ax.annotate(
-                f"L={int(chunk)}",
-                (points["intensity_flops_per_byte"].median(), points["achieved_flops_per_s"].median() / 1e12),
-                textcoords="offset points",
-                xytext=(4, -10),
-                fontsize="x-small",
-                color=kernel_color(kernel),
-            )
+            x = points["intensity_flops_per_byte"].median()
+            y = points["achieved_flops_per_s"].median() / 1e12
+            labels.append(Label(x, y, f"L={int(chunk)}", style.color))
     _profiled_points(ax, check)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity [FLOP/byte]")
     ax.set_ylabel("performance [TFLOP/s]")
-    ax.set_title(f"{title}\n{MODE_TITLES.get(mode, mode)}")
+    ax.set_title(_roof_title(context, MODE_TITLES.get(mode, mode)))
     ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize="small")
+    fig.legend(fontsize="small", loc="outside right center")
+    place_labels(ax, labels)
     return fig
 
 
-def profiled_roofline_figure(
-    check: pd.DataFrame, accelerators: list[Accelerator], roofs: MeasuredRoofs | None, mode: str, title: str
-) -> Figure | None:
+def profiled_roofline_figure(context: FigureContext, mode: str) -> Figure | None:
     """Every profiled row of `mode`: hollow at its model intensity, filled at its measured one (ncu)."""
+    check = roof_check(context.run.results, from_env(context.run.env))
     check = check[(check["mode"] == mode) & check["measured_intensity"].notna()]
     if check.empty:
         return None
-    fig = Figure(figsize=(10, 6), layout="constrained")
+    fig = new_figure(11, 6)
     ax = fig.subplots()
-    intensities = _intensity_axis([*check["model_intensity"], *check["measured_intensity"]], accelerators)
-    for i, acc in enumerate(accelerators):
-        _roof(
-            ax, acc, intensities, ACCELERATOR_STYLES[i % 4], ACCELERATOR_COLORS[i % len(ACCELERATOR_COLORS)]
-        )
-    if roofs is not None:
-        _measured_roofs(ax, roofs, intensities)
+    draw_roofs(
+        ax, context.roofs, _intensity_axis([*check["model_intensity"], *check["measured_intensity"]], context)
+    )
     for kernel, group in check.groupby("kernel", sort=True):
+        style = row_style(kernel, str(group["family"].iloc[0]) if "family" in group else "")
         ax.scatter(
             group["model_intensity"],
             group["achieved_flops_per_s"] / 1e12,
             facecolors="none",
-            edgecolors=kernel_color(kernel),
+            edgecolors=style.color,
+            marker=style.marker,
             label=kernel,
             zorder=3,
         )
@@ -306,9 +292,9 @@ def profiled_roofline_figure(
         "arithmetic intensity [FLOP/byte]: hollow = model bytes, filled = DRAM bytes measured by ncu"
     )
     ax.set_ylabel("performance [TFLOP/s] (model FLOPs / median runtime)")
-    ax.set_title(f"{title}\nmeasured vs model intensity, {MODE_TITLES.get(mode, mode)}")
+    ax.set_title(_roof_title(context, f"measured vs model intensity, {MODE_TITLES.get(mode, mode)}"))
     ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.legend(fontsize="small", loc="outside right center")
     return fig
 
 
@@ -352,72 +338,83 @@ def _swept(rows: pd.DataFrame, shape: dict[str, Any], mode: str) -> tuple[pd.Dat
     return rows, sorted(counts[counts >= 2].index)
 
 
-def measured_vs_theory_figure(
-    rows: pd.DataFrame, shape: dict[str, Any], accelerators: list[Accelerator], mode: str, title: str
-) -> Figure | None:
-    """Per kernel, measured runtime over chunk size beside the model's bounds per accelerator (Fig. 20)."""
-    rows, kernels = _swept(rows, shape, mode)
+def measured_vs_theory_figure(context: FigureContext, shape: dict[str, Any], mode: str) -> Figure | None:
+    """Per kernel a panel: measured runtime over chunk size beside the model's bounds per roof (Fig. 20)."""
+    rows, kernels = _swept(chunkwise_mlstm_rows(context.run.results), shape, mode)
     if not kernels:
         return None
-    fig = Figure(figsize=(max(9, 6 * len(kernels)), 5.5), layout="constrained")
-    axes = fig.subplots(1, len(kernels), squeeze=False)[0]
+    n_rows, n_columns = grid_shape(len(kernels))
+    width = 4.2 * n_columns + 2.6
+    fig = new_figure(width, max(3.8 * n_rows + 1.2, width / 2.4))
+    axes = list(fig.subplots(n_rows, n_columns, squeeze=False).flat)
+    for ax in axes[len(kernels) :]:
+        ax.set_visible(False)
     chunks = _theory_chunks(shape["seq_len"])
-    for ax, kernel in zip(axes, kernels, strict=True):
+    for ax, kernel in zip(axes, kernels, strict=False):
         measured = rows[rows["kernel"] == kernel].sort_values("chunk_size")
         dtype = str(measured["dtype"].iloc[0])
-        for i, acc in enumerate(accelerators):
+        for roof in context.roofs:
+            acc = roof.accelerator
             bounds = [_theory_ms(kernel, shape, mode, dtype, c, acc) for c in chunks]
-            color = ACCELERATOR_COLORS[i % len(ACCELERATOR_COLORS)]
-            ax.plot(
-                chunks, [b[0] for b in bounds], linestyle="--", color=color, label=f"{acc.display_name} lower"
-            )
-            ax.plot(
-                chunks, [b[1] for b in bounds], linestyle=":", color=color, label=f"{acc.display_name} upper"
-            )
+            color = accelerator_style(acc).color
+            ax.plot(chunks, [b[0] for b in bounds], linestyle="--", color=color, label=f"{roof.label} lower")
+            ax.plot(chunks, [b[1] for b in bounds], linestyle=":", color=color, label=f"{roof.label} upper")
+        style = _kernel_style(rows, kernel)
         ax.plot(
             measured["chunk_size"].astype(float),
             measured["median_ms"],
-            marker="o",
-            color=kernel_color(kernel),
             label=f"{kernel} measured",
+            **{**style.line(), "linestyle": "-"},
         )
         set_log2_x(ax, chunks)
         ax.set_yscale("log")
-        ax.set_xlabel("chunk size L")
+        ax.set_xlabel("chunk size L [tokens]")
         ax.set_ylabel("runtime [ms]")
-        ax.set_title(f"{kernel} ({MLSTM_GATES[kernel]} gate)")
+        ax.set_title(f"{kernel} ({MLSTM_GATES[kernel]} gate)", fontsize="medium")
         ax.grid(True, which="both", alpha=0.2)
-        ax.legend(fontsize="x-small")
+    _figure_legend(fig)
+    shape_text = ", ".join(f"{SHORT_NAMES[k]}={v}" for k, v in shape.items())
     fig.suptitle(
-        f"{title}\nmeasured vs theoretical runtime, {MODE_TITLES.get(mode, mode)}", fontsize="medium"
+        f"measured vs theoretical runtime, {MODE_TITLES.get(mode, mode)}, {shape_text}\n"
+        f"{run_subtitle(context.run)}",
+        fontsize="medium",
     )
     return fig
 
 
-def flops_vs_chunk_figure(
-    rows: pd.DataFrame, shape: dict[str, Any], accelerators: list[Accelerator], mode: str, title: str
-) -> Figure | None:
+def _figure_legend(fig: Figure) -> None:
+    """One legend right of the panels, each label once."""
+    entries: dict[str, Any] = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside right center", fontsize="small")
+
+
+def flops_vs_chunk_figure(context: FigureContext, shape: dict[str, Any], mode: str) -> Figure | None:
     """Achieved FLOP/s, total FLOPs and runtime over the chunk size (paper Fig. 23 with our points)."""
-    rows, kernels = _swept(rows, shape, mode)
+    rows, kernels = _swept(chunkwise_mlstm_rows(context.run.results), shape, mode)
     if not kernels:
         return None
-    fig = Figure(figsize=(16, 4.8), layout="constrained")
+    fig = new_figure(14, 5.6)
     ax_rate, ax_flops, ax_time = fig.subplots(1, 3)
     chunks: list[float] = []
     for kernel in kernels:
         measured = rows[rows["kernel"] == kernel].sort_values("chunk_size")
         x = measured["chunk_size"].astype(float)
         chunks += list(x)
-        color = kernel_color(kernel)
-        ax_rate.plot(x, measured["achieved_flops_per_s"] / 1e12, marker="o", color=color, label=kernel)
-        ax_flops.plot(x, measured["flops"] / 1e12, marker="o", color=color, label=kernel)
-        ax_time.plot(x, measured["median_ms"], marker="o", color=color, label=kernel)
-    for i, acc in enumerate(accelerators):
+        line = _kernel_style(rows, kernel).line()
+        ax_rate.plot(x, measured["achieved_flops_per_s"] / 1e12, label=kernel, **line)
+        ax_flops.plot(x, measured["flops"] / 1e12, label=kernel, **line)
+        ax_time.plot(x, measured["median_ms"], label=kernel, **line)
+    for roof in context.roofs:
+        style = accelerator_style(roof.accelerator)
         ax_rate.axhline(
-            acc.peak_flops_per_s / 1e12,
-            linestyle=ACCELERATOR_STYLES[i % 4],
-            color=ACCELERATOR_COLORS[i % len(ACCELERATOR_COLORS)],
-            label=f"{acc.display_name} peak",
+            roof.accelerator.peak_flops_per_s / 1e12,
+            linestyle=style.linestyle,
+            color=style.color,
+            label=f"{roof.label} peak",
         )
     for ax, ylabel, panel in (
         (ax_rate, "achieved [TFLOP/s]", "FLOP/s (measured)"),
@@ -425,71 +422,82 @@ def flops_vs_chunk_figure(
         (ax_time, "median runtime [ms]", "runtime (measured)"),
     ):
         set_log2_x(ax, chunks)
-        ax.set_xlabel("chunk size L")
+        ax.set_xlabel("chunk size L [tokens]")
         ax.set_ylabel(ylabel)
         ax.set_title(panel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="x-small")
     ax_rate.set_yscale("log")
-    fig.suptitle(f"{title}\nFLOP/s, FLOPs and runtime over chunk size, {MODE_TITLES.get(mode, mode)}")
+    _figure_legend(fig)
+    shape_text = ", ".join(f"{SHORT_NAMES[k]}={v}" for k, v in shape.items())
+    fig.suptitle(
+        f"FLOP/s, FLOPs and runtime over chunk size, {MODE_TITLES.get(mode, mode)}, {shape_text}\n"
+        f"{run_subtitle(context.run)}"
+    )
     return fig
 
 
-def measured_figures(run: Run, accelerators: list[Accelerator]) -> dict[str, Figure]:
-    """Every measured-vs-model figure the run supports, keyed by file stem."""
-    figures: dict[str, Figure] = {}
-    rows = chunkwise_mlstm_rows(run.results)
-    title = f"{run.spec} on {run.gpu_name}"
-    roofs = from_env(run.env)
-    check = roof_check(run.results, roofs)
-    for mode in ("fw", "fwbw"):
-        if (rows["mode"] == mode).any():
-            figures[f"measured_roofline_{mode}"] = measured_roofline_figure(
-                rows, accelerators, mode, title, roofs
-            )
-        profiled = profiled_roofline_figure(check, accelerators, roofs, mode, title)
-        if profiled is not None:
-            figures[f"roofline_profiled_{mode}"] = profiled
-    for shape in chunk_sweep_shapes(rows):
+def roofline_fraction_figure(context: FigureContext) -> Figure | None:
+    """Every ok row's fraction of its roofline bound on the run's GPU; None without a roof (CPU run)."""
+    accelerators = context.accelerators
+    if not accelerators:
+        return None
+    own, detected = own_accelerator(context.run, accelerators)
+    return fraction_figure(context.run, roofline_fractions(context.run, accelerators), own, detected)
+
+
+def measured_plots(context: FigureContext) -> list[Plot]:
+    """The measured-vs-model figures of a run: rooflines per mode, chunk-sweep figures per shape and
+    mode, and the fraction of the bound."""
+    device = device_name(context.run)
+    roofs = ", ".join(roof.label for roof in context.roofs) or "no GPU roof (CPU run)"
+    plots = [
+        Plot(
+            f"measured_roofline_{mode}",
+            f"Chunkwise mLSTM kernels measured on {device}, {MODE_TITLES[mode]}: achieved TFLOP/s at "
+            f"their analytic intensity, labelled by chunk size, under the rooflines of {roofs} "
+            "(paper Fig. 22 with measured points).",
+            partial(measured_roofline_figure, mode=mode),
+        )
+        for mode in ("fw", "fwbw")
+    ]
+    plots += [
+        Plot(
+            f"roofline_profiled_{mode}",
+            f"Every row profiled under Nsight Compute on {device}, {MODE_TITLES[mode]}: hollow at its "
+            "model intensity, filled at the intensity from the DRAM bytes ncu measured, linked by a "
+            "thin line; points above the measured roof ringed in red.",
+            partial(profiled_roofline_figure, mode=mode),
+        )
+        for mode in ("fw", "fwbw")
+    ]
+    for shape in chunk_sweep_shapes(chunkwise_mlstm_rows(context.run.results)):
+        slug = shape_slug(shape)
         shape_text = ", ".join(f"{SHORT_NAMES[k]}={v}" for k, v in shape.items())
         for mode in ("fw", "fwbw"):
-            shape_title = f"{title}\n{shape_text}"
-            theory = measured_vs_theory_figure(rows, shape, accelerators, mode, shape_title)
-            if theory is not None:
-                figures[f"measured_vs_theory_{shape_slug(shape)}_{mode}"] = theory
-            rates = flops_vs_chunk_figure(rows, shape, accelerators, mode, shape_title)
-            if rates is not None:
-                figures[f"flops_vs_chunk_{shape_slug(shape)}_{mode}"] = rates
-    own, detected = own_accelerator(run, accelerators)
-    fraction = fraction_figure(run, roofline_fractions(run, accelerators), own, detected)
-    if fraction is not None:
-        figures["roofline_fraction"] = fraction
-    return figures
-
-
-def plot_measured_roofline(run_dir: Path, out_dir: Path, accelerators: list[Accelerator]) -> list[Path]:
-    """Write the measured roofline figures and `roofline_fraction.csv` of a run.
-
-    Args:
-        run_dir: a run directory (results.csv and env.json).
-        out_dir: where to write the PNGs and the CSV.
-        accelerators: the roofs to draw (e.g. H100 and H200); the fraction of the bound is taken
-            on the run's own GPU, or on the first of these if the model does not know it.
-
-    Returns:
-        The written files.
-
-    Examples::
-
-        >>> from tfla_bench.model.hardware import ACCELERATORS
-        >>> plot_measured_roofline(Path("results/runs/fig6_chunk_tradeoff-..."), Path("out"),
-        ...                        [ACCELERATORS["h100"], ACCELERATORS["h200"]])  # doctest: +SKIP
-    """
-    if not accelerators:
-        raise ValueError("plot_measured_roofline needs at least one accelerator")
-    run = load_run(run_dir)
-    paths = save_figures(measured_figures(run, accelerators), out_dir)
-    fractions = roofline_fractions(run, accelerators)
-    csv_path = out_dir / "roofline_fraction.csv"
-    fractions.to_csv(csv_path, index=False)
-    return [*paths, csv_path]
+            plots.append(
+                Plot(
+                    f"measured_vs_theory_{slug}_{mode}",
+                    f"One panel per chunkwise mLSTM kernel at {shape_text}, {MODE_TITLES[mode]}: measured "
+                    "runtime over the chunk size beside the model's lower (full overlap) and upper (no "
+                    f"overlap) runtime bounds on {roofs} (paper Fig. 20).",
+                    partial(measured_vs_theory_figure, shape=shape, mode=mode),
+                )
+            )
+            plots.append(
+                Plot(
+                    f"flops_vs_chunk_{slug}_{mode}",
+                    f"At {shape_text}, {MODE_TITLES[mode]}: achieved FLOP/s, model FLOPs and measured "
+                    "runtime over the chunk size; a higher FLOP/s need not mean a shorter runtime "
+                    "(paper Fig. 23).",
+                    partial(flops_vs_chunk_figure, shape=shape, mode=mode),
+                )
+            )
+    plots.append(
+        Plot(
+            "roofline_fraction",
+            f"Each ok row's model lower-bound runtime over its measured runtime on {device} "
+            "(1.0 = at the roof), one row of points per kernel.",
+            roofline_fraction_figure,
+        )
+    )
+    return plots

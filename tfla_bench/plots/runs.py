@@ -7,19 +7,20 @@
 - `runtime_vs_head_dim.png`: runtime over the head dim at a fixed sequence length (Fig. 17).
 
 A figure is made only when the run sweeps its x axis. Published numbers (when a data set is given)
-are drawn dashed in the colour of the adapter that answers to them. Only rows with status `ok` are
-drawn; kernels without any are named under the figure with their status.
+are drawn dotted with crosses in the colour of the series that answers to them. Only rows with
+status `ok` are drawn; kernels without any are named under the figure with their status. Each line
+takes its look from its kernel and params (`tfla_bench.plots.style`); the legend sits outside the
+axes, so no label covers a line.
 
-Each `*_figure` function returns a matplotlib `Figure` (made without pyplot, so nothing stays
-open) or None; `plot_run` saves them as PNG.
+`run_plots(context)` lists the figures of a run as `Plot`s (`tfla_bench.plots.base`); each draws a
+matplotlib `Figure` from the context, or None when the run does not sweep its axis.
 """
 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -27,37 +28,17 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from tfla_bench.compare import Comparison, Run, compare_run, load_run, param_columns, resolve_published_name
+from tfla_bench.compare import Comparison, Run, param_columns
+from tfla_bench.plots.base import MAX_ASPECT, FigureContext, Plot, new_figure, run_subtitle
+from tfla_bench.plots.style import LineStyle, row_style
 
 PUBLISHED_GPU_SHORT = "H100"
+PUBLISHED_LINESTYLE = ":"
+PUBLISHED_MARKER = "x"
 MODE_TITLES = {"fw": "forward (fw)", "fwbw": "forward + backward (fwbw)"}
-DPI = 120
 GB = 1e9
 LOG_Y_SPAN = 20.0  # a panel whose values span more than this factor gets a log y axis
-
-# Stable colours per adapter, so a kernel looks the same in every figure of every run: one hue per
-# family (mLSTM red-purple, attention blue, Mamba orange, GLA green), our kernels the darkest.
-KERNEL_COLORS = {
-    "tfla_sig": "#7b1f5e",
-    "tfla_exp": "#c2185b",
-    "limit_chunk": "#e57fa3",
-    "mlstm_kernels_sig": "#b06a9c",
-    "mlstm_kernels_exp": "#ef5f8f",
-    "mlstm_kernels_limit": "#f3b6cb",
-    "mlstm_torch": "#6d6d6d",
-    "sdpa_math": "#a6c8e8",
-    "sdpa_flash": "#1f4e8c",
-    "sdpa_cudnn": "#3a7fc1",
-    "fa2": "#5a9bd5",
-    "fa3": "#0b2d5b",
-    "mamba2": "#e08a00",
-    "mamba2_split_conv": "#b35f00",
-    "mamba": "#f2c14e",
-    "gla": "#2e7d32",
-    "simple_gla": "#7cb342",
-    "lightning2": "#6d4c41",
-}
-_FALLBACK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#17becf", "#bcbd22", "#e377c2")
+PANEL_WIDTH, LEGEND_WIDTH, PANEL_HEIGHT = 5.5, 2.5, 5.2
 
 SHORT_NAMES = {
     "batch": "B",
@@ -67,13 +48,6 @@ SHORT_NAMES = {
     "head_dim_v": "Dv",
     "chunk_size": "L",
 }
-
-
-def kernel_color(kernel: str) -> str:
-    """The colour of an adapter in every figure."""
-    if kernel in KERNEL_COLORS:
-        return KERNEL_COLORS[kernel]
-    return _FALLBACK_COLORS[sum(map(ord, kernel)) % len(_FALLBACK_COLORS)]
 
 
 @dataclass
@@ -91,6 +65,13 @@ class Series:
     config: dict[str, Any]
     label: str
     rows: pd.DataFrame
+
+    @property
+    def style(self) -> LineStyle:
+        """The series' look from its kernel, family and params."""
+        family = str(self.rows["family"].iloc[0]) if "family" in self.rows.columns else ""
+        params = {k: v for k, v in self.config.items() if k.startswith("param_")}
+        return row_style(self.kernel, family, params)
 
 
 def _format_value(value: Any) -> str:
@@ -196,7 +177,7 @@ def _legend(fig: Figure, axes: list[Axes], has_published: bool, published_gpu: s
                 handles.append(handle)
                 labels.append(label)
     if has_published:
-        handles.append(Line2D([], [], color="black", linestyle="--", marker="x"))
+        handles.append(Line2D([], [], color="black", linestyle=PUBLISHED_LINESTYLE, marker=PUBLISHED_MARKER))
         labels.append(f"published ({published_gpu})" if published_gpu else "published")
     if handles:
         fig.legend(handles, labels, loc="outside right center", fontsize="small")
@@ -257,7 +238,8 @@ def series_panels(
     modes = [m for m in modes if drawable[m]]
     if not modes:
         return None
-    fig = Figure(figsize=(5.5 * len(modes) + 2.5, 5.2), layout="constrained")
+    width = PANEL_WIDTH * len(modes) + LEGEND_WIDTH
+    fig = new_figure(width, max(PANEL_HEIGHT, width / MAX_ASPECT))
     axes = list(fig.subplots(1, len(modes), squeeze=False)[0])
     shown: set[tuple[str, str]] = set()
     has_published = False
@@ -266,8 +248,8 @@ def series_panels(
         ys: list[float] = []
         for series in drawable[mode]:
             points = _ok_points(series.rows, x, y)
-            color = kernel_color(series.kernel)
-            ax.plot(points[x], points[y] / y_scale, marker="o", color=color, label=series.label)
+            style = series.style
+            ax.plot(points[x], points[y] / y_scale, label=series.label, **style.line())
             xs += list(points[x])
             ys += list(points[y] / y_scale)
             shown.add((series.kernel, mode))
@@ -277,9 +259,9 @@ def series_panels(
                     ax.plot(
                         pub[x],
                         pub[published_y] / y_scale,
-                        linestyle="--",
-                        marker="x",
-                        color=color,
+                        linestyle=PUBLISHED_LINESTYLE,
+                        marker=PUBLISHED_MARKER,
+                        color=style.color,
                         alpha=0.8,
                         label=published_label(series.label),
                     )
@@ -302,7 +284,7 @@ def series_panels(
 
 
 def _title(run: Run, what: str, comparison: Comparison | None) -> str:
-    title = f"{run.spec}: {what} on {run.gpu_name}"
+    title = f"{what}\n{run_subtitle(run)}"
     if comparison is not None:
         title += f"\nbeside the published data set {comparison.published_name}"
     return title
@@ -314,8 +296,9 @@ def _const_token_fixed(rows: pd.DataFrame) -> list[str]:
     return ["num_heads", "head_dim_qk", "head_dim_v", "chunk_size", *([] if tokens == 1 else ["batch"])]
 
 
-def runtime_vs_seq_len_figure(run: Run, comparison: Comparison | None = None) -> Figure | None:
+def runtime_vs_seq_len_figure(context: FigureContext) -> Figure | None:
     """Median runtime over the sequence length, fw and fwbw panels (paper Fig. 5)."""
+    run, comparison = context.run, context.comparison
     rows = with_published(run, comparison)
     return series_panels(
         rows,
@@ -330,8 +313,9 @@ def runtime_vs_seq_len_figure(run: Run, comparison: Comparison | None = None) ->
     )
 
 
-def memory_vs_seq_len_figure(run: Run, comparison: Comparison | None = None) -> Figure | None:
+def memory_vs_seq_len_figure(context: FigureContext) -> Figure | None:
     """Peak memory over the sequence length, fw and fwbw panels (paper Fig. 15/16 right)."""
+    run, comparison = context.run, context.comparison
     rows = with_published(run, comparison)
     return series_panels(
         rows,
@@ -347,8 +331,9 @@ def memory_vs_seq_len_figure(run: Run, comparison: Comparison | None = None) -> 
     )
 
 
-def runtime_vs_head_dim_figure(run: Run, comparison: Comparison | None = None) -> Figure | None:
+def runtime_vs_head_dim_figure(context: FigureContext) -> Figure | None:
     """Median runtime over the value head dim at fixed batch and sequence length (paper Fig. 17)."""
+    run, comparison = context.run, context.comparison
     rows = with_published(run, comparison)
     return series_panels(
         rows,
@@ -389,12 +374,13 @@ def select_shape(rows: pd.DataFrame, shape: dict[str, Any]) -> pd.DataFrame:
     return rows[mask]
 
 
-def chunk_tradeoff_figure(run: Run, shape: dict[str, Any], comparison: Comparison | None = None) -> Figure:
+def chunk_tradeoff_figure(context: FigureContext, shape: dict[str, Any]) -> Figure:
     """Runtime and peak memory over the chunk size at one shape, a row of panels per mode (paper Fig. 6)."""
+    run, comparison = context.run, context.comparison
     rows = select_shape(with_published(run, comparison), shape)
     rows = rows[rows["chunk_size"].notna()]
     modes = [m for m in ("fw", "fwbw") if m in set(rows["mode"])]
-    fig = Figure(figsize=(13, 4.6 * len(modes)), layout="constrained")
+    fig = new_figure(13, max(4.6 * len(modes), 13 / MAX_ASPECT))
     axes = fig.subplots(len(modes), 2, squeeze=False)
     shown: set[tuple[str, str]] = set()
     has_published = False
@@ -410,8 +396,8 @@ def chunk_tradeoff_figure(run: Run, shape: dict[str, Any], comparison: Compariso
                 points = _ok_points(series.rows, "chunk_size", y)
                 if points.empty:
                     continue
-                color = kernel_color(series.kernel)
-                ax.plot(points["chunk_size"], points[y] / scale, marker="o", color=color, label=series.label)
+                style = series.style
+                ax.plot(points["chunk_size"], points[y] / scale, label=series.label, **style.line())
                 xs += list(points["chunk_size"])
                 shown.add((series.kernel, mode))
                 pub = _published_points(series.rows, "chunk_size", published_y)
@@ -419,9 +405,9 @@ def chunk_tradeoff_figure(run: Run, shape: dict[str, Any], comparison: Compariso
                     ax.plot(
                         pub["chunk_size"],
                         pub[published_y] / scale,
-                        linestyle="--",
-                        marker="x",
-                        color=color,
+                        linestyle=PUBLISHED_LINESTYLE,
+                        marker=PUBLISHED_MARKER,
+                        color=style.color,
                         alpha=0.8,
                         label=published_label(series.label),
                     )
@@ -440,47 +426,36 @@ def chunk_tradeoff_figure(run: Run, shape: dict[str, Any], comparison: Compariso
     return fig
 
 
-def run_figures(run: Run, comparison: Comparison | None = None) -> dict[str, Figure]:
-    """Every figure the run supports, keyed by file stem."""
-    figures: dict[str, Figure] = {}
-    makers: list[tuple[str, Callable[[Run, Comparison | None], Figure | None]]] = [
-        ("runtime_vs_seq_len", runtime_vs_seq_len_figure),
-        ("memory_vs_seq_len", memory_vs_seq_len_figure),
-        ("runtime_vs_head_dim", runtime_vs_head_dim_figure),
+def run_plots(context: FigureContext) -> list[Plot]:
+    """The figures of a run: one per swept axis, and one chunk trade-off per shape with a chunk sweep."""
+    published = " Published values are dotted with crosses." if context.comparison is not None else ""
+    plots = [
+        Plot(
+            "runtime_vs_seq_len",
+            "Median runtime of each kernel over the sequence length at a constant number of tokens, "
+            f"forward and forward + backward (paper Fig. 5).{published}",
+            runtime_vs_seq_len_figure,
+        ),
+        Plot(
+            "memory_vs_seq_len",
+            f"Peak GPU memory of each kernel over the sequence length (paper Figs. 15 and 16).{published}",
+            memory_vs_seq_len_figure,
+        ),
+        Plot(
+            "runtime_vs_head_dim",
+            "Median runtime over the value head dim at a fixed batch and sequence length, with "
+            f"heads = embedding / head dim (paper Fig. 17).{published}",
+            runtime_vs_head_dim_figure,
+        ),
     ]
-    for name, maker in makers:
-        fig = maker(run, comparison)
-        if fig is not None:
-            figures[name] = fig
-    for shape in chunk_sweep_shapes(run.results):
-        figures[f"chunk_tradeoff_{shape_slug(shape)}"] = chunk_tradeoff_figure(run, shape, comparison)
-    return figures
-
-
-def save_figures(figures: dict[str, Figure], out_dir: Path) -> list[Path]:
-    """Save each figure as `<out_dir>/<name>.png`; return the paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, fig in figures.items():
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=DPI)
-        paths.append(path)
-    return paths
-
-
-def plot_run(run_dir: Path, out_dir: Path | None = None, published: str | None = None) -> list[Path]:
-    """Write the run's figures as PNG.
-
-    Args:
-        run_dir: the run directory.
-        out_dir: where to write; default `<run_dir>/figures`.
-        published: the published data set drawn dashed; default the run's env.json `published`
-            field; `"none"` for none.
-
-    Returns:
-        The written files.
-    """
-    run = load_run(run_dir)
-    name = resolve_published_name(run, published)
-    comparison = compare_run(run, name) if name else None
-    return save_figures(run_figures(run, comparison), out_dir or Path(run_dir) / "figures")
+    for shape in chunk_sweep_shapes(context.run.results):
+        shape_text = ", ".join(f"{SHORT_NAMES[k]}={v}" for k, v in shape.items())
+        plots.append(
+            Plot(
+                f"chunk_tradeoff_{shape_slug(shape)}",
+                f"Runtime and peak memory over the chunk size L at {shape_text}: a larger chunk "
+                f"stores fewer states but computes more per chunk (paper Fig. 6).{published}",
+                partial(chunk_tradeoff_figure, shape=shape),
+            )
+        )
+    return plots

@@ -1,0 +1,234 @@
+"""What every figure of the suite shares: the one figure type (`Plot`: name, caption, draw), the one
+context a figure is drawn from (`FigureContext`), the roofs, direct labels that never overlap, the
+2.5:1 aspect limit, and saving.
+
+`tfla_bench.plots.catalog` lists every figure; `plot`, `roofline` and `report` draw from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.transforms import Bbox
+
+from tfla_bench.compare import Comparison, Run
+from tfla_bench.model.hardware import Accelerator
+from tfla_bench.plots.style import accelerator_style
+
+MAX_ASPECT = 2.5  # width / height of any figure
+DPI = 120
+CPU = "CPU"
+MEASURED = "measured"
+DATASHEET = "datasheet"
+HBM = "HBM"
+L2 = "L2"
+
+
+@dataclass(frozen=True)
+class Roof:
+    """One roofline: a GPU's peak FLOP/s and bandwidth, from its datasheet or measured on it.
+
+    Attributes:
+        accelerator: the peak and bandwidth (and the GPU's name and label).
+        source: `datasheet` or `measured` (`tfla-bench roofs`): a datasheet roof is drawn in its
+            GPU's style, a measured one in black, solid for device memory and dotted for L2.
+        memory: the memory level whose bandwidth bounds it, `HBM` or `L2`.
+    """
+
+    accelerator: Accelerator
+    source: str = DATASHEET
+    memory: str = HBM
+
+    @property
+    def label(self) -> str:
+        if self.source != MEASURED:
+            return self.accelerator.display_name
+        acc = self.accelerator
+        return (
+            f"{MEASURED}: {acc.peak_flops_per_s / 1e12:.0f} TFLOP/s, "
+            f"{self.memory} {acc.bandwidth_bytes_per_s / 1e12:.2f} TB/s"
+        )
+
+
+@dataclass(frozen=True)
+class FigureContext:
+    """Everything a figure is drawn from.
+
+    Attributes:
+        run: the run whose rows are drawn (None for the model figures).
+        comparison: the run beside a published data set (drawn dashed), or None.
+        roofs: the roofs to draw and bound against, datasheet and measured; none for a CPU run.
+    """
+
+    run: Run | None = None
+    comparison: Comparison | None = None
+    roofs: tuple[Roof, ...] = field(default=())
+
+    @property
+    def accelerators(self) -> list[Accelerator]:
+        """The GPUs of the datasheet roofs, each once, in order: the model's bounds are taken on these."""
+        datasheet = [roof.accelerator for roof in self.roofs if roof.source == DATASHEET]
+        return list({acc.name: acc for acc in datasheet}.values())
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure of the suite.
+
+    Attributes:
+        name: the file stem (`runtime_vs_seq_len`, `fig22_roofline`, ...).
+        caption: what the figure shows, one or two sentences (the report prints it under the figure).
+        draw: makes the figure from a context, or returns None when the context has nothing to show.
+    """
+
+    name: str
+    caption: str
+    draw: Callable[[FigureContext], Figure | None]
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A constrained-layout figure (no pyplot: nothing stays open) of at most `MAX_ASPECT` : 1."""
+    if width > MAX_ASPECT * height:
+        raise ValueError(f"a {width}x{height} figure is wider than {MAX_ASPECT}:1")
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def grid_shape(panels: int, max_columns: int = 3) -> tuple[int, int]:
+    """Rows and columns for `panels` panels: as square as the column limit allows."""
+    columns = min(max_columns, max(1, int(np.ceil(np.sqrt(panels)))))
+    return int(np.ceil(panels / columns)), columns
+
+
+def device_name(run: Run) -> str:
+    """The run's GPU as env.json names it, or `CPU` for a run without one."""
+    return str(run.env.get("gpu_name") or CPU)
+
+
+def is_cpu_run(run: Run) -> bool:
+    """Whether the run had no GPU (so no GPU roof applies to it)."""
+    return not run.env.get("gpu_name")
+
+
+def run_dtypes(run: Run) -> str:
+    """The dtypes of the run's rows, comma-separated."""
+    return ", ".join(sorted({str(d) for d in run.results["dtype"].dropna()})) or "unknown dtype"
+
+
+def run_subtitle(run: Run) -> str:
+    """`<spec> on <GPU or CPU>, <dtype>`: every run figure names its device and dtype."""
+    return f"{run.spec} on {device_name(run)}, {run_dtypes(run)}"
+
+
+def draw_roofs(ax: Axes, roofs: Sequence[Roof], intensities: np.ndarray) -> None:
+    """Each roof min(bandwidth x intensity, peak) in TFLOP/s over `intensities`, its ridge marked.
+
+    A datasheet roof is drawn in its GPU's style; a measured one in black, thick and solid for
+    device memory, thin and dotted for L2.
+    """
+    for roof in roofs:
+        acc = roof.accelerator
+        style = accelerator_style(acc)
+        color, linestyle, width = style.color, style.linestyle, 1.5
+        if roof.source == MEASURED:
+            color, linestyle, width = (
+                "black",
+                ("-" if roof.memory == HBM else ":"),
+                (2.0 if roof.memory == HBM else 1.2),
+            )
+        values = np.minimum(acc.bandwidth_bytes_per_s * intensities, acc.peak_flops_per_s) / 1e12
+        ax.plot(
+            intensities,
+            values,
+            color=color,
+            linestyle=linestyle,
+            linewidth=width,
+            label=f"{roof.label} roofline",
+        )
+        ridge = acc.intensity_flops_per_byte
+        ax.plot([ridge], [acc.peak_flops_per_s / 1e12], marker=style.marker, color=color, linestyle="")
+
+
+@dataclass(frozen=True)
+class Label:
+    """A direct label: text in a colour, anchored at a data point of an axes."""
+
+    x: float
+    y: float
+    text: str
+    color: str
+
+
+# Offsets in points tried in turn: right of the point, then stepping up and down, then left.
+_OFFSETS = [(5, dy) for dy in (-3, 7, -13, 17, -23, 27, -33, 37)] + [(-5, dy) for dy in (-3, 7, -13, 17)]
+
+
+def place_labels(ax: Axes, labels: Sequence[Label], fontsize: str = "x-small") -> list[matplotlib.text.Text]:
+    """Write each label beside its point where it overlaps no label already placed; drop it otherwise.
+
+    The layout is settled first, so the check runs on the boxes as they will be drawn; the labels
+    stay out of the layout, so placing them cannot move the axes again.
+
+    Returns:
+        The labels placed.
+    """
+    fig = ax.get_figure()
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    axes_box = ax.get_window_extent(renderer)
+    placed: list[tuple[matplotlib.text.Text, Bbox]] = []
+    for label in labels:
+        for dx, dy in _OFFSETS:
+            text = ax.annotate(
+                label.text,
+                (label.x, label.y),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                ha="left" if dx > 0 else "right",
+                va="center",
+                fontsize=fontsize,
+                color=label.color,
+                annotation_clip=True,
+            )
+            text.set_in_layout(False)
+            box = text.get_window_extent(renderer)
+            inside = axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1 and axes_box.y0 <= box.y0
+            if inside and box.y1 <= axes_box.y1 and not any(box.overlaps(other) for _, other in placed):
+                placed.append((text, box))
+                break
+            text.remove()
+    return [text for text, _ in placed]
+
+
+def render(plots: Sequence[Plot], context: FigureContext) -> list[tuple[Plot, Figure]]:
+    """Draw each plot on the context; the ones with nothing to show are left out."""
+    drawn = []
+    for plot in plots:
+        fig = plot.draw(context)
+        if fig is not None:
+            drawn.append((plot, fig))
+    return drawn
+
+
+def save(
+    drawn: Sequence[tuple[Plot, Figure]], out_dir: Path, *, svg: bool = False, dpi: int = DPI
+) -> list[Path]:
+    """Save each figure as `<out_dir>/<name>.png` (and `.svg`, reproducibly: no date, fixed ids)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    with matplotlib.rc_context({"svg.hashsalt": "tfla-bench"}):
+        for plot, fig in drawn:
+            formats = [(".png", None)] + ([(".svg", {"Date": None})] if svg else [])
+            for suffix, metadata in formats:
+                path = out_dir / f"{plot.name}{suffix}"
+                fig.savefig(path, dpi=dpi, metadata=metadata)
+                written.append(path)
+    return written

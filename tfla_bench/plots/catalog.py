@@ -1,0 +1,106 @@
+"""Every figure of the suite in one list, and the three ways they are written.
+
+The figures come in three groups, each a function from a `FigureContext` to its `Plot`s:
+`run` (a run's paper-style figures, `tfla_bench.plots.runs`), `measured` (a run on the analytic
+model, `tfla_bench.plots.measured`) and `model` (the paper's Figs. 18-25,
+`tfla_bench.plots.model_figures`). `tfla-bench plot` writes the run group, `tfla-bench roofline`
+the model group (and the measured group with `--measured`), and the report embeds the run and
+measured groups with their captions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tfla_bench.compare import Comparison, Run, compare_run, load_run, resolve_published_name
+from tfla_bench.model.hardware import Accelerator
+from tfla_bench.plots.base import HBM, L2, MEASURED, FigureContext, Plot, Roof, is_cpu_run, render, save
+from tfla_bench.plots.measured import measured_plots, roofline_fractions
+from tfla_bench.plots.model_figures import model_plots
+from tfla_bench.plots.runs import run_plots
+from tfla_bench.roofs import from_env
+
+GROUPS: dict[str, Callable[[FigureContext], list[Plot]]] = {
+    "run": run_plots,
+    "measured": measured_plots,
+    "model": lambda _: model_plots(),
+}
+MODEL_DPI = 150
+FRACTION_CSV = "roofline_fraction.csv"
+
+
+def plots(context: FigureContext, groups: Sequence[str]) -> list[Plot]:
+    """The figures of the named groups for this context, in group order."""
+    return [plot for group in groups for plot in GROUPS[group](context)]
+
+
+def measured_roofs(run: Run) -> tuple[Roof, ...]:
+    """The roofs the run measured (env.json `roofs`, `tfla-bench roofs`): device memory and L2."""
+    roofs = from_env(run.env)
+    if roofs is None:
+        return ()
+    return tuple(
+        Roof(
+            Accelerator(f"{MEASURED}-{memory.lower()}", roofs.matmul_flops_per_s, bandwidth), MEASURED, memory
+        )
+        for memory, bandwidth in ((HBM, roofs.hbm_bytes_per_s), (L2, roofs.l2_bytes_per_s))
+    )
+
+
+def run_context(
+    run: Run, comparison: Comparison | None = None, accelerators: Sequence[Accelerator] = ()
+) -> FigureContext:
+    """A run's context: the datasheet roofs of `accelerators` and the roofs the run measured; none
+    for a CPU run (no GPU roof bounds it)."""
+    if is_cpu_run(run):
+        return FigureContext(run=run, comparison=comparison)
+    roofs = (*(Roof(acc) for acc in accelerators), *measured_roofs(run))
+    return FigureContext(run=run, comparison=comparison, roofs=roofs)
+
+
+def plot_run(run_dir: Path, out_dir: Path | None = None, published: str | None = None) -> list[Path]:
+    """Write the run group of a run as PNG.
+
+    Args:
+        run_dir: the run directory.
+        out_dir: where to write; default `<run_dir>/figures`.
+        published: the published data set drawn dotted; default the run's env.json `published`
+            field; `"none"` for none.
+
+    Returns:
+        The written files.
+    """
+    run = load_run(run_dir)
+    name = resolve_published_name(run, published)
+    context = run_context(run, compare_run(run, name) if name else None)
+    return save(render(plots(context, ["run"]), context), out_dir or Path(run_dir) / "figures")
+
+
+def write_model_figures(out_dir: Path, accelerators: Sequence[Accelerator]) -> list[Path]:
+    """Write Figs. 18-25 as PNG and reproducible SVG into `out_dir`; return the paths written."""
+    context = FigureContext(roofs=tuple(Roof(acc) for acc in accelerators))
+    return save(render(plots(context, ["model"]), context), out_dir, svg=True, dpi=MODEL_DPI)
+
+
+def plot_measured_roofline(run_dir: Path, out_dir: Path, accelerators: Sequence[Accelerator]) -> list[Path]:
+    """Write the measured group of a run as PNG, and every ok row's fraction of its bound as CSV.
+
+    Args:
+        run_dir: a run directory (results.csv and env.json).
+        out_dir: where to write the PNGs and `roofline_fraction.csv`.
+        accelerators: the roofs to draw (e.g. H100 and H200); the fraction of the bound is taken
+            on the run's own GPU, or on the first of these if the model does not know it. A CPU
+            run is drawn against none.
+
+    Returns:
+        The written files.
+    """
+    if not accelerators:
+        raise ValueError("plot_measured_roofline needs at least one accelerator")
+    run = load_run(run_dir)
+    context = run_context(run, None, accelerators)
+    paths = save(render(plots(context, ["measured"]), context), out_dir)
+    csv_path = out_dir / FRACTION_CSV
+    roofline_fractions(run, context.accelerators).to_csv(csv_path, index=False)
+    return [*paths, csv_path]

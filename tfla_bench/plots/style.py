@@ -1,0 +1,218 @@
+"""How a line looks: the palette rules that turn a kernel, its family and its params into colour,
+line style and marker, and the fixed look of each GPU in the model figures.
+
+The rules, so that a figure reads at a glance:
+
+- Each family has its own range of hues (mLSTM purple/red/magenta, attention blues, Mamba
+  oranges, GLA greens, LightningAttention browns); a kernel takes its hue from its base style.
+- Within one hue, our kernel and the official peer of the same gate differ by line style (ours
+  solid with filled markers, the peer dashed) and by marker.
+- Params that change what is computed change the look: a non-causal run is a lighter tint of its
+  kernel's hue with hollow markers; any other non-default param a darker or lighter shade and its
+  own marker, picked by a stable hash, so the same params look the same in every figure.
+- A kernel without a base style takes a colour from its family's range by a stable hash of its name.
+
+`resolve_style(base, family, kernel, params)` applies these rules to an adapter's base style;
+`row_style(kernel, family, params)` finds the base style first.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.colors import to_hex, to_rgb
+
+from tfla_bench import registry
+from tfla_bench.errors import UserError
+from tfla_bench.model.hardware import ACCELERATORS, Accelerator
+
+SOLID, DASHED, DOTTED, DASH_DOT = "-", "--", ":", "-."
+
+
+@dataclass(frozen=True)
+class PlotStyle:
+    """A kernel's base look, before its params are applied.
+
+    Attributes:
+        color: the kernel's hue (one per gate for the mLSTM kernels, shared by ours and the peer).
+        linestyle: solid for our kernels, dashed for the official peers.
+        marker: a matplotlib marker.
+    """
+
+    color: str
+    linestyle: str = SOLID
+    marker: str = "o"
+
+
+@dataclass(frozen=True)
+class LineStyle:
+    """The look of one drawn series: a base style with its params applied."""
+
+    color: str
+    linestyle: str
+    marker: str
+    fillstyle: str = "full"
+
+    def line(self) -> dict[str, Any]:
+        """Keyword arguments for `Axes.plot`."""
+        return {
+            "color": self.color,
+            "linestyle": self.linestyle,
+            "marker": self.marker,
+            "fillstyle": self.fillstyle,
+        }
+
+    def points(self) -> dict[str, Any]:
+        """Keyword arguments for `Axes.scatter` (hollow markers keep only their edge)."""
+        face = self.color if self.fillstyle == "full" else "none"
+        return {"marker": self.marker, "facecolors": face, "edgecolors": self.color}
+
+
+FAMILY_PALETTES: dict[str, tuple[str, ...]] = {
+    "mlstm": ("#6a3d9a", "#d62728", "#e7298a", "#8e0152", "#b15928"),
+    "attention": ("#08306b", "#2171b5", "#17becf", "#6baed6", "#9ecae1"),
+    "mamba2": ("#e6550d", "#a63603", "#fdae6b"),
+    "gla": ("#238b45", "#74c476", "#00441b"),
+    "lightning": ("#8c510a", "#bf812d"),
+}
+OTHER_PALETTE = ("#525252", "#969696", "#bcbd22", "#1b9e77")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
+
+# The base look of the kernels shipped with the suite: one hue per gate of the mLSTM kernels, ours
+# solid and the official peer dashed in the same hue.
+KERNEL_STYLES: dict[str, PlotStyle] = {
+    "tfla_sig": PlotStyle("#6a3d9a"),
+    "mlstm_kernels_sig": PlotStyle("#6a3d9a", DASHED, "s"),
+    "tfla_exp": PlotStyle("#d62728"),
+    "mlstm_kernels_exp": PlotStyle("#d62728", DASHED, "s"),
+    "limit_chunk": PlotStyle("#e7298a", SOLID, "^"),
+    "mlstm_kernels_limit": PlotStyle("#e7298a", DASHED, "v"),
+    "mlstm_torch": PlotStyle("#525252", DOTTED, "x"),
+    "sdpa_math": PlotStyle("#9ecae1", SOLID, "v"),
+    "sdpa_flash": PlotStyle("#2171b5", SOLID, "o"),
+    "sdpa_cudnn": PlotStyle("#17becf", SOLID, "s"),
+    "fa2": PlotStyle("#6baed6", DASH_DOT, "^"),
+    "fa3": PlotStyle("#08306b", DASH_DOT, "D"),
+    "mamba2": PlotStyle("#e6550d"),
+    "mamba2_split_conv": PlotStyle("#a63603", DASHED, "s"),
+    "mamba": PlotStyle("#fdae6b", SOLID, "^"),
+    "gla": PlotStyle("#238b45"),
+    "simple_gla": PlotStyle("#74c476", DASHED, "s"),
+    "lightning2": PlotStyle("#8c510a"),
+}
+
+# Param values that leave the look alone (an unset param takes these defaults too).
+PARAM_DEFAULTS: dict[str, Any] = {"causal": True, "normalize": False}
+IGNORED_PARAMS = ("seed",)
+NON_CAUSAL_TINT = 0.5
+VARIANT_SHADES = (-0.35, 0.35, -0.55, 0.55)
+
+
+def _stable_index(text: str, size: int) -> int:
+    return zlib.crc32(text.encode()) % size
+
+
+def _parse(value: Any) -> Any:
+    # results.csv gives params back as text or floats; "true"/"false" compare as bools.
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def param_variant(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The params that change a line's look: set, not ignored, and not at their default, sorted.
+
+    Keys may carry the results.csv prefix `param_`; unset values (None, NaN, "") are dropped.
+    """
+    variant = []
+    for key, value in params.items():
+        name = key.removeprefix("param_")
+        if value is None or value == "" or (isinstance(value, float) and value != value):
+            continue
+        value = _parse(value)
+        if name in IGNORED_PARAMS or PARAM_DEFAULTS.get(name, object()) == value:
+            continue
+        variant.append((name, value))
+    return tuple(sorted(variant, key=lambda item: item[0]))
+
+
+def shade(color: str, amount: float) -> str:
+    """`color` mixed towards white (amount > 0) or black (amount < 0) by |amount|."""
+    rgb = to_rgb(color)
+    target = 1.0 if amount > 0 else 0.0
+    return to_hex(tuple(c + (target - c) * abs(amount) for c in rgb))
+
+
+def family_color(family: str, kernel: str) -> str:
+    """A colour from the family's range for a kernel without a base style (stable by name)."""
+    palette = FAMILY_PALETTES.get(family, OTHER_PALETTE)
+    return palette[_stable_index(kernel, len(palette))]
+
+
+def resolve_style(
+    base: PlotStyle | None, family: str, kernel: str, params: Mapping[str, Any] | None = None
+) -> LineStyle:
+    """The look of a kernel's series at its params, by the module's rules.
+
+    Args:
+        base: the kernel's base style, or None to take one from its family's palette.
+        family: the kernel's family (`mlstm`, `attention`, ...).
+        kernel: the adapter name (picks the fallback colour and marker).
+        params: the series' params (with or without the `param_` prefix).
+    """
+    if base is None:
+        base = PlotStyle(family_color(family, kernel), SOLID, MARKERS[_stable_index(kernel, len(MARKERS))])
+    variant = param_variant(params or {})
+    if not variant:
+        return LineStyle(base.color, base.linestyle, base.marker)
+    if variant == (("causal", False),):
+        return LineStyle(shade(base.color, NON_CAUSAL_TINT), base.linestyle, base.marker, "none")
+    key = repr(variant)
+    others = [m for m in MARKERS if m != base.marker]
+    amount = VARIANT_SHADES[_stable_index(key, len(VARIANT_SHADES))]
+    causal = dict(variant).get("causal", True)
+    return LineStyle(
+        shade(base.color, amount),
+        base.linestyle,
+        others[_stable_index(key, len(others))],
+        "full" if causal else "none",
+    )
+
+
+def base_style(kernel: str) -> PlotStyle | None:
+    """The kernel's base style: its adapter's `plot_style` if it has one, else the suite's table."""
+    try:
+        style = getattr(registry.get(kernel), "plot_style", None)
+    except UserError:  # a run may name kernels that are not installed here
+        style = None
+    return style if isinstance(style, PlotStyle) else KERNEL_STYLES.get(kernel)
+
+
+def row_style(kernel: str, family: str, params: Mapping[str, Any] | None = None) -> LineStyle:
+    """`resolve_style` with the kernel's own base style."""
+    return resolve_style(base_style(kernel), family, kernel, params)
+
+
+ACCELERATOR_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
+ACCELERATOR_LINESTYLES = (SOLID, DASHED, DASH_DOT, DOTTED)
+ACCELERATOR_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def accelerator_style(accelerator: Accelerator) -> LineStyle:
+    """A fixed colour, line style and marker per GPU of the model, the same in every figure.
+
+    GPUs whose curves nearly coincide (H100 and H200 share the compute roof) differ in all three.
+    A GPU not in the model table takes the last entry of each.
+    """
+    names = list(ACCELERATORS)
+    index = names.index(accelerator.name) if accelerator.name in names else len(ACCELERATOR_COLORS) - 1
+    return LineStyle(
+        ACCELERATOR_COLORS[index % len(ACCELERATOR_COLORS)],
+        ACCELERATOR_LINESTYLES[index % len(ACCELERATOR_LINESTYLES)],
+        ACCELERATOR_MARKERS[index % len(ACCELERATOR_MARKERS)],
+    )
