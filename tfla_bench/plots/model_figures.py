@@ -194,7 +194,7 @@ def figure_runtime_vs_chunk_size(context: FigureContext) -> Figure:
     ax.set_yscale("log")
     ax.set_ylabel("theoretical runtime [ms]")
     ax.set_title(
-        f"Fig. 20 — runtime vs chunk size; dots: runtime-optimal L*\n{_setting(PAPER_7B)}", fontsize=10
+        f"Fig. 20 — runtime vs chunk size; markers: runtime-optimal L*\n{_setting(PAPER_7B)}", fontsize=10
     )
     _finish(ax)
     fig.legend(fontsize=8, loc="outside right center")

@@ -198,7 +198,9 @@ def row_style(kernel: str, family: str, params: Mapping[str, Any] | None = None)
     return resolve_style(base_style(kernel), family, kernel, params)
 
 
-ACCELERATOR_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
+# In the order of the model's GPU table; no purple, red or magenta, so roofs never look like the
+# mLSTM kernels drawn under them.
+ACCELERATOR_COLORS = ("#1b9e77", "#d95f02", "#1f78b4", "#6baed6", "#33a02c", "#e6ab02", "#a6761d", "#666666")
 ACCELERATOR_LINESTYLES = (SOLID, DASHED, DASH_DOT, DOTTED)
 ACCELERATOR_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
