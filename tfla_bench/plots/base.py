@@ -63,7 +63,7 @@ class FigureContext:
 
     Attributes:
         run: the run whose rows are drawn (None for the model figures).
-        comparison: the run beside a published data set (drawn dashed), or None.
+        comparison: the run beside a published data set (drawn dotted), or None.
         roofs: the roofs to draw and bound against, datasheet and measured; none for a CPU run.
     """
 

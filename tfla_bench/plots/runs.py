@@ -164,12 +164,12 @@ def _note_not_shown(
 
 
 def published_label(label: str) -> str:
-    """The label of a published (dashed) line: hidden from the legend by the leading underscore."""
+    """The label of a published (dotted) line: hidden from the legend by the leading underscore."""
     return f"_published {label}"
 
 
 def _legend(fig: Figure, axes: list[Axes], has_published: bool, published_gpu: str) -> None:
-    # One legend for the figure: one entry per run series; the dashed convention named once.
+    # One legend for the figure: one entry per run series; the dotted convention named once.
     handles, labels = [], []
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -208,14 +208,14 @@ def series_panels(
     min_points: int = 2,
     log_y_span: float = LOG_Y_SPAN,
 ) -> Figure | None:
-    """A figure with one panel per mode: a line per series along `x`, published values dashed.
+    """A figure with one panel per mode: a line per series along `x`, published values dotted.
 
     Args:
         rows: result rows, optionally with published columns (`with_published`).
         x: the x column; y: the measured column; published_y: the published column or None.
         fixed: shape columns held constant along a line.
         xlabel, ylabel, title: axis labels (with units) and the figure title.
-        published_gpu: named in the legend of the dashed lines.
+        published_gpu: named in the legend of the dotted lines.
         y_scale: divides y (e.g. 1e9 for bytes -> GB).
         log2_x: log2 x axis with a tick at every value.
         min_points: a line needs at least this many ok points.
