@@ -148,4 +148,4 @@ def test_the_plot_runs_along_the_column_that_varies(tmp_path):
     a = write(tmp_path / "a", [row(head_dim_case(d), 1.0) for d in (64, 128, 256)])
     b = write(tmp_path / "b", [row(head_dim_case(d), 1.1) for d in (64, 128, 256)])
     (ax,) = ratio_figure(diff_runs(a, b), "t").axes
-    assert ax.get_xlabel() == "head dim v" and ax.get_title() == "forward + backward (fwbw)"
+    assert ax.get_xlabel() == "head dim v [elements]" and ax.get_title() == "forward + backward (fwbw)"

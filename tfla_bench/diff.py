@@ -24,7 +24,9 @@ from matplotlib.figure import Figure
 
 from tfla_bench import results
 from tfla_bench.errors import UserError
-from tfla_bench.plots.runs import DPI, MODE_TITLES, kernel_color, set_log2_x
+from tfla_bench.plots.base import DPI, MAX_ASPECT, new_figure
+from tfla_bench.plots.runs import MODE_TITLES, set_log2_x
+from tfla_bench.plots.style import row_style
 from tfla_bench.results import ResultRow
 
 RESULTS_FILE = "results.csv"
@@ -206,22 +208,27 @@ def env_warnings(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
 
 
 def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
-    """B/A per matched ok case: one panel per mode, log y, one colour per kernel; x is the first of
-    seq_len, head_dim_v and chunk_size that takes more than one value (seq_len if none does)."""
+    """B/A per matched ok case: one panel per mode, log y, each kernel in its own style
+    (`tfla_bench.plots.style`), the legend outside the panels; x is the first of seq_len, head_dim_v
+    and chunk_size that takes more than one value (seq_len if none does)."""
     ok = run_diff.rows.dropna(subset=["ratio"])
     x = next((column for column in X_COLUMNS if ok[column].nunique() > 1), X_COLUMNS[0])
     modes = [mode for mode in MODE_TITLES if mode in set(ok["mode"])] or ["fw"]
-    fig = Figure(figsize=(6.5 * len(modes), 4.8), dpi=DPI, layout="constrained")
+    width = 5.5 * len(modes) + 2.0
+    fig = new_figure(width, max(4.8, width / MAX_ASPECT))
+    fig.set_dpi(DPI)
     axes = fig.subplots(1, len(modes), squeeze=False)[0]
     for ax, mode in zip(axes, modes, strict=True):
         rows = ok[(ok["mode"] == mode) & ok[x].notna()]
         for kernel, group in rows.groupby("kernel", sort=True):
+            family = str(group["family"].iloc[0]) if "family" in group else ""
+            style = row_style(kernel, family)
             ax.errorbar(
                 group[x].astype(float),
                 group["ratio"],
                 yerr=group["noise"] * group["ratio"],
-                fmt="o",
-                color=kernel_color(kernel),
+                fmt=style.marker,
+                color=style.color,
                 label=kernel,
                 alpha=0.85,
                 capsize=2,
@@ -236,10 +243,15 @@ def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
             ticks = [tick for tick in RATIO_TICKS if low <= tick <= high]
             ax.set_yticks(ticks, labels=[f"{tick:g}" for tick in ticks])
             ax.minorticks_off()
-            ax.legend(fontsize=8)
         ax.set_title(MODE_TITLES.get(mode, mode))
-        ax.set_xlabel(x.replace("_", " "))
+        ax.set_xlabel(f"{x.replace('_', ' ')} [{'elements' if x == 'head_dim_v' else 'tokens'}]")
         ax.set_ylabel("runtime B / A (below 1: B faster)")
         ax.grid(True, which="both", alpha=0.3)
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside right center", fontsize=8)
     fig.suptitle(title, fontsize=10)
     return fig

@@ -14,8 +14,7 @@ from typing import Annotated
 
 import typer
 
-from tfla_bench.commands.analysis import print_frame
-from tfla_bench.console import make_console
+from tfla_bench.console import make_console, print_frame
 from tfla_bench.diff import diff_runs, display, ratio_figure
 from tfla_bench.errors import UserError
 
