@@ -81,10 +81,15 @@ def case_label(case: Case) -> str:
 
 
 def row_line(row: ResultRow) -> str:
-    """One line for a finished case: its status, the case, and its runtime and memory or its error."""
+    """One line for a finished case: its status, the case, and its runtime (with its reps, stop reason
+    and interval, host gaps or throttling when seen) and memory, or its error."""
     if row.status == "ok":
         memory = f", {row.peak_memory_bytes / 1e9:.2f} GB" if row.peak_memory_bytes is not None else ""
-        detail = f"{row.median_ms:.3f} ms{memory}"
+        spread = f" ±{row.ci_rel:.1%}" if row.ci_rel is not None and math.isfinite(row.ci_rel) else ""
+        calls = f" ({row.reps} reps, {row.stop}{spread})" if row.reps is not None else ""
+        gaps = ", host gaps" if row.host_gap_share else ""
+        throttled = ", throttled" if row.throttled else ""
+        detail = f"{row.median_ms:.3f} ms{calls}{memory}{gaps}{throttled}"
     else:
         detail = row.error[:200]
     return f"{styled_status(row.status, width=11)} {case_label(row.case)}: {detail}"

@@ -386,6 +386,9 @@ def _execute(
         f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} kept; "
         f"{clock.to_dict()['wall_s']:.1f} s; results in {run_dir / runner.RESULTS_FILE}"
     )
+    stdout.print(
+        "time per phase: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in clock.phases.items())
+    )
     ok_rows = [row for row in report.rows if row.status == "ok"]
     if flags.ncu and ok_rows:
         from tfla_bench.commands.profile import profile_run
