@@ -11,6 +11,8 @@ import importlib.util
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from tfla_bench.rundir import parse_bool
+
 if TYPE_CHECKING:
     import torch
 
@@ -127,8 +129,9 @@ def bool_param(case: Case, name: str, default: bool) -> bool:
     value = case.param(name, default)
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
+    flag = parse_bool(value) if isinstance(value, str) else None
+    if flag is not None:
+        return flag
     raise ValueError(f"param {name} must be true or false, got {value!r}")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from tfla_bench import results
+from tfla_bench import rundir
 from tfla_bench.model.counts import (
     attention_bytes,
     attention_flops,
@@ -33,7 +33,7 @@ RUNTIME_FACTOR = {"tfla_sig": 0.9, "tfla_exp": 1.1, "limit_chunk": 1.25, "sdpa_c
 MEMORY_FACTOR = 0.95
 
 # The runner's CSV schema (case columns, then metrics), without param_* columns.
-SCHEMA = [*results.CASE_COLUMNS, *results.METRIC_COLUMNS]
+SCHEMA = [*rundir.CASE_COLUMNS, *rundir.METRIC_COLUMNS]
 
 FAMILIES = {
     "tfla_sig": "mlstm",
@@ -134,7 +134,7 @@ def row(
         "ci_rel": 0.005 if ok else math.nan,
         "stop": "ci" if ok else "",
         "host_gap_share": 0.0 if ok else math.nan,
-        **{column: math.nan for column in results.GPU_STATE_COLUMNS},
+        **{column: math.nan for column in rundir.GPU_STATE_COLUMNS},
     }
     record.update({f"param_{k}": v for k, v in params.items()})
     return record

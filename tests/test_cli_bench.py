@@ -5,7 +5,7 @@ import json
 import pytest
 from plugin_support import registered_test_adapters
 
-from tfla_bench import registry, results
+from tfla_bench import registry, rundir
 from tfla_bench.cli import main
 
 SPEC = """
@@ -64,7 +64,7 @@ def test_sweep_end_to_end_then_refuse_then_resume(capsys, plugins, spec_file, tm
     assert main(["sweep", str(spec_file), "--out", str(out_dir), "--reps", "3"]) == 0
     printed = capsys.readouterr().out
     assert "median runtime (ms) by seq_len" in printed and "unavailable" in printed
-    rows = results.read_rows(out_dir / "results.csv")
+    rows = rundir.read_results(out_dir / "results.csv").rows
     assert len(rows) == 8
     assert {r.status for r in rows if r.case.kernel == "sdpa_math"} == {"ok"}
     assert json.loads((out_dir / "env.json").read_text())["measurement"]["reps"] == 3
@@ -76,7 +76,7 @@ def test_sweep_end_to_end_then_refuse_then_resume(capsys, plugins, spec_file, tm
     assert main(["sweep", "--resume", str(out_dir)]) == 0
     assert "0 case(s) run" in capsys.readouterr().out
     assert (out_dir / "worker-0.log").stat().st_size == log_size  # no worker was started
-    assert len(results.read_rows(out_dir / "results.csv")) == 8
+    assert len(rundir.read_results(out_dir / "results.csv").rows) == 8
 
 
 def test_run_ad_hoc_dry_run(capsys, tmp_path):
@@ -158,7 +158,7 @@ def test_sweep_check_marks_failing_kernel_without_running_it(
     out_dir = tmp_path / "checked"
     assert main(["sweep", str(spec_file), "--out", str(out_dir), "--check", "--kernel", "sdpa_math"]) == 0
     assert seen == [(["sdpa_math"], "cpu")]
-    rows = results.read_rows(out_dir / "results.csv")
+    rows = rundir.read_results(out_dir / "results.csv").rows
     assert rows and all(row.status == "failed_check" for row in rows)
     assert "0.5 > tolerance" in rows[0].error
     gate = json.loads((out_dir / "check.json").read_text())
@@ -183,7 +183,7 @@ def test_sweep_times_adaptively_when_the_spec_fixes_no_reps(capsys, plugins, spe
     assert main([*args, "--budget", "0.05", "--rel-ci", "0.02"]) == 0
     measurement = json.loads((out_dir / "env.json").read_text())["measurement"]
     assert (measurement["budget_s"], measurement["rel_ci"], measurement["reps"]) == (0.05, 0.02, None)
-    for row in results.read_rows(out_dir / "results.csv"):
+    for row in rundir.read_results(out_dir / "results.csv").rows:
         assert row.status == "ok" and row.stop in ("ci", "budget", "max") and row.reps >= 5
         assert row.warmup >= 1
     record = json.loads((out_dir / "timings.json").read_text())

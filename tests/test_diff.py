@@ -6,10 +6,10 @@ import math
 import pandas as pd
 import pytest
 
-from tfla_bench import results
+from tfla_bench import rundir
 from tfla_bench.cli import main
 from tfla_bench.diff import diff_runs, verdict
-from tfla_bench.results import ResultRow
+from tfla_bench.rundir import ResultRow
 from tfla_bench.workloads import Case
 
 ENV = {
@@ -40,7 +40,7 @@ def row(case_: Case, median: float, ci: float | None = 0.005, status: str = "ok"
 
 def write(run_dir, rows, env=ENV):
     run_dir.mkdir(parents=True)
-    results.rewrite(run_dir / "results.csv", rows, results.columns_for([r.case for r in rows]))
+    rundir.rewrite_results(run_dir / "results.csv", rows, rundir.columns_for([r.case for r in rows]))
     (run_dir / "env.json").write_text(json.dumps(env))
     return run_dir
 

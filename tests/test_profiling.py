@@ -16,7 +16,7 @@ import pytest
 import torch
 from synthetic_run import fig5_rows, write_run
 
-from tfla_bench import ncu, profiling, results, roofs, specs
+from tfla_bench import ncu, profiling, roofs, rundir, specs
 from tfla_bench.cli import main
 from tfla_bench.compare import load_run
 from tfla_bench.model.hardware import ACCELERATORS
@@ -65,11 +65,11 @@ def no_ncu_on_path(tmp_path, monkeypatch):
 
 
 def profile_frame(run_dir) -> pd.DataFrame:
-    return pd.read_csv(run_dir / profiling.PROFILE_FILE)
+    return pd.read_csv(run_dir / rundir.PROFILE)
 
 
 def test_a_case_sums_its_kernels_and_weights_the_tensor_pipe_by_duration():
-    row = results.ResultRow(case=Case("k", "fw", "bfloat16", 1, 64, 1, 8, 8), family="x", status="ok")
+    row = rundir.ResultRow(case=Case("k", "fw", "bfloat16", 1, 64, 1, 8, 8), family="x", status="ok")
     row.flops = 1e9
     kernels = [
         ncu.KernelMetrics(
@@ -95,7 +95,9 @@ def test_without_ncu_the_rows_say_why_and_results_stay(run_dir, no_ncu_on_path, 
     assert (run_dir / "results.csv").read_bytes() == before
     profiled = profile_frame(run_dir)
     ok_fw = [
-        r for r in results.read_rows(run_dir / "results.csv") if r.status == "ok" and r.case.mode == "fw"
+        r
+        for r in rundir.read_results(run_dir / "results.csv").rows
+        if r.status == "ok" and r.case.mode == "fw"
     ]
     assert len(profiled) == len(ok_fw)
     assert set(profiled["profile_status"]) == {"no_ncu"}
@@ -127,7 +129,7 @@ def test_profiled_rows_get_measured_bytes_and_intensity(run_dir, tmp_path):
     assert (profiled["profiled_kernels"] == len(SAMPLE_KERNELS)).all()
     # The sdpa row carries param_causal: the join matched it on that column too.
     assert profiled.loc[profiled["kernel"] == "sdpa_cudnn", "param_causal"].tolist() == [False]
-    assert len(list((run_dir / profiling.NCU_DIR).glob("*.csv"))) == len(profiled)
+    assert len(list((run_dir / rundir.NCU).glob("*.csv"))) == len(profiled)
     check = profiling.roof_check(frame, None)
     placed = check[check["intensity_basis"] == "measured"]
     assert len(placed) == len(profiled)
@@ -198,7 +200,7 @@ def test_bad_input_is_one_line_and_exit_2(run_dir, capsys, args, words):
     assert main(["profile", str(run_dir), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and words in err[0]
-    assert not (run_dir / profiling.PROFILE_FILE).exists()
+    assert not (run_dir / rundir.PROFILE).exists()
 
 
 def test_not_a_run_directory(tmp_path, capsys):

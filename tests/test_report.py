@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from synthetic_run import fig5_rows, write_run
 
+from tfla_bench import rundir
 from tfla_bench.cli import main
 from tfla_bench.compare import compare_run, comparison_tables, load_run
 from tfla_bench.model.hardware import ACCELERATORS
@@ -135,7 +136,7 @@ def test_report_shows_the_gate_of_a_checked_sweep(tmp_path):
         correctness.GateResult("tfla_sig", "ok", 3.1e-3, 2e-2, True, None),
         correctness.GateResult("mlstm_kernels_exp", "crashed", None, None, False, "killed by SIGABRT"),
     ]
-    correctness.write_gate(run_dir / correctness.CHECK_FILE, gate, "NVIDIA H100 80GB HBM3")
+    correctness.write_gate(run_dir / rundir.CHECK, gate, "NVIDIA H100 80GB HBM3")
     page = build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])
     assert '<section id="gate">' in page and 'id="gate"' in page
     assert "killed by SIGABRT" in page and "on NVIDIA H100 80GB HBM3" in page

@@ -12,7 +12,7 @@ import pytest
 import torch
 from plugin_support import registered_test_adapters
 
-from tfla_bench import phases, registry, results, runner, specs, timing
+from tfla_bench import phases, registry, rundir, runner, specs, timing
 from tfla_bench.errors import UserError
 from tfla_bench.specs import MeasureSettings
 from tfla_bench.worker import measure_case
@@ -119,7 +119,7 @@ def test_csv_schema_and_env_json(sweep):
     spec, _, report = sweep
     with (report.run_dir / "results.csv").open(newline="") as handle:
         header = next(csv.reader(handle))
-    assert header == list(results.CASE_COLUMNS) + list(results.METRIC_COLUMNS)
+    assert header == list(rundir.CASE_COLUMNS) + list(rundir.METRIC_COLUMNS)
     for column in ("median_ms", "p20_ms", "p80_ms", "min_ms", "first_call_s", "peak_memory_bytes", "error"):
         assert column in header
     env = json.loads((report.run_dir / "env.json").read_text())
@@ -150,7 +150,7 @@ def test_resume_reruns_nothing_finished(sweep, tmp_path):
 
     # Drop the sdpa_math rows as if the run had been interrupted: only those cases run again.
     kept = [r for r in again.rows if r.case.kernel != "sdpa_math"]
-    results.rewrite(run_dir / "results.csv", kept, results.read_header(run_dir / "results.csv"))
+    rundir.rewrite_results(run_dir / "results.csv", kept, rundir.read_results(run_dir / "results.csv").header)
     third = runner.run_sweep(spec, cases, run_dir, resume=True, devices=["cpu"])
     assert third.dispatched == 1 and third.worker_starts == 1
     assert {r.case.kernel for r in third.rows if r.status == "ok"} == {"sdpa_math", "test_counting"}
@@ -158,11 +158,13 @@ def test_resume_reruns_nothing_finished(sweep, tmp_path):
 
 
 def test_resolve_run_dir_refuses_existing_results(sweep, tmp_path):
-    _, _, report = sweep
+    spec, _, report = sweep
+    assert runner.resolve_run_dir("x", report.run_dir, None) == (report.run_dir, False)
     with pytest.raises(UserError, match="already holds results"):
-        runner.resolve_run_dir("x", report.run_dir, None)
+        runner.check_run_dir(report.run_dir, spec, resume=False)
     assert runner.resolve_run_dir("x", None, report.run_dir) == (report.run_dir, True)
     assert runner.resolve_run_dir("x", tmp_path / "new", None) == (tmp_path / "new", False)
+    assert (tmp_path / "new").is_dir()
     with pytest.raises(UserError, match="not a run directory"):
         runner.resolve_run_dir("x", None, tmp_path)
     assert runner.default_run_dir("smoke").parent == Path("results/runs")
@@ -295,7 +297,7 @@ def test_ctrl_c_keeps_rows_and_kills_workers(tmp_path):
 
     def press_ctrl_c_after_first_row():
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(results.read_rows(csv_path)) < 1:
+        while time.monotonic() < deadline and len(rundir.read_results(csv_path).rows) < 1:
             time.sleep(0.1)
         time.sleep(0.5)  # the worker is now inside test_sleep
         _thread.interrupt_main()
@@ -303,7 +305,7 @@ def test_ctrl_c_keeps_rows_and_kills_workers(tmp_path):
     threading.Thread(target=press_ctrl_c_after_first_row, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         runner.run_sweep(spec, specs.expand(spec), tmp_path / "run", devices=["cpu"])
-    assert [(r.case.kernel, r.status) for r in results.read_rows(csv_path)] == [("sdpa_math", "ok")]
+    assert [(r.case.kernel, r.status) for r in rundir.read_results(csv_path).rows] == [("sdpa_math", "ok")]
     assert multiprocessing.active_children() == []
 
 
@@ -372,7 +374,7 @@ def test_adaptive_timing_is_the_default(plugin_adapters):
 
 def test_new_columns_round_trip_through_the_csv(tmp_path):
     case = counting_case("fw")
-    row = results.ResultRow(
+    row = rundir.ResultRow(
         case=case,
         family="test",
         status="ok",
@@ -387,8 +389,8 @@ def test_new_columns_round_trip_through_the_csv(tmp_path):
         throttled=True,
     )
     path = tmp_path / "results.csv"
-    results.rewrite(path, [row], results.columns_for([case]))
-    assert results.read_rows(path) == [row]
+    rundir.rewrite_results(path, [row], rundir.columns_for([case]))
+    assert rundir.read_results(path).rows == [row]
 
 
 def test_timings_json_says_where_the_time_went(sweep):

@@ -1,7 +1,8 @@
 """The `tfla-bench` command line: one typer app, one module per command group in `commands/`.
 
-User mistakes (`UserError`, click usage errors) end in one line on stderr and exit code 2;
-bugs keep their traceback.
+User mistakes (`UserError`, click usage errors) end in one line on stderr and exit code 2, a
+started run stopped by its environment (`RunFailed`) in one line and exit code 1; bugs keep their
+traceback.
 """
 
 import sys
@@ -9,7 +10,7 @@ import sys
 import typer
 
 from tfla_bench.commands import analysis, bench, check, diff, model, profile, roofs
-from tfla_bench.errors import UserError
+from tfla_bench.errors import RunFailed, UserError
 
 app = typer.Typer(
     name="tfla-bench",
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         first_line = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
         print(f"error: {first_line}", file=sys.stderr)
         return 2
+    except RunFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
         return 130

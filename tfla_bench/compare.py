@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from tfla_bench import rundir
 from tfla_bench.errors import UserError
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
 from tfla_bench.model.roofline import runtime_ms_lower
@@ -41,21 +43,8 @@ from tfla_bench.published import (
     mapping_for_published,
     published_cases,
 )
+from tfla_bench.rundir import RunGpu
 
-RESULTS_FILE = "results.csv"
-ENV_FILE = "env.json"
-
-# The columns of results.csv this module reads (`tfla_bench.results` writes more).
-REQUIRED_COLUMNS = (
-    *CASE_KEYS,
-    "chunk_size",
-    "family",
-    "status",
-    "median_ms",
-    "peak_memory_bytes",
-    "flops",
-    "bytes",
-)
 NORMALIZE_CHOICES = ("none", "roofline")
 SHAPE_COLUMNS = ("batch", "seq_len", "num_heads", "head_dim_qk", "head_dim_v", "chunk_size")
 
@@ -66,19 +55,23 @@ class Run:
 
     Attributes:
         run_dir: the directory.
-        results: `results.csv`, one row per case (`chunk_size` as nullable Int64, `param_*`
-            values normalized: "True"/"False" strings become booleans), joined with the
+        results: the readable rows of `results.csv`, one per case (`chunk_size` as nullable Int64,
+            `param_*` values as bool, int, float or str, empty text cells as NaN), joined with the
             Nsight Compute columns of `profile.csv` where the run has one (`tfla_bench.profiling`).
         env: `env.json` (gpu_name, spec, published, packages, measurement, ...).
+        gpu: the run's GPU and its accelerator in the model, resolved once from `env.json`.
+        skipped: the warning about unreadable rows of `results.csv`, or None when every row read.
     """
 
     run_dir: Path
     results: pd.DataFrame
     env: dict[str, Any]
+    gpu: RunGpu
+    skipped: str | None = None
 
     @property
     def gpu_name(self) -> str:
-        return str(self.env.get("gpu_name") or "unknown GPU")
+        return self.gpu.name
 
     @property
     def spec(self) -> str:
@@ -89,56 +82,54 @@ class Run:
         return self.env.get("published") or None
 
 
-def _param_value(value: Any) -> Any:
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    return value
-
-
 def param_columns(df: pd.DataFrame) -> list[str]:
     """The `param_*` columns of a results frame, sorted."""
     return sorted(c for c in df.columns if c.startswith("param_"))
 
 
 def load_run(run_dir: Path | str) -> Run:
-    """Read a run directory's `results.csv` and `env.json`.
+    """Read a run directory's `results.csv` and `env.json` (through `tfla_bench.rundir`).
+
+    Rows that cannot be read (a torn last line, garbage) are left out, and one warning line on
+    stderr says how many and why.
 
     Args:
         run_dir: a directory written by `tfla-bench sweep` / `run`.
 
     Raises:
-        UserError: the directory, `results.csv` or `env.json` is missing, the CSV has no rows, or
-            it lacks one of `REQUIRED_COLUMNS`.
+        UserError: the directory, `results.csv` or `env.json` is missing, the CSV has no readable
+            rows or a header that is not a results header, or env.json is not JSON.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"run directory {run_dir} does not exist")
-    results_path = run_dir / RESULTS_FILE
+    results_path = run_dir / rundir.RESULTS
     if not results_path.is_file():
-        raise UserError(f"{run_dir} has no {RESULTS_FILE}: not a run directory, or the run wrote no rows yet")
-    try:
-        results = pd.read_csv(results_path)
-    except pd.errors.EmptyDataError:
-        raise UserError(f"{results_path} is empty") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in results.columns]
-    if missing:
-        raise UserError(f"{results_path} lacks columns: {', '.join(missing)}")
-    if results.empty:
-        raise UserError(f"{results_path} has no result rows")
-    env_path = run_dir / ENV_FILE
-    if not env_path.is_file():
-        raise UserError(f"{run_dir} has no {ENV_FILE}")
-    try:
-        env = json.loads(env_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{env_path} is not valid JSON: {exc}") from None
+        raise UserError(
+            f"{run_dir} has no {rundir.RESULTS}: not a run directory, or the run wrote no rows yet"
+        )
+    read = rundir.read_results(results_path)
+    if not read.header:
+        raise UserError(f"{results_path} is empty")
+    if not read.rows:
+        raise UserError(f"{results_path} has no readable result rows")
+    if not (run_dir / rundir.ENV).is_file():
+        raise UserError(f"{run_dir} has no {rundir.ENV}")
+    env = rundir.read_env(run_dir)
+    skipped = read.warning()
+    if skipped:
+        print(f"warning: {skipped}", file=sys.stderr)
+    rows = list({row.case.key: row for row in read.rows}.values())
+    results = pd.DataFrame.from_records([row.values() for row in rows])
     results["chunk_size"] = pd.to_numeric(results["chunk_size"], errors="coerce").astype("Int64")
     for column in ("median_ms", "peak_memory_bytes", "flops", "bytes"):
         results[column] = pd.to_numeric(results[column], errors="coerce").astype(float)
+    for column in ("device", "error", "note"):
+        results[column] = results[column].mask(results[column] == "")
     for column in param_columns(results):
-        results[column] = results[column].map(_param_value).astype(object)
+        results[column] = results[column].astype(object)
     results = join_profile(results, run_dir)
-    return Run(run_dir=run_dir, results=results, env=env)
+    return Run(run_dir=run_dir, results=results, env=env, gpu=rundir.run_gpu(env), skipped=skipped)
 
 
 def resolve_published_name(run: Run, name: str | None) -> str | None:
@@ -237,7 +228,7 @@ def compare_run(run: Run, published_name: str, normalize: str = "none") -> Compa
     if normalize not in NORMALIZE_CHOICES:
         raise UserError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {normalize!r}")
     published = load_published(published_name)
-    measured_acc = detect_accelerator(run.gpu_name)
+    measured_acc = run.gpu.accelerator
     published_acc = detect_accelerator(PUBLISHED_GPU_NAME)
     if normalize == "roofline" and measured_acc is None:
         raise UserError(

@@ -24,7 +24,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from tfla_bench.results import ResultRow
+from tfla_bench.rundir import ResultRow
 from tfla_bench.workloads import Case
 
 # Rich squeezes tables to 80 columns when the output is not a terminal: a log or pipe keeps one row

@@ -35,7 +35,6 @@ xl_chunk kernel hits an LLVM assertion on Triton 3.6) or hangs in autotuning yie
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import tempfile
 import time
@@ -46,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfla_bench import registry
+from tfla_bench import registry, rundir
 from tfla_bench.worker import Failure, GateJob, Worker, is_fatal_cuda_error
 from tfla_bench.workloads import Case
 
@@ -57,7 +56,6 @@ if TYPE_CHECKING:
 
 TOLERANCES: dict[str, float] = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 5e-3}
 DEFAULT_TIMEOUT_S = 900.0
-CHECK_FILE = "check.json"  # the gate of `sweep --check`, kept in the run directory
 
 # Statuses of a gate result. `passed` is True/False for "ok" and False for "error", "crashed" and
 # "timeout" (an available adapter that cannot produce a checked output fails the gate); None for
@@ -419,7 +417,7 @@ def json_row(result: GateResult) -> dict[str, object]:
 
 
 def write_gate(path: Path, results: list[GateResult], device_name: str) -> Path:
-    """Write the gate's results (`{"device": ..., "results": [...]}`) to `path`."""
+    """Write the gate's results (`{"device": ..., "results": [...]}`) to `path`, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"device": device_name, "results": [json_row(r) for r in results]}, indent=2))
+    rundir.write_json(path, {"device": device_name, "results": [json_row(r) for r in results]})
     return path

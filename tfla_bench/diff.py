@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,13 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tfla_bench import results
+from tfla_bench import rundir
 from tfla_bench.errors import UserError
 from tfla_bench.plots.base import DPI, MAX_ASPECT, new_figure
 from tfla_bench.plots.runs import MODE_TITLES, set_log2_x
 from tfla_bench.plots.style import row_style
-from tfla_bench.results import ResultRow
+from tfla_bench.rundir import ResultRow
 
-RESULTS_FILE = "results.csv"
-ENV_FILE = "env.json"
 # env.json facts that make two runs' numbers differ for reasons other than the code.
 ENV_FACTS = ("gpu_name", "driver", "cuda", "cudnn", "torch", "triton")
 VERDICTS = ("faster", "slower", "same", "status")
@@ -39,7 +38,7 @@ X_COLUMNS = ("seq_len", "head_dim_v", "chunk_size")
 # Labelled ratios on the plot's log y axis.
 RATIO_TICKS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 ROW_COLUMNS = (
-    *results.CASE_COLUMNS,
+    *rundir.CASE_COLUMNS,
     "params",
     "status_a",
     "status_b",
@@ -89,16 +88,16 @@ class RunDiff:
 def load(run_dir: Path) -> tuple[list[ResultRow], dict[str, Any]]:
     """A run directory's rows and env.json (an empty env when it has none)."""
     run_dir = Path(run_dir)
-    path = run_dir / RESULTS_FILE
+    path = run_dir / rundir.RESULTS
     if not path.is_file():
-        raise UserError(f"{run_dir}: no {RESULTS_FILE} (not a run directory)")
+        raise UserError(f"{run_dir}: no {rundir.RESULTS} (not a run directory)")
+    read = rundir.read_results(path)
+    if read.skipped:
+        print(f"warning: {read.warning()}", file=sys.stderr)
+    rows = read.rows
     try:
-        rows = results.read_rows(path)
-    except (KeyError, ValueError) as exc:
-        raise UserError(f"{path}: not a results file of this suite ({exc})") from None
-    try:
-        env = json.loads((run_dir / ENV_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+        env = rundir.read_env(run_dir)
+    except UserError:
         env = {}
     return rows, env
 
@@ -148,7 +147,7 @@ def _compare(a: ResultRow, b: ResultRow) -> dict[str, Any]:
 
 
 def _case_cells(row: ResultRow) -> dict[str, Any]:
-    cells = {column: getattr(row.case, column) for column in results.CASE_COLUMNS}
+    cells = {column: getattr(row.case, column) for column in rundir.CASE_COLUMNS}
     cells["params"] = " ".join(f"{k}={v}" for k, v in sorted(row.case.params.items()))
     return cells
 
@@ -169,12 +168,12 @@ def display(frame: pd.DataFrame) -> pd.DataFrame:
         + frame["head_dim_v"].astype(str)
         + chunk
     )
-    rest = [column for column in frame.columns if column not in results.CASE_COLUMNS[3:]]
+    rest = [column for column in frame.columns if column not in rundir.CASE_COLUMNS[3:]]
     return frame[rest].assign(shape=shape)[[*rest[:3], "shape", *rest[3:]]]
 
 
 def _cases(rows: list[ResultRow]) -> pd.DataFrame:
-    columns = [*results.CASE_COLUMNS, "params", "status"]
+    columns = [*rundir.CASE_COLUMNS, "params", "status"]
     return pd.DataFrame([{**_case_cells(row), "status": row.status} for row in rows], columns=columns)
 
 

@@ -1,4 +1,4 @@
-"""The environment record of a run (`env.json` beside `results.csv`).
+"""The environment record of a run (`env.json` beside `results.csv`; `tfla_bench.rundir` writes it).
 
 GPU facts come from the benchmark worker (`DeviceInfo`), so the parent process never creates a
 CUDA context of its own, and from `nvidia-smi` (driver, clocks, power limit) when it is present.
@@ -7,7 +7,6 @@ CUDA context of its own, and from `nvidia-smi` (driver, clocks, power limit) whe
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import socket
@@ -108,11 +107,6 @@ def collect(
         "command": sys.argv,
         "measurement": measurement,
     }
-
-
-def write(path: Path, env: dict[str, Any]) -> None:
-    """Write the record as indented JSON."""
-    path.write_text(json.dumps(env, indent=2, sort_keys=False) + "\n")
 
 
 def _version(distribution: str) -> str | None:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-TIMINGS_FILE = "timings.json"
+from tfla_bench import rundir
 
 
 class PhaseClock:
@@ -63,12 +63,12 @@ class PhaseClock:
         record = self.to_dict()
         if self._earlier:
             record["earlier"] = self._earlier
-        (run_dir / TIMINGS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        rundir.write_json(run_dir / rundir.TIMINGS, record)
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:
     """The run's `timings.json`, or None when the run has none (or it is not valid JSON)."""
-    path = Path(run_dir) / TIMINGS_FILE
+    path = Path(run_dir) / rundir.TIMINGS
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

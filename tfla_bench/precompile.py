@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfla_bench import registry
+from tfla_bench import registry, rundir
 from tfla_bench.worker import Failure, Worker
 from tfla_bench.workloads import Case
 
@@ -302,7 +302,7 @@ def _run_jobs(
             worker.stop()
 
     workers = [
-        Worker(devices[index % len(devices)], log_dir / f"precompile-{index}.log")
+        Worker(devices[index % len(devices)], log_dir / rundir.precompile_log(index))
         for index in range(processes)
     ]
     threads = [threading.Thread(target=serve, args=(worker,), daemon=True) for worker in workers]

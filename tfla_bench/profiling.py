@@ -42,15 +42,12 @@ from typing import Any
 
 import pandas as pd
 
-from tfla_bench import ncu, results
+from tfla_bench import ncu, rundir
 from tfla_bench.errors import UserError
-from tfla_bench.results import CASE_COLUMNS, ResultRow
 from tfla_bench.roofs import MeasuredRoofs
+from tfla_bench.rundir import CASE_COLUMNS, ResultRow
 from tfla_bench.workloads import Case
 
-PROFILE_FILE = "profile.csv"
-# ncu's CSV of each profiled case, kept for its per-kernel numbers: `<run_dir>/ncu/<case>.csv`.
-NCU_DIR = "ncu"
 PROFILE_COLUMNS = (
     "profile_status",
     "profiled_kernels",
@@ -196,7 +193,7 @@ def profile_rows(
             profile = CaseProfile(row.case, refused[0], flops=row.flops, error=refused[1])
         else:
             assert executable is not None
-            log_file = run_dir / NCU_DIR / f"{_slug(row.case.key)}.csv"
+            log_file = run_dir / rundir.NCU / f"{_slug(row.case.key)}.csv"
             log_file.parent.mkdir(parents=True, exist_ok=True)
             grad, module = grad_of(row.case.kernel), module_of(row.case.kernel)
             profile = _profile_one(executable, row, grad, module, log_file, timeout_s)
@@ -238,7 +235,7 @@ def write_profiles(run_dir: Path, profiles: Sequence[CaseProfile]) -> Path:
     The case columns are `CASE_COLUMNS` and the `param_*` columns of the profiled cases; readers
     join on them (`join_profile`).
     """
-    path = run_dir / PROFILE_FILE
+    path = run_dir / rundir.PROFILE
     fresh = {profile.case.key: profile.cells() for profile in profiles}
     kept: list[dict[str, str]] = []
     old_columns: list[str] = []
@@ -278,7 +275,7 @@ def join_profile(frame: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
     Rows without a profile get empty (NaN) profile cells; without `profile.csv` the frame is
     returned as it is.
     """
-    path = Path(run_dir) / PROFILE_FILE
+    path = Path(run_dir) / rundir.PROFILE
     if not path.exists():
         return frame
     profile = pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -306,7 +303,7 @@ def _key_cell(value: Any) -> str:
     """One value as the same text whether read as a string, a number, a boolean or a missing cell."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) or value == "":
         return ""
-    parsed = results.parse_param(value) if isinstance(value, str) else value
+    parsed = rundir.parse_param(value) if isinstance(value, str) else value
     if isinstance(parsed, bool):
         return str(parsed).lower()
     if isinstance(parsed, float) and parsed.is_integer():

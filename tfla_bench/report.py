@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tfla_bench import phases
+from tfla_bench import phases, rundir
 from tfla_bench.compare import (
     Comparison,
     Run,
@@ -38,17 +38,15 @@ from tfla_bench.compare import (
     published_only_summary,
     resolve_published_name,
 )
-from tfla_bench.correctness import CHECK_FILE
-from tfla_bench.model.hardware import ACCELERATORS, Accelerator, detect_accelerator
+from tfla_bench.model.hardware import ACCELERATORS, Accelerator
 from tfla_bench.plots.base import device_name, is_cpu_run, render
 from tfla_bench.plots.catalog import plots, run_context
 from tfla_bench.plots.measured import own_accelerator, roofline_fractions
 from tfla_bench.profiling import MODEL_OFF, bytes_by_kernel, profile_failures, roof_check
 from tfla_bench.published import PUBLISHED_GPU_NOTE, PUBLISHED_MEMORY_NOTE, mapping_table
-from tfla_bench.results import CASE_COLUMNS
 from tfla_bench.roofs import from_env, versus_datasheet
+from tfla_bench.rundir import CASE_COLUMNS
 
-REPORT_FILE = "report.html"
 DEFAULT_ACCELERATORS = ("h100", "h200")
 # The columns that name a row in the failure and run-only tables (a case without its dtype).
 ROW_SHAPE = [c for c in CASE_COLUMNS if c != "dtype"]
@@ -158,7 +156,7 @@ def _env_tables(env: dict[str, Any]) -> str:
 
 def gate_table(run_dir: Path) -> tuple[str, pd.DataFrame] | None:
     """The device and table of the run's correctness gate (`check.json` of `sweep --check`), or None."""
-    path = Path(run_dir) / CHECK_FILE
+    path = Path(run_dir) / rundir.CHECK
     if not path.exists():
         return None
     gate = json.loads(path.read_text())
@@ -294,7 +292,7 @@ def _comparison_section(run: Run, plain: Comparison) -> str:
     ]
     for mode, table in comparison_tables(plain).items():
         parts.append(f"<h3>{mode}: run vs published</h3>" + frame_html(table, f"compare-{mode}"))
-    if detect_accelerator(run.gpu_name) is not None:
+    if run.gpu.accelerator is not None:
         normalized = compare_run(run, name, normalize="roofline")
         parts.append(
             "<p>Normalized: each side's runtime divided by its own GPU's roofline bound "
@@ -322,7 +320,7 @@ def _accelerators(run: Run) -> list[Accelerator]:
     if is_cpu_run(run):
         return []
     accelerators = [ACCELERATORS[name] for name in DEFAULT_ACCELERATORS]
-    own = detect_accelerator(run.gpu_name)
+    own = run.gpu.accelerator
     if own is not None and own not in accelerators:
         accelerators.append(own)
     return accelerators
@@ -434,7 +432,7 @@ def write_report(run_dir: Path, published: str | None = None, out: Path | None =
     """
     run = load_run(run_dir)
     name = resolve_published_name(run, published)
-    out = out or Path(run_dir) / REPORT_FILE
+    out = out or Path(run_dir) / rundir.REPORT
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(build_report(run, name))
+    rundir.write_atomic(out, build_report(run, name))
     return out

@@ -56,23 +56,32 @@ Robustness
 - One persistent worker per device (spawned, so torch import and CUDA init are paid once per
   worker), cases sent one at a time. Cases are sharded over devices by a stable hash of
   `Case.key`, so a resumed run gives every case the same device.
-- Rows are appended to `results.csv` as they finish and flushed; `env.json` is written before the
+- The run directory and its files belong to `tfla_bench.rundir`: rows are appended to
+  `results.csv` as they finish, one write and one fsync each; `env.json` is written before the
   first case runs; `spec.json` holds the spec for `--resume`; `timings.json` (`tfla_bench.phases`)
   the wall time per phase and per adapter when the sweep ends. Ctrl-C kills the workers and keeps
-  every row already written.
+  every row already written. The caller holds the directory's lock (`rundir.RunLock`).
 - `--resume DIR` keeps every finished row and runs only the other cases. Finished means any
   status except `unavailable`, `unsupported` and `failed_check`: those cost nothing to decide
   again and may change after an install or a fix, so their rows are replaced. A case that
-  crashed, hung, ran out of memory or raised keeps its row (delete the row to retry it).
+  crashed, hung, ran out of memory or raised keeps its row unless `--retry` names its status;
+  then it runs again and its new row replaces the old one. A spec that differs from the run's
+  own `spec.json` is refused unless forced (`check_run_dir`); a torn last row is dropped with a
+  warning and its case runs again.
+- A write that fails (a full disk, a read-only directory) before the first row is a `UserError`
+  (exit 2); after it, a `RunFailed` (exit 1). Either way every row written before stays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -80,12 +89,12 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from tfla_bench import envinfo, registry, results
+from tfla_bench import envinfo, registry, rundir
 from tfla_bench.console import case_label, make_console, progress_bar, row_line
-from tfla_bench.errors import UserError
+from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.phases import PhaseClock
 from tfla_bench.precompile import PrecompileResult, PrecompileSummary, precompile
-from tfla_bench.results import ResultRow
+from tfla_bench.rundir import ResultRow
 from tfla_bench.specs import Spec, parse_spec
 from tfla_bench.worker import Job, Measurement, Worker
 from tfla_bench.workloads import Case
@@ -93,9 +102,6 @@ from tfla_bench.workloads import Case
 RUNS_DIR = Path("results") / "runs"
 # Consecutive identical crashes of one kernel after which its remaining cases are not run.
 CRASH_REPEATS = 2
-RESULTS_FILE = "results.csv"
-ENV_FILE = "env.json"
-SPEC_FILE = "spec.json"
 
 
 @dataclass
@@ -136,7 +142,10 @@ def default_run_dir(spec_name: str) -> Path:
 
 
 def resolve_run_dir(spec_name: str, out: Path | None, resume: Path | None) -> tuple[Path, bool]:
-    """The run directory and whether it is resumed; refuses to overwrite results.
+    """The run directory, created if needed, and whether it is resumed.
+
+    A default directory is new: made with `mkdir` (atomic), with a `-2`, `-3`, ... suffix when
+    another sweep made that name first.
 
     Args:
         spec_name: for the default directory name.
@@ -146,24 +155,61 @@ def resolve_run_dir(spec_name: str, out: Path | None, resume: Path | None) -> tu
     if out is not None and resume is not None:
         raise UserError("give --out or --resume, not both")
     if resume is not None:
-        if not (resume / SPEC_FILE).exists():
-            raise UserError(f"--resume {resume}: not a run directory (no {SPEC_FILE})")
+        if not (resume / rundir.SPEC).is_file():
+            raise UserError(f"--resume {resume}: not a run directory (no {rundir.SPEC})")
         return resume, True
-    run_dir = out if out is not None else default_run_dir(spec_name)
-    if results.read_rows(run_dir / RESULTS_FILE):
+    try:
+        if out is not None:
+            if out.exists() and not out.is_dir():
+                raise UserError(f"--out {out}: exists and is not a directory")
+            out.mkdir(parents=True, exist_ok=True)
+            return out, False
+        base = default_run_dir(spec_name)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for number in itertools.count(1):
+            candidate = base if number == 1 else base.with_name(f"{base.name}-{number}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return candidate, False
+    except OSError as exc:
+        raise UserError(f"cannot create the run directory: {exc.strerror}: {exc.filename}") from None
+    raise AssertionError("unreachable")
+
+
+def check_run_dir(run_dir: Path, spec: Spec, *, resume: bool, force: bool = False) -> str | None:
+    """Refuse a run directory the sweep must not write into; the spec difference `force` accepted.
+
+    Call it holding the directory's lock, before anything is written. A new run refuses a directory
+    that holds rows. A resumed one refuses a spec that differs from its `spec.json` (unless
+    `force`), an `env.json` of a newer schema, and a `results.csv` that cannot be repaired.
+    """
+    csv_path = run_dir / rundir.RESULTS
+    if not resume:
+        if rundir.read_results(csv_path).rows:
+            raise UserError(
+                f"{run_dir} already holds results; continue it with --resume {run_dir} or pick another --out"
+            )
+        return None
+    rundir.read_env(run_dir)
+    difference = rundir.spec_difference(load_run_spec(run_dir).to_dict(), spec.to_dict())
+    if difference and not force:
         raise UserError(
-            f"{run_dir} already holds results; continue it with --resume {run_dir} or pick another --out"
+            f"--resume {run_dir}: the spec differs from the run's own at {difference} "
+            "(--force mixes them deliberately)"
         )
-    return run_dir, False
+    rundir.read_results(csv_path).for_resume()
+    return difference
 
 
 def load_run_spec(run_dir: Path) -> Spec:
     """The spec saved in a run directory (for `--resume` without a spec file)."""
-    path = run_dir / SPEC_FILE
+    path = run_dir / rundir.SPEC
     try:
         raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
     return parse_spec(raw, str(path))
 
 
@@ -261,6 +307,8 @@ def run_sweep(
     run_dir: Path,
     *,
     resume: bool = False,
+    retry: Iterable[str] = (),
+    forced: str | None = None,
     devices: list[str] | None = None,
     failed_check: dict[str, str] | None = None,
     precompile_processes: int = 0,
@@ -273,8 +321,11 @@ def run_sweep(
     Args:
         spec: the spec the cases come from (saved for `--resume`; its measurement settings apply).
         cases: from `specs.expand`.
-        run_dir: from `resolve_run_dir`.
+        run_dir: from `resolve_run_dir`, checked by `check_run_dir`.
         resume: keep the finished rows already in `run_dir` and run only the other cases.
+        retry: statuses among `rundir.RERUNNABLE_STATUSES` whose rows a resume runs again and
+            replaces.
+        forced: the difference from the run's own spec that `--force` accepted (kept in env.json).
         devices: worker devices (`select_devices`); default: every visible GPU, or `cpu`.
         failed_check: adapter names that failed the correctness gate, with the reason; their cases
             get status `failed_check` without running.
@@ -289,28 +340,42 @@ def run_sweep(
     Returns:
         A `SweepReport`. Ctrl-C kills the workers and re-raises `KeyboardInterrupt` after the rows
         written so far are safely on disk.
+
+    Raises:
+        UserError: the directory cannot be written before the first row.
+        RunFailed: a write failed after the sweep started (every earlier row is kept).
     """
     console = console or make_console(stderr=True)
     clock = clock or PhaseClock()
     devices = devices or select_devices(None)
     cuda = devices[0] != "cpu"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = run_dir / RESULTS_FILE
+    csv_path = run_dir / rundir.RESULTS
 
     kept: list[ResultRow] = []
-    columns = results.columns_for(cases)
+    columns = rundir.columns_for(cases)
     if resume:
-        existing = results.read_rows(csv_path)
-        finished = {row.case.key for row in existing if row.finished}
+        read = rundir.read_results(csv_path)
+        existing = read.for_resume()
+        if read.torn:
+            console.print(
+                f"[yellow]warning:[/] {csv_path} line {read.skipped[-1].line}: {read.skipped[-1].reason}; "
+                "dropped, that case runs again"
+            )
+        again = set(retry)
+        finished = {row.case.key for row in existing if row.finished and row.status not in again}
         cases = [case for case in cases if case.key not in finished]
         todo = {case.key for case in cases}
-        kept = [row for row in existing if row.finished or row.case.key not in todo]
-        old_columns = results.read_header(csv_path)
-        columns = results.columns_for([*(row.case for row in kept), *cases])
-        columns = [*dict.fromkeys([*old_columns, *columns])] if old_columns else columns
-    # A fresh run starts a fresh file (an earlier attempt may have left a header and no rows).
-    results.rewrite(csv_path, kept, columns)
-    (run_dir / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+        kept = [row for row in existing if row.case.key not in todo]
+        columns = rundir.columns_for([*(row.case for row in kept), *cases])
+        columns = [*dict.fromkeys([*read.header, *columns])] if read.header else columns
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # A fresh run starts a fresh file (an earlier attempt may have left a header and no rows).
+        rundir.rewrite_results(csv_path, kept, columns)
+        rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
+        writer = rundir.RowWriter(csv_path, columns)
+    except OSError as exc:
+        raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
 
     if not cuda:
         cpu_names = sorted({c.kernel for c in cases if registry.get(c.kernel).cpu_capable})
@@ -319,7 +384,6 @@ def run_sweep(
             f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
         )
     decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check)
-    writer = results.ResultWriter(csv_path, columns)
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
     )
@@ -340,7 +404,7 @@ def run_sweep(
                 precompiled = _precompile(to_run, precompile_processes, devices, run_dir, spec, console)
         with clock.phase("workers"):
             workers = _start_workers(
-                devices, to_run, run_dir, spec, cuda, console, precompiled, measured_roofs
+                devices, to_run, run_dir, spec, cuda, console, precompiled, measured_roofs, forced
             )
         try:
             with clock.phase("measuring"):
@@ -349,10 +413,17 @@ def run_sweep(
             for worker in workers:
                 worker.stop()
             report.worker_starts = sum(worker.starts for worker in workers)
+    except OSError as exc:
+        raise RunFailed(
+            f"writing to {run_dir} failed ({exc.strerror}); the {len(kept) + writer.written} row(s) "
+            f"written before are kept; continue with --resume {run_dir}"
+        ) from None
     finally:
         writer.close()
-        clock.write(run_dir)
-    report.rows = results.read_rows(csv_path)
+        # timings.json is secondary: failing to write it must not hide how the run itself ended.
+        with contextlib.suppress(OSError):
+            clock.write(run_dir)
+    report.rows = rundir.read_results(csv_path).rows
     return report
 
 
@@ -432,13 +503,15 @@ def _start_workers(
     console: Console,
     precompiled: PrecompileSummary | None = None,
     measured_roofs: dict | None = None,
+    forced: str | None = None,
 ) -> list[Worker]:
     """Launch one worker per device that has cases, then write `env.json` with the first one's facts
-    (and what `precompile` did and the measured roofs, if any)."""
+    (and what `precompile` did and the measured roofs, if any, and the spec difference a resume
+    was forced over)."""
     for planned in to_run:
         planned.shard = shard_of(planned.case.key, len(devices))
     used = sorted({planned.shard for planned in to_run})
-    workers = [Worker(device, run_dir / f"worker-{index}.log") for index, device in enumerate(devices)]
+    workers = [Worker(device, run_dir / rundir.worker_log(index)) for index, device in enumerate(devices)]
     for index in used:
         workers[index].launch()
     failures = {index: workers[index].wait_ready() for index in used}
@@ -452,17 +525,19 @@ def _start_workers(
         "memory": "torch.cuda.max_memory_allocated" if cuda else "not measured on CPU",
         "flush_bytes": info.flush_bytes if info and spec.measurement.l2_flush else None,
     }
-    env_path = run_dir / ENV_FILE
     env = envinfo.collect(spec, devices, info, measurement)
     if precompiled is not None:
         env["precompile"] = precompiled.to_dict()
     if measured_roofs is not None:
         env["roofs"] = measured_roofs
-    if env_path.exists():
-        previous = json.loads(env_path.read_text())
+    if forced is not None:
+        env["forced_spec_difference"] = forced
+    previous = rundir.read_env(run_dir)
+    if previous:
         previous.setdefault("resumed", []).append(env)
         env = previous
-    envinfo.write(env_path, env)
+    env["results_schema"] = rundir.SCHEMA_VERSION
+    rundir.write_json(run_dir / rundir.ENV, env)
     return workers
 
 
@@ -470,7 +545,7 @@ def _dispatch(
     to_run: list[_Planned],
     workers: list[Worker],
     spec: Spec,
-    writer: results.ResultWriter,
+    writer: rundir.RowWriter,
     console: Console,
     clock: PhaseClock,
 ) -> None:

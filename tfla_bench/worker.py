@@ -275,7 +275,11 @@ def failure_of(exc: BaseException, device: str) -> Measurement:
     message = str(exc)
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     detail = f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")[:MAX_ERROR_CHARS]
-    if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in message.lower():
+    # CPU allocations fail as MemoryError, or as torch's "DefaultCPUAllocator: can't allocate memory".
+    lowered = message.lower()
+    if isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError) or any(
+        words in lowered for words in ("out of memory", "can't allocate memory")
+    ):
         return Measurement(status="oom", device=device, error=detail)
     return Measurement(status="error", device=device, error=detail, fatal=is_fatal_cuda_error(message))
 

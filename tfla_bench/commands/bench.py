@@ -7,12 +7,16 @@ Examples::
         --head-dim-qk 128 --mode fw,fwbw --param causal=false
     tfla-bench sweep experiments/sdpa_h100.toml --kernel sdpa_cudnn --dry-run
     tfla-bench sweep experiments/smoke.toml --out /tmp/smoke-run
-    tfla-bench sweep --resume results/runs/smoke-20250101-120000
+    tfla-bench sweep --resume results/runs/smoke-20250101-120000 --retry crashed,timeout
+
+A sweep or resume holds the run directory's lock (`tfla_bench.rundir`) from before the correctness
+gate to its last row.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tfla_bench import correctness, registry, results, runner, specs
+from tfla_bench import correctness, registry, rundir, runner, specs
 from tfla_bench.commands import check as check_command
 from tfla_bench.console import cases_table, make_console, summary_table
 from tfla_bench.errors import UserError
@@ -262,6 +266,19 @@ def sweep(
     resume: Annotated[
         Path | None, typer.Option("--resume", help="continue this run directory; finished cases are kept")
     ] = None,
+    retry: Annotated[
+        str | None,
+        typer.Option(
+            "--retry",
+            metavar="STATUSES",
+            help="with --resume: run rows of these statuses again and replace them "
+            f"(any of {','.join(rundir.RERUNNABLE_STATUSES)})",
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="with --resume: accept a spec that differs from the run's (recorded)"),
+    ] = False,
     kernel: KernelOption = None,
     gpus: GpusOption = None,
     warmup: WarmupOption = None,
@@ -286,6 +303,8 @@ def sweep(
         spec = runner.load_run_spec(resume)
     else:
         raise UserError("sweep needs a SPEC file (or --resume DIR)")
+    if resume is None and (retry is not None or force):
+        raise UserError(f"{'--retry' if retry is not None else '--force'} needs --resume DIR")
     flags = _Flags(
         gpus,
         dry_run,
@@ -303,7 +322,7 @@ def sweep(
         ncu,
         ncu_path,
     )
-    _execute(spec, _names(kernel), out, resume, flags)
+    _execute(spec, _names(kernel), out, resume, flags, _statuses(retry), force)
 
 
 @dataclass(frozen=True)
@@ -328,9 +347,16 @@ class _Flags:
 
 
 def _execute(
-    spec: Spec, only: list[str] | None, out: Path | None, resume: Path | None, flags: _Flags
+    spec: Spec,
+    only: list[str] | None,
+    out: Path | None,
+    resume: Path | None,
+    flags: _Flags,
+    retry: frozenset[str] = frozenset(),
+    force: bool = False,
 ) -> None:
-    """Apply measurement flags, expand, and either print the cases or run them and print the summary."""
+    """Apply measurement flags, expand, and either print the cases or run them (holding the run
+    directory's lock) and print the summary."""
     clock = PhaseClock()
     if flags.grad is not None and flags.grad not in specs.GRAD_MODES:
         raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {flags.grad!r}")
@@ -363,56 +389,74 @@ def _execute(
     if flags.dry_run:
         stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
         return
-    run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
     devices = runner.select_devices(flags.gpus)
-    kernels = sorted({case.kernel for case in cases})
-    failed_check = {}
-    if flags.check:
-        with clock.phase("gate"):
-            failed_check = _gate(kernels, devices[0], run_dir, stdout)
-    report = runner.run_sweep(
-        spec,
-        cases,
-        run_dir,
-        resume=resuming,
-        devices=devices,
-        failed_check=failed_check,
-        precompile_processes=flags.precompile,
-        roofs=flags.roofs,
-        clock=clock,
-    )
-    stdout.print(summary_table(report.rows))
-    stdout.print(
-        f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} kept; "
-        f"{clock.to_dict()['wall_s']:.1f} s; results in {run_dir / runner.RESULTS_FILE}"
-    )
-    stdout.print(
-        "time per phase: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in clock.phases.items())
-    )
-    ok_rows = [row for row in report.rows if row.status == "ok"]
-    if flags.ncu and ok_rows:
-        from tfla_bench.commands.profile import profile_run
+    run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
+    with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
+        forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)
+        kernels = sorted({case.kernel for case in cases})
+        failed_check = {}
+        if flags.check:
+            with clock.phase("gate"):
+                failed_check = _gate(kernels, devices[0], run_dir, stdout)
+        report = runner.run_sweep(
+            spec,
+            cases,
+            run_dir,
+            resume=resuming,
+            retry=retry,
+            forced=forced,
+            devices=devices,
+            failed_check=failed_check,
+            precompile_processes=flags.precompile,
+            roofs=flags.roofs,
+            clock=clock,
+        )
+        stdout.print(summary_table(report.rows))
+        stdout.print(
+            f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} "
+            f"kept; {clock.to_dict()['wall_s']:.1f} s; results in {run_dir / rundir.RESULTS}"
+        )
+        stdout.print(
+            "time per phase: "
+            + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in clock.phases.items())
+        )
+        ok_rows = [row for row in report.rows if row.status == "ok"]
+        if flags.ncu and ok_rows:
+            from tfla_bench.commands.profile import profile_run
 
-        with clock.phase("profile"):
-            profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
-        clock.write(run_dir)
+            with clock.phase("profile"):
+                profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
+            clock.write(run_dir)
 
 
 def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dict[str, str]:
     """Run the correctness gate on `names` (its worker logs to `<run_dir>/check.log`), keep the verdicts
     as `<run_dir>/check.json`, and return the failing ones with the reason."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     with check_command.gate_progress(len(names)) as callbacks:
-        results = correctness.run_gate(names, device, log_path=run_dir / "check.log", **callbacks)
+        results = correctness.run_gate(names, device, log_path=run_dir / rundir.CHECK_LOG, **callbacks)
     console.print(check_command.gate_table(results))
     gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
-    correctness.write_gate(run_dir / correctness.CHECK_FILE, results, gpu)
+    try:
+        correctness.write_gate(run_dir / rundir.CHECK, results, gpu)
+    except OSError as exc:
+        raise UserError(f"cannot write {run_dir / rundir.CHECK}: {exc.strerror}") from None
     return {
         result.name: result.reason
         or f"max relative error {result.max_rel_error:.3g} > tolerance {result.tolerance:.3g}"
         for result in results
         if result.passed is False
     }
+
+
+def _statuses(text: str | None) -> frozenset[str]:
+    """`--retry crashed,timeout` as a set of statuses; a `UserError` naming an unknown one."""
+    names = _names([text]) if text is not None else []
+    unknown = [name for name in names if name not in rundir.RERUNNABLE_STATUSES]
+    if unknown or (text is not None and not names):
+        raise UserError(
+            f"--retry: expected a comma list of {', '.join(rundir.RERUNNABLE_STATUSES)}, got {text!r}"
+        )
+    return frozenset(names)
 
 
 def _names(values: list[str] | None) -> list[str]:
@@ -440,6 +484,6 @@ def _params(entries: list[str]) -> dict[str, Any]:
         key, sep, text = entry.partition("=")
         if not sep or not key.strip():
             raise UserError(f"--param: expected key=value, got {entry!r}")
-        values = [results.parse_param(part.strip()) for part in text.split(",")]
+        values = [rundir.parse_param(part.strip()) for part in text.split(",")]
         params[key.strip()] = values[0] if len(values) == 1 else values
     return params

@@ -8,8 +8,7 @@ Examples::
 
 from __future__ import annotations
 
-import json
-import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
@@ -17,12 +16,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tfla_bench import profiling, registry, results, roofs, runner
+from tfla_bench import profiling, registry, roofs, rundir, runner
 from tfla_bench.commands.bench import _ints, _names
 from tfla_bench.console import make_console
 from tfla_bench.errors import UserError
 from tfla_bench.profiling import CaseProfile
-from tfla_bench.results import ResultRow
+from tfla_bench.rundir import ResultRow
 from tfla_bench.specs import Spec
 
 NcuPathOption = Annotated[
@@ -45,9 +44,12 @@ def profile(
     ncu_path: NcuPathOption = None,
 ) -> None:
     """Profile the run's ok cases under ncu: DRAM bytes, duration and tensor-pipe use, into profile.csv."""
-    if not (run_dir / runner.SPEC_FILE).is_file():
-        raise UserError(f"{run_dir}: not a run directory (no {runner.SPEC_FILE})")
-    rows = results.read_rows(run_dir / runner.RESULTS_FILE)
+    if not (run_dir / rundir.SPEC).is_file():
+        raise UserError(f"{run_dir}: not a run directory (no {rundir.SPEC})")
+    read = rundir.read_results(run_dir / rundir.RESULTS)
+    if read.skipped:
+        print(f"warning: {read.warning()}", file=sys.stderr)
+    rows = read.rows
     lengths = _ints("--seq-len", seq_len) if seq_len else []
     seq_lens = lengths if isinstance(lengths, list) else [lengths]
     modes = _names([mode] if mode else [])
@@ -55,18 +57,19 @@ def profile(
         raise UserError(f"--mode: expected fw or fwbw, got {', '.join(bad)}")
     chosen = profiling.select_rows(rows, _names(kernel), seq_lens, modes)
     console = make_console()
-    _record_roofs(run_dir, console)
-    profile_run(run_dir, chosen, runner.load_run_spec(run_dir), ncu_path, console)
+    with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
+        _record_roofs(run_dir, console)
+        profile_run(run_dir, chosen, runner.load_run_spec(run_dir), ncu_path, console)
 
 
 def _record_roofs(run_dir: Path, console: Console) -> None:
     """Give a run without measured roofs in env.json the saved ones of its GPU (under its driver, else
     the latest of that GPU under another driver, with a note), so that its report can flag points
     above them: a run swept before roofs existed, or with --no-roofs."""
-    path = run_dir / runner.ENV_FILE
-    if not path.is_file():
+    path = run_dir / rundir.ENV
+    env = rundir.read_env(run_dir)
+    if not env:
         return
-    env = json.loads(path.read_text())
     if roofs.from_env(env) is not None:
         return
     gpu_name, driver = str(env.get("gpu_name")), str(env.get("driver") or "unknown")
@@ -83,9 +86,7 @@ def _record_roofs(run_dir: Path, console: Console) -> None:
             f"note: the run used driver {driver}; its roofs were measured under driver {record.driver}"
         )
     env["roofs"] = record.to_dict()
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(env, indent=2) + "\n")
-    os.replace(tmp, path)
+    rundir.write_json(path, env)
     console.print(f"recorded the saved roofs of {record.key} in {path}")
 
 
@@ -117,5 +118,5 @@ def profile_run(
         on_profile=show,
     )
     done = sum(result.status == "ok" for result in profiles)
-    console.print(f"{done} of {len(profiles)} case(s) profiled; rows in {run_dir / profiling.PROFILE_FILE}")
+    console.print(f"{done} of {len(profiles)} case(s) profiled; rows in {run_dir / rundir.PROFILE}")
     return profiles

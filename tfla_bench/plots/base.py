@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
+from tfla_bench import rundir
 from tfla_bench.compare import Comparison, Run
 from tfla_bench.model.hardware import Accelerator
 from tfla_bench.plots.style import accelerator_style
@@ -229,6 +230,6 @@ def save(
             formats = [(".png", None)] + ([(".svg", {"Date": None})] if svg else [])
             for suffix, metadata in formats:
                 path = out_dir / f"{plot.name}{suffix}"
-                fig.savefig(path, dpi=dpi, metadata=metadata)
+                rundir.save_atomic(path, lambda tmp, f=fig, m=metadata: f.savefig(tmp, dpi=dpi, metadata=m))
                 written.append(path)
     return written

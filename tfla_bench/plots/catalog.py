@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tfla_bench import rundir
 from tfla_bench.compare import Comparison, Run, compare_run, load_run, resolve_published_name
 from tfla_bench.model.hardware import Accelerator
 from tfla_bench.plots.base import HBM, L2, MEASURED, FigureContext, Plot, Roof, is_cpu_run, render, save
@@ -74,7 +75,7 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, published: str | None =
     run = load_run(run_dir)
     name = resolve_published_name(run, published)
     context = run_context(run, compare_run(run, name) if name else None)
-    return save(render(plots(context, ["run"]), context), out_dir or Path(run_dir) / "figures")
+    return save(render(plots(context, ["run"]), context), out_dir or Path(run_dir) / rundir.FIGURES)
 
 
 def write_model_figures(out_dir: Path, accelerators: Sequence[Accelerator]) -> list[Path]:
@@ -102,5 +103,5 @@ def plot_measured_roofline(run_dir: Path, out_dir: Path, accelerators: Sequence[
     context = run_context(run, None, accelerators)
     paths = save(render(plots(context, ["measured"]), context), out_dir)
     csv_path = out_dir / FRACTION_CSV
-    roofline_fractions(run, context.accelerators).to_csv(csv_path, index=False)
+    rundir.write_atomic(csv_path, roofline_fractions(run, context.accelerators).to_csv(index=False))
     return [*paths, csv_path]

@@ -39,7 +39,7 @@ from matplotlib.figure import Figure
 
 from tfla_bench.compare import Run, param_columns
 from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
-from tfla_bench.model.hardware import Accelerator, detect_accelerator
+from tfla_bench.model.hardware import Accelerator
 from tfla_bench.model.roofline import runtime_ms_lower, runtime_ms_upper
 from tfla_bench.plots.base import (
     FigureContext,
@@ -90,7 +90,7 @@ def chunkwise_mlstm_rows(results: pd.DataFrame) -> pd.DataFrame:
 
 def own_accelerator(run: Run, accelerators: list[Accelerator]) -> tuple[Accelerator, bool]:
     """The run's GPU in the model (detected from env.json), else the first given one; and whether detected."""
-    detected = detect_accelerator(run.gpu_name)
+    detected = run.gpu.accelerator
     if detected is not None:
         return detected, True
     if not accelerators:
