@@ -35,21 +35,30 @@ from mlstm_support import (
 )
 
 from tfla_bench import registry
-from tfla_bench.kernels.limit_chunk import (
+from tfla_bench.kernels.config import (
     SRAM_BYTES,
-    LimitChunkBlocks,
-    default_blocks,
+    default_config,
     max_chunk_size,
-    mlstm_limit_chunk,
     on_chip_bytes,
     unsupported_reason,
 )
+from tfla_bench.kernels.limit_chunk import mlstm_limit_chunk
 from tfla_bench.kernels.reference import mlstm_chunkwise, mlstm_recurrent
 from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
 from tfla_bench.workloads import Case
 
 FP32_RTOL = 1e-4
-SMALL_BLOCKS = LimitChunkBlocks(qk=16, v=16, bwd_qk=16, bwd_v=16, state_qk=16, state_v=16, num_warps=4)
+
+
+def small_config(chunk_size):
+    # 16-wide head-dim blocks, and state kernels that loop over tiles of 16 steps (by default they take
+    # a whole chunk per step): several blocks and steps per loop
+    config = default_config("limit_chunk", 32, 64, chunk_size, torch.float32)
+    return replace(
+        config, qk=16, v=16, bwd_qk=16, bwd_v=16, state_seq=16, state_qk=16, state_v=16, state_one_tile=False
+    )
+
+
 GRAD_NAMES = ["dq", "dk", "dv", "di", "df", "dC0", "dn0", "dm0"]
 STATE_NAMES = ["C", "n", "m"]
 
@@ -64,23 +73,23 @@ def reference(q, k, v, i, f, state):
     return mlstm_recurrent(q.double(), k.double(), v.double(), i.double(), f.double(), initial_state=initial)
 
 
-def limit_chunk(chunk_size, blocks=None):
+def limit_chunk(chunk_size, config=None):
     def fn(q, k, v, i, f, state):
         return mlstm_limit_chunk(
-            q, k, v, i, f, chunk_size=chunk_size, initial_state=state, return_final_state=True, blocks=blocks
+            q, k, v, i, f, chunk_size=chunk_size, initial_state=state, return_final_state=True, config=config
         )
 
     return fn
 
 
 def check_against_reference(
-    batch, heads, seq_len, dqk, dv, chunk_size, *, blocks=None, with_state=True, seed=0, **ranges
+    batch, heads, seq_len, dqk, dv, chunk_size, *, config=None, with_state=True, seed=0, **ranges
 ):
     inputs = make_inputs(batch, heads, seq_len, dqk, dv, seed=seed, **ranges)
     state = make_state("exp", False, batch, heads, dqk, dv) if with_state else []
     weights = make_weights(batch, heads, seq_len, dqk, dv)
     h_ref, s_ref, g_ref = run_with_grads(reference, inputs, state, weights)
-    h, s, g = run_with_grads(limit_chunk(chunk_size, blocks), inputs, state, weights)
+    h, s, g = run_with_grads(limit_chunk(chunk_size, config), inputs, state, weights)
     assert h.dtype == inputs[0].dtype and h.shape == h_ref.shape
     assert_all_close([h, *s], [h_ref, *s_ref], FP32_RTOL, ["h", *STATE_NAMES])
     assert_all_close(g, g_ref, FP32_RTOL, GRAD_NAMES[: len(g)])
@@ -106,7 +115,8 @@ def case_id(case):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_matches_recurrent_reference(case):
     batch, heads, seq_len, dqk, dv, chunk, small = case
-    check_against_reference(batch, heads, seq_len, dqk, dv, chunk, blocks=SMALL_BLOCKS if small else None)
+    config = small_config(chunk) if small else None
+    check_against_reference(batch, heads, seq_len, dqk, dv, chunk, config=config)
 
 
 def test_without_initial_state():
@@ -186,20 +196,31 @@ def test_on_chip_limits():
             assert max_chunk_size(dqk, dv, dtype) == 128
             for chunk in (16, 32, 64, 128):
                 assert unsupported_reason(chunk, dqk, dv, dtype) is None
-                blocks = default_blocks(dqk, dv, chunk, dtype)
-                assert on_chip_bytes("output", chunk, blocks.qk, blocks.v, 2) <= SRAM_BYTES
-                assert on_chip_bytes("gradient", chunk, blocks.bwd_qk, blocks.bwd_v, 2) <= SRAM_BYTES
-                for block_qk, block_v in ((blocks.qk, blocks.v), (blocks.bwd_qk, blocks.bwd_v)):
+                config = default_config("limit_chunk", dqk, dv, chunk, dtype)
+                assert on_chip_bytes("output", chunk, config.qk, config.v, 2) <= SRAM_BYTES
+                assert on_chip_bytes("gradient", chunk, config.bwd_qk, config.bwd_v, 2) <= SRAM_BYTES
+                for block_qk, block_v in ((config.qk, config.v), (config.bwd_qk, config.bwd_v)):
                     assert dqk % block_qk == 0 and dv % block_v == 0
         assert "the largest chunk_size that fits is 128" in unsupported_reason(256, dqk, dv, torch.bfloat16)
         assert max_chunk_size(dqk, dv, torch.float32) == 64
         assert unsupported_reason(128, dqk, dv, torch.float32) is not None
     # the Fig. 5 setting keeps the widest blocks (two d_hv programs of 128 per chunk); at L = 128 the
     # blocks shrink to make room for the L x L tiles
-    blocks = default_blocks(128, 256, 64, torch.bfloat16)
-    assert (blocks.qk, blocks.v, blocks.bwd_qk, blocks.bwd_v) == (64, 128, 64, 64)
-    blocks = default_blocks(128, 256, 128, torch.bfloat16)
-    assert (blocks.qk, blocks.v, blocks.bwd_qk, blocks.bwd_v) == (64, 64, 32, 32)
+    config = default_config("limit_chunk", 128, 256, 64, torch.bfloat16)
+    assert (config.qk, config.v, config.bwd_qk, config.bwd_v) == (64, 128, 64, 64)
+    assert (config.num_warps, config.num_stages, config.bwd_num_warps, config.bwd_num_stages) == (4, 2, 8, 1)
+    assert config.state_one_tile
+    assert (config.seq_q, config.bwd_seq_kv, config.state_seq, config.state_qk, config.state_v) == (
+        64,
+        64,
+        64,
+        64,
+        64,
+    )
+    config = default_config("limit_chunk", 128, 256, 128, torch.bfloat16)
+    assert (config.qk, config.v, config.bwd_qk, config.bwd_v) == (64, 64, 32, 32)
+    assert (config.num_warps, config.num_stages, config.bwd_num_warps) == (8, 1, 8)
+    assert default_config("limit_chunk", 128, 256, 32, torch.bfloat16).bwd_num_warps == 4
 
 
 def good_inputs(seq_len=32):
@@ -228,12 +249,20 @@ def good_inputs(seq_len=32):
             "initial_state C must have shape",
         ),
         (
-            lambda x: x.update(blocks=replace(SMALL_BLOCKS, bwd_v=32)),
-            "blocks.bwd_v must be a power of two >= 16 dividing the head dim 16",
+            lambda x: x.update(config=replace(small_config(16), bwd_v=32)),
+            "config.bwd_v must be a power of two >= 16 dividing the head dim 16",
         ),
         (
-            lambda x: x.update(blocks=replace(SMALL_BLOCKS, num_warps=3)),
-            "blocks.num_warps must be a power of two",
+            lambda x: x.update(config=replace(small_config(16), num_warps=3)),
+            "config.num_warps must be a power of two",
+        ),
+        (
+            lambda x: x.update(config=replace(small_config(16), state_one_tile=True, state_seq=32)),
+            "config.state_seq must be chunk_size=16 with state_one_tile, got 32",
+        ),
+        (
+            lambda x: x.update(config=replace(small_config(16), seq_kv=32)),
+            "config.seq_kv must be chunk_size=16 \\(limit_chunk keeps the whole chunk in one tile\\)",
         ),
     ],
 )
@@ -347,6 +376,12 @@ def test_gpu_bf16_paper_size():
 def test_gpu_bf16_every_chunk_size_at_the_fig6_head_dims(chunk):
     # Dqk 256, Dv 512 (Fig. 6): every allowed chunk size compiles within the H100's on-chip memory.
     check_bf16(1, 2, 1024, 256, 512, chunk, seed=11)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_long_sequence_wide_heads():
+    # T 65,536 with Dqk = Dv = 512: 1024 chunks of a 512 x 512 state per head.
+    check_bf16(1, 1, 65536, 512, 512, 64, seed=13)
 
 
 @pytest.mark.gpu

@@ -16,6 +16,8 @@ mLSTMexp gradients are compared through a loss that is invariant to a per-step s
 (appendix B.3), which is exact exactly then.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 from mlstm_support import (
@@ -29,23 +31,31 @@ from mlstm_support import (
 )
 
 from tfla_bench import registry
+from tfla_bench.kernels import config as config_module
+from tfla_bench.kernels.config import KernelConfig, config_for, default_config, register_tuned
 from tfla_bench.kernels.reference import mlstm_chunkwise, mlstm_recurrent, state_names
-from tfla_bench.kernels.tfla import TFLABlocks, default_blocks, mlstm_tfla
+from tfla_bench.kernels.tfla import mlstm_tfla
 from tfla_bench.workloads import Case
 
 FP32_RTOL = 1e-4
 # Small tiles for the CPU interpreter, so a chunk spans several tiles and a head dim several blocks.
-SMALL_BLOCKS = dict(
-    block_seq_q=16,
-    block_seq_kv=16,
-    block_qk=16,
-    block_v=16,
-    block_state_seq=16,
-    block_state_qk=16,
-    block_state_v=16,
-    bwd_block_seq_q=16,
-    bwd_block_seq_kv=16,
+SMALL_TILES = dict(
+    seq_q=16,
+    seq_kv=16,
+    qk=16,
+    v=16,
+    bwd_seq_q=16,
+    bwd_seq_kv=16,
+    bwd_qk=16,
+    bwd_v=16,
+    state_seq=16,
+    state_qk=16,
+    state_v=16,
 )
+
+
+def small_config(gate, dqk, dv, chunk_size):
+    return replace(default_config("tfla", dqk, dv, chunk_size, torch.float32, gate), **SMALL_TILES)
 
 
 def reference_fn(gate, normalize):
@@ -64,7 +74,7 @@ def reference_fn(gate, normalize):
     return fn
 
 
-def tfla_fn(gate, normalize, chunk_size, **blocks):
+def tfla_fn(gate, normalize, chunk_size, config=None):
     def fn(q, k, v, i, f, state):
         return mlstm_tfla(
             q,
@@ -77,7 +87,7 @@ def tfla_fn(gate, normalize, chunk_size, **blocks):
             chunk_size=chunk_size,
             initial_state=state,
             return_final_state=True,
-            **blocks,
+            config=config,
         )
 
     return fn
@@ -97,7 +107,7 @@ def check_against_reference(
     chunk_size,
     *,
     with_state=True,
-    blocks=None,
+    config=None,
     seed=0,
     i_range=(-3.0, 3.0),
     f_range=(-1.0, 6.0),
@@ -106,9 +116,7 @@ def check_against_reference(
     state = make_state(gate, normalize, batch, heads, dqk, dv) if with_state else []
     weights = make_weights(batch, heads, seq_len, dqk, dv)
     h_ref, s_ref, g_ref = run_with_grads(reference_fn(gate, normalize), inputs, state, weights, gate)
-    h, s, g = run_with_grads(
-        tfla_fn(gate, normalize, chunk_size, **(blocks or {})), inputs, state, weights, gate
-    )
+    h, s, g = run_with_grads(tfla_fn(gate, normalize, chunk_size, config), inputs, state, weights, gate)
     names = state_names(gate, normalize)
     assert_all_close([h, *s], [h_ref, *s_ref], FP32_RTOL, ["h", *names])
     assert_all_close(g, g_ref, FP32_RTOL, GRAD_NAMES + [f"d{n}0" for n in names][: len(state)])
@@ -137,9 +145,8 @@ def case_id(case):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_matches_recurrent_reference(case):
     gate, normalize, batch, heads, seq_len, dqk, dv, chunk, small = case
-    check_against_reference(
-        gate, normalize, batch, heads, seq_len, dqk, dv, chunk, blocks=SMALL_BLOCKS if small else None
-    )
+    config = small_config(gate, dqk, dv, chunk) if small else None
+    check_against_reference(gate, normalize, batch, heads, seq_len, dqk, dv, chunk, config=config)
 
 
 @pytest.mark.parametrize("gate", ["exp", "sig"])
@@ -208,16 +215,47 @@ def test_second_backward_recomputes_the_states():
         assert rel_rms(a, b) < 1e-6
 
 
-def test_default_blocks():
-    # the Fig. 5 setting; the blocks do not depend on the number of sequences and heads
-    blocks = default_blocks(128, 256, 128, torch.bfloat16)
-    assert (blocks.seq_q, blocks.seq_kv, blocks.qk, blocks.v) == (128, 64, 128, 128)
-    assert (blocks.bwd_seq_q, blocks.bwd_seq_kv, blocks.bwd_num_warps) == (32, 64, 4)
-    assert (blocks.state_qk, blocks.state_v) == (32, 128)
-    assert default_blocks(128, 256, 128, torch.bfloat16, gate="exp").seq_kv == 32
-    small = default_blocks(48, 80, 16, torch.float32)
-    assert (small.seq_q, small.qk, small.v, small.state_seq) == (16, 16, 16, 16)
-    assert isinstance(small, TFLABlocks)
+def test_default_config():
+    # the Fig. 5 setting; the config does not depend on the number of sequences and heads
+    config = default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
+    assert (config.seq_q, config.seq_kv, config.qk, config.v) == (128, 64, 128, 128)
+    assert (config.num_warps, config.num_stages) == (8, 2)
+    assert (config.bwd_seq_q, config.bwd_seq_kv, config.bwd_qk, config.bwd_v) == (32, 64, 128, 128)
+    assert (config.bwd_num_warps, config.bwd_num_stages) == (4, 2)
+    assert (config.state_seq, config.state_qk, config.state_v, config.state_num_warps) == (64, 32, 128, 4)
+    assert config.state_num_stages == 3 and not config.state_one_tile
+    assert default_config("tfla", 128, 256, 128, torch.bfloat16, "exp").seq_kv == 32
+    small = default_config("tfla", 48, 80, 16, torch.float32, "sig")
+    assert (small.seq_q, small.qk, small.v, small.state_seq, small.num_warps) == (16, 16, 16, 16, 4)
+    assert isinstance(small, KernelConfig)
+
+
+def test_tuned_config_takes_the_place_of_the_default(monkeypatch):
+    monkeypatch.setattr(config_module, "TUNED_CONFIGS", {})
+    config_for.cache_clear()
+    shape = ("tfla", 16, 32, 32, torch.float32, "exp")
+    assert config_for(*shape, "NVIDIA H100 80GB HBM3") == default_config(*shape)
+    tuned = small_config("exp", 16, 32, 32)
+    register_tuned("NVIDIA H100 80GB HBM3", *shape, tuned)
+    assert config_for(*shape, "NVIDIA H100 80GB HBM3") == tuned
+    assert config_for(*shape, "NVIDIA H200") == default_config(*shape)
+    hits = config_for.cache_info().hits
+    config_for(*shape, "NVIDIA H200")
+    assert config_for.cache_info().hits == hits + 1  # one lookup per call after the first
+    with pytest.raises(ValueError, match="config.qk must be a power of two >= 16 dividing the head dim 16"):
+        register_tuned("NVIDIA H200", *shape, replace(tuned, qk=32))
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        default_config("flash", 16, 32, 32, torch.float32)
+    config_for.cache_clear()
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_state_kernels_one_chunk_per_step(gate):
+    # The recurrent kernels' one-tile path (limit_chunk's default) on TFLA, for both gates.
+    config = replace(
+        default_config("tfla", 16, 32, 32, torch.float32, gate), state_one_tile=True, state_seq=32
+    )
+    check_against_reference(gate, False, 2, 3, 96, 16, 32, 32, config=config)
 
 
 def good_inputs(**shape):
@@ -252,8 +290,19 @@ def good_inputs(**shape):
             lambda x: x.update(gate="sig", initial_state=torch.zeros(1, 2, 16, 8, device=DEVICE)),
             "initial_state C must have shape",
         ),
-        (lambda x: x.update(block_seq_q=32, chunk_size=16), "block_seq_q must be a power of two"),
-        (lambda x: x.update(block_v=32), "block_v must be a power of two >= 16 dividing"),
+        (
+            lambda x: x.update(config=replace(small_config("exp", 16, 16, 16), seq_q=32)),
+            "config.seq_q must be a power of two in \\[16, chunk_size=16\\]",
+        ),
+        (
+            lambda x: x.update(config=replace(small_config("exp", 16, 16, 16), bwd_v=32)),
+            "config.bwd_v must be a power of two >= 16 dividing",
+        ),
+        (
+            lambda x: x.update(config=replace(small_config("exp", 16, 16, 16), state_num_stages=0)),
+            "config.state_num_stages must be at least 1",
+        ),
+        (lambda x: x.update(config={"seq_q": 16}), "config must be a KernelConfig"),
     ],
 )
 def test_bad_input_raises_value_error(change, match):
@@ -369,6 +418,22 @@ def test_gpu_state_offsets_past_int32(gate):
     h64, s64, g64 = run_with_grads(tfla_fn(gate, False, 64), inputs, [], weights, gate)
     h32, s32, g32 = run_with_grads(tfla_fn(gate, False, 32), inputs, [], weights, gate)
     for name, a, b in zip(["h", "C", *GRAD_NAMES], [h32, s32[0], *g32], [h64, s64[0], *g64], strict=True):
+        assert torch.isfinite(a).all(), name
+        assert rel_rms(a, b) < BF16_RTOL[name], f"{name}: {rel_rms(a, b):.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_gpu_bf16_long_sequence_wide_heads(gate):
+    # T 65,536 with Dqk = Dv = 512: 512 chunks of a 512 x 512 state per head, against the float32
+    # chunkwise reference with the error budget of the paper-size test.
+    batch, heads, seq_len, dim = 1, 1, 65536, 512
+    inputs = make_inputs(batch, heads, seq_len, dim, dim, seed=13, i_range=(-11.0, 2.0), f_range=(-5.0, 12.0))
+    inputs[:3] = [x.bfloat16() for x in inputs[:3]]
+    weights = make_weights(batch, heads, seq_len, dim, dim)
+    h_ref, s_ref, g_ref = run_with_grads(chunkwise_fp32(gate), inputs, [], weights, gate)
+    h, s, g = run_with_grads(tfla_fn(gate, False, 128), inputs, [], weights, gate)
+    for name, a, b in zip(["h", "C", *GRAD_NAMES], [h, s[0], *g], [h_ref, s_ref[0], *g_ref], strict=True):
         assert torch.isfinite(a).all(), name
         assert rel_rms(a, b) < BF16_RTOL[name], f"{name}: {rel_rms(a, b):.2e}"
 

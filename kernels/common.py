@@ -1,0 +1,275 @@
+"""Triton pieces shared by the TFLA and limit_chunk kernels: the program-to-tile split and the two
+recurrent kernels over the chunk-boundary states (TFLA paper, appendix B.2 and B.3).
+
+- `fwd_kernel_states`: materializes the memory states before every chunk, `C_k` (and `n_k`, `m_k`),
+  in float32: `C_k = g_bar_k C_{k-1} + (a_bar_k * K^(k))^T V^(k)` (eqs. 41-42).
+- `bwd_kernel_dstates`: the state gradients, backwards over the chunks,
+  `dC_{k-1} = g_bar_k dC_k + Q_bar^(k)T dH~^(k)` (B.3), and each chunk's gate-sum gradient
+  `g_bar_k sum(C_{k-1} * dC_k)`.
+
+One program per (d_qk block, d_hv block, batch*head) walks over the chunks, `BLOCK_T` steps at a
+time (TFLA's default), or with `ONE_TILE` (`BLOCK_T = L`, limit_chunk's default) a whole chunk per
+step with no inner loop: then the software pipeline prefetches the next chunk's tiles, and the
+decayed state is the accumulator of the chunk's product. `USE_MAX_STATE` selects mLSTMexp's max
+state `m` (appendix B.2); without it (mLSTMsig) every `m` is 0.
+
+Layout: `q, k` `[BH, T, DQK]`, `v, dh` `[BH, T, DV]` contiguous; the within-chunk cumulative log
+forget gates `b` and the log input gates are `[BH, T]` float32; per-chunk `g` and `a_max` are
+`[BH, NC]`; states `C` `[BH, NC + 1, DQK, DV]`, `n` `[BH, NC + 1, DQK]`, `m` `[BH, NC + 1]` (index
+`k` is the state before chunk `k`, index `NC` the final state; the caller writes the initial state
+at index 0, and the final state's gradient at index `NC` of `dC`). The last chunk may be shorter
+than `L`. State `k` of a head starts at `(bh * (NC + 1) + k) * DQK * DV`: int64 through `bh`, since
+`k * DQK * DV` alone can pass int32 (2048 chunks of a 1024 x 1024 state).
+
+Every launch grid is one-dimensional (the chunk count times batch*heads can exceed the 65,535
+limit of grid axes 1 and 2); `program_tile` splits the program id with the embedding block
+fastest, so the programs that share the same sequence tiles run side by side.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def program_tile(N_BLOCKS: tl.constexpr, N_TILES: tl.constexpr, NC):
+    """`(block, tile, chunk, batch*head)` of this program, for `N_BLOCKS` embedding blocks and `N_TILES`
+    sequence tiles per chunk; batch*head is int64 (it multiplies into the state offsets)."""
+    pid = tl.program_id(0)
+    i_block = pid % N_BLOCKS
+    i_tile = (pid // N_BLOCKS) % N_TILES
+    chunk_bh = pid // (N_BLOCKS * N_TILES)
+    return i_block, i_tile, chunk_bh % NC, (chunk_bh // NC).to(tl.int64)
+
+
+@triton.jit
+def tile_bounds(c, i_tile, L: tl.constexpr, BLOCK: tl.constexpr, T):
+    """The first step of sequence tile `i_tile` of chunk `c`, and the chunk's first and end steps (the
+    last chunk may be shorter than `L`)."""
+    chunk_start = c * L
+    return chunk_start + i_tile * BLOCK, chunk_start, tl.minimum(chunk_start + L, T)
+
+
+@triton.jit
+def dot_rows(
+    x_ptr,
+    x_rows,
+    x_valid,
+    y_ptr,
+    y_rows,
+    y_valid,
+    acc,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """`acc + X[x_rows] Y[y_rows]^T` for row-major `X, Y` of width `D`, `BLOCK_D` columns at a time:
+    the scores `S = Q K^T` and `dS = dH V^T` over a head dim (Algorithm 1, lines 6-9)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    for d0 in range(0, D, BLOCK_D):
+        x = tl.load(x_ptr + x_rows[:, None] * D + (d0 + offs_d)[None, :], mask=x_valid[:, None], other=0.0)
+        y = tl.load(y_ptr + y_rows[:, None] * D + (d0 + offs_d)[None, :], mask=y_valid[:, None], other=0.0)
+        acc = tl.dot(x, tl.trans(y), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def state_block(DQK: tl.constexpr, DV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The state block of this recurrent-kernel program: its row and column block indices, its rows
+    and columns, its element offsets within one state, and its batch*head."""
+    i_dv, i_dqk, _, bh = program_tile(DV // BLOCK_DV, DQK // BLOCK_DQK, 1)
+    offs_qk = i_dqk * BLOCK_DQK + tl.arange(0, BLOCK_DQK)
+    offs_v = i_dv * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    return i_dqk, i_dv, offs_qk, offs_v, offs_qk[:, None] * DV + offs_v[None, :], bh
+
+
+@triton.jit
+def _add_keys_tile(
+    C, n, k_base, v_base, gate_ptr, log_i_ptr, t, end, offs_qk, offs_v, log_scale,
+    DQK: tl.constexpr, DV: tl.constexpr, HAS_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`C + (a_bar * K)^T V` and `n + (a_bar * K)^T 1` over the steps `t < end` (eqs. 41-42), with
+    `log a_bar = log_scale - b + log_i` (`log_scale = g_k - m_k`)."""
+    valid = t < end
+    k = tl.load(k_base + t[:, None] * DQK + offs_qk[None, :], mask=valid[:, None], other=0.0)
+    v = tl.load(v_base + t[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+    b = tl.load(gate_ptr + t, mask=valid, other=0.0)
+    log_i = tl.load(log_i_ptr + t, mask=valid, other=float("-inf"))
+    k_weighted = k * tl.exp(log_scale - b + log_i)[:, None]
+    C = tl.dot(tl.trans(k_weighted.to(k_base.dtype.element_ty)), v, C, input_precision=DOT_PRECISION)
+    if HAS_N:
+        n += tl.sum(k_weighted, axis=0)
+    return C, n
+
+
+@triton.jit
+def fwd_kernel_states(
+    k_ptr,
+    v_ptr,
+    b_ptr,
+    log_i_ptr,
+    g_ptr,
+    a_max_ptr,
+    C_ptr,
+    n_ptr,
+    m_ptr,
+    T,
+    NC,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    USE_MAX_STATE: tl.constexpr,
+    HAS_N: tl.constexpr,
+    ONE_TILE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Chunk-boundary states: `C_k = g_bar_k C_{k-1} + (a_bar_k * K)^T V` (eq. 41) and `n_k` (eq. 42)."""
+    i_dqk, i_dv, offs_qk, offs_v, state_offs, bh = state_block(DQK, DV, BLOCK_DQK, BLOCK_DV)
+    offs_t = tl.arange(0, BLOCK_T)
+    k_base = k_ptr + bh * T * DQK
+    v_base = v_ptr + bh * T * DV
+    gate_base = bh * T
+    state_row = bh * (NC + 1)
+
+    C = tl.load(C_ptr + state_row * DQK * DV + state_offs)
+    n = tl.zeros([BLOCK_DQK], dtype=tl.float32)  # stays unused (and compiled away) without HAS_N
+    if HAS_N:
+        n = tl.load(n_ptr + state_row * DQK + offs_qk)
+    if USE_MAX_STATE:
+        m = tl.load(m_ptr + state_row)
+    for c in range(NC):
+        g = tl.load(g_ptr + bh * NC + c)
+        if USE_MAX_STATE:
+            # m_k = max(g_k + m_{k-1}, max_j a_kj): the max state at the chunk end (appendix B.2), so
+            # the decay g_bar and the weights a_bar are at most 1
+            m_new = tl.maximum(g + m, tl.load(a_max_ptr + bh * NC + c))
+            decay = tl.exp(g + m - m_new)
+            log_scale = g - m_new
+            m = m_new
+        else:
+            decay = tl.exp(g)
+            log_scale = g
+        chunk_start = c * L
+        if ONE_TILE:
+            C, n = _add_keys_tile(
+                decay * C, decay * n, k_base, v_base, b_ptr + gate_base, log_i_ptr + gate_base,
+                chunk_start + offs_t, T, offs_qk, offs_v, log_scale, DQK, DV, HAS_N, DOT_PRECISION,
+            )  # fmt: skip
+        else:
+            chunk_end = tl.minimum(chunk_start + L, T)
+            acc = tl.zeros([BLOCK_DQK, BLOCK_DV], dtype=tl.float32)
+            n_acc = tl.zeros([BLOCK_DQK], dtype=tl.float32)
+            for t0 in range(chunk_start, chunk_end, BLOCK_T):
+                acc, n_acc = _add_keys_tile(
+                    acc, n_acc, k_base, v_base, b_ptr + gate_base, log_i_ptr + gate_base,
+                    t0 + offs_t, chunk_end, offs_qk, offs_v, log_scale, DQK, DV, HAS_N, DOT_PRECISION,
+                )  # fmt: skip
+            C = decay * C + acc
+            n = decay * n + n_acc
+        tl.store(C_ptr + (state_row + c + 1) * DQK * DV + state_offs, C)
+        if HAS_N:
+            # every d_hv block computes the same n; one of them stores it (the mask is all true but
+            # makes the condition a tensor of the block's shape)
+            tl.store(n_ptr + (state_row + c + 1) * DQK + offs_qk, n, mask=(offs_qk < DQK) & (i_dv == 0))
+        if USE_MAX_STATE:
+            if (i_dv == 0) & (i_dqk == 0):
+                tl.store(m_ptr + state_row + c + 1, m)
+
+
+@triton.jit
+def _add_queries_tile(
+    dC, q_base, dh_base, gate_ptr, m_row_ptr, denom_ptr, t, end, offs_qk, offs_v, log_scale, scale,
+    DQK: tl.constexpr, DV: tl.constexpr, USE_MAX_STATE: tl.constexpr, HAS_DENOM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`dC + Q_bar^T dH~` over the steps `t < end` (B.3), with `Q_bar = exp(b + m_{k-1} - m) Q / sqrt(d)`
+    (`log_scale = m_{k-1}`) and `dH~ = dH / denom`."""
+    valid = t < end
+    q = tl.load(q_base + t[:, None] * DQK + offs_qk[None, :], mask=valid[:, None], other=0.0)
+    dh = tl.load(dh_base + t[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+    log_weight = tl.load(gate_ptr + t, mask=valid, other=0.0) + log_scale
+    if USE_MAX_STATE:
+        log_weight -= tl.load(m_row_ptr + t, mask=valid, other=0.0)
+    weight = tl.exp(log_weight) * scale
+    if HAS_DENOM:
+        weight = weight / tl.load(denom_ptr + t, mask=valid, other=1.0)
+    q_weighted = (q * tl.where(valid, weight, 0.0)[:, None]).to(q_base.dtype.element_ty)
+    return tl.dot(tl.trans(q_weighted), dh, dC, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def bwd_kernel_dstates(
+    q_ptr,
+    dh_ptr,
+    b_ptr,
+    g_ptr,
+    m_row_ptr,
+    denom_ptr,
+    m_ptr,
+    C_ptr,
+    dC_ptr,
+    dg_ptr,
+    T,
+    NC,
+    BH,
+    scale,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    USE_MAX_STATE: tl.constexpr,
+    HAS_DENOM: tl.constexpr,
+    ONE_TILE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """State gradients `dC_k` for k = NC-1 .. 0, from `dC_NC` (the final-state gradient).
+
+    `C_ptr` holds the forward states; it may be `dC_ptr` itself: each program reads its block of
+    `C_{k-1}` before overwriting it with `dC_{k-1}`. Also the chunk-sum gate gradient
+    `dg_k = g_bar_k * sum(C_{k-1} * dC_k)` (B.3), stored per state block in `dg_ptr`
+    (`[N_DQK * N_DV, BH, NC]`). `C_{k-1}` is stabilized by `exp(-m_{k-1})` and `dC_k` by `exp(m_k)`,
+    so `g_bar_k` includes `exp(m_{k-1} - m_k)`, as in the decay.
+    """
+    i_dqk, i_dv, offs_qk, offs_v, state_offs, bh = state_block(DQK, DV, BLOCK_DQK, BLOCK_DV)
+    i_block = i_dqk * (DV // BLOCK_DV) + i_dv
+    offs_t = tl.arange(0, BLOCK_T)
+    q_base = q_ptr + bh * T * DQK
+    dh_base = dh_ptr + bh * T * DV
+    gate_base = bh * T
+    state_row = bh * (NC + 1)
+
+    dC = tl.load(dC_ptr + (state_row + NC) * DQK * DV + state_offs)
+    for c_rev in range(NC):
+        c = NC - 1 - c_rev
+        g = tl.load(g_ptr + bh * NC + c)
+        if USE_MAX_STATE:
+            m_prev = tl.load(m_ptr + state_row + c)
+            decay = tl.exp(g + m_prev - tl.load(m_ptr + state_row + c + 1))
+        else:
+            m_prev = 0.0
+            decay = tl.exp(g)
+        # dg_k from dC_k before it becomes dC_{k-1}
+        C_prev = tl.load(C_ptr + (state_row + c) * DQK * DV + state_offs)
+        tl.store(dg_ptr + (i_block * BH + bh) * NC + c, decay * tl.sum(tl.sum(C_prev * dC, axis=1), axis=0))
+        chunk_start = c * L
+        if ONE_TILE:
+            dC = _add_queries_tile(
+                decay * dC, q_base, dh_base, b_ptr + gate_base, m_row_ptr + gate_base, denom_ptr + gate_base,
+                chunk_start + offs_t, T, offs_qk, offs_v, m_prev, scale,
+                DQK, DV, USE_MAX_STATE, HAS_DENOM, DOT_PRECISION,
+            )  # fmt: skip
+        else:
+            chunk_end = tl.minimum(chunk_start + L, T)
+            acc = tl.zeros([BLOCK_DQK, BLOCK_DV], dtype=tl.float32)
+            for t0 in range(chunk_start, chunk_end, BLOCK_T):
+                acc = _add_queries_tile(
+                    acc, q_base, dh_base, b_ptr + gate_base, m_row_ptr + gate_base, denom_ptr + gate_base,
+                    t0 + offs_t, chunk_end, offs_qk, offs_v, m_prev, scale,
+                    DQK, DV, USE_MAX_STATE, HAS_DENOM, DOT_PRECISION,
+                )  # fmt: skip
+            dC = decay * dC + acc
+        tl.store(dC_ptr + (state_row + c) * DQK * DV + state_offs, dC)

@@ -1,0 +1,332 @@
+"""`KernelConfig`: the tile sizes and launch settings of our mLSTM kernels, and where they come from.
+
+One frozen dataclass serves both kernels, `"tfla"` (`mlstm_tfla`) and `"limit_chunk"`
+(`mlstm_limit_chunk`). `config_for` resolves the config of one call: a tuned config registered for
+the GPU and the shape (`register_tuned`; empty until one is registered, and never tuned inside a
+call), else `default_config`. Both are cached per shape key, so a call pays one dictionary lookup.
+
+TFLA defaults, chosen from per-kernel timings on an H100 80GB HBM3 (bf16, Dqk 128, Dv 256, L 128,
+8 sequences x 16 heads of 8192 steps, fwbw):
+- forward output kernel: `seq_q x seq_kv` = `min(L, 128) x min(L, 64)` for mLSTMsig and
+  `min(L, 128) x min(L, 32)` for mLSTMexp (whose running-max rescaling favours short kv tiles), 8 warps,
+  2 stages; float32 inputs keep `min(L, 64)` tiles (twice the shared memory per element);
+- head-dim blocks `qk`, `v` (also `bwd_qk`, `bwd_v`): the largest power of two dividing the head dim,
+  at most 128 (64 for float32);
+- backward dQ/dK/dV kernels: `min(L, 32) x min(L, 64)` tiles, 4 warps, 2 stages;
+- recurrent kernels: the state is split into `state_qk x state_v` = 32 x 128 blocks (largest powers of
+  two dividing the head dims, at most those); each program walks a chunk `state_seq` (`min(L, 64)`)
+  steps at a time, with 4 warps.
+
+limit_chunk keeps a whole chunk in one tile: its sequence tiles are `L`, and its recurrent kernels
+take a chunk per step (`state_one_tile`; a smaller `state_seq` without it).
+Its head-dim blocks follow the on-chip rule. A program of its parallel kernels keeps, with `e` bytes
+per input element and the head-dim blocks `B_dqk`, `B_dhv` of its loops:
+
+- output kernel: the float32 scores and their gated copy in the input dtype, `(4 + e) L^2`, the
+  float32 output block `4 L B_dhv`, the `Q, K, V` tiles `e (2 L B_dqk + L B_dhv)` and one state block
+  loaded in float32 and cast, `(4 + e) B_dqk B_dhv`;
+- gradient kernel: `P` and `dP` in the input dtype plus one float32 `L x L` accumulator,
+  `(4 + 2e) L^2`, the float32 `dQ, dK` blocks `8 L B_dqk`, their operand tiles
+  `e (2 L B_dqk + 2 L B_dhv)` and two state blocks `2 (4 + e) B_dqk B_dhv`.
+
+Both must fit the 228 KiB of shared memory of an H100 SM (which is also below its 256 KiB register
+file). The default halves each kernel's head-dim blocks (from `BLOCK_CAPS`) until its program fits; a
+chunk for which even 16 x 16 blocks do not fit is unsupported (`unsupported_reason`). The head dims
+themselves never hit the limit (the kernels loop over them), so for 16-bit inputs chunk sizes 16 to
+128 run at any head dims (Dqk/Dv = 128/256 and 256/512 included) and 256 needs 512 KiB for its
+`L x L` tiles alone; for float32 inputs the largest chunk is 64.
+"""
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+import torch
+
+KERNELS = ("tfla", "limit_chunk")
+SRAM_BYTES = 228 * 1024  # shared memory of one H100 (sm90) streaming multiprocessor
+MIN_BLOCK = 16  # tl.dot's smallest operand dimension
+# The largest head-dim blocks (B_dqk, B_dhv) each limit_chunk kernel starts from, by input element
+# size. The gradient kernel loads two state blocks and two tiles per loop step beside its L x L
+# tiles, so its d_hv block starts smaller.
+BLOCK_CAPS = {"output": {2: (64, 128), 4: (32, 64)}, "gradient": {2: (64, 64), 4: (32, 32)}}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes (powers of two >= 16) and launch settings of the mLSTM kernels.
+
+    Attributes:
+        seq_q, seq_kv: `B_Lhq`, `B_Lkv`, query- and key/value-row tiles of the forward output kernel.
+        qk, v: `B_dqk`, `B_dhv`, head-dim blocks of the forward output kernel (dividing `Dqk`, `Dv`).
+        num_warps, num_stages: warps and software-pipelining stages of the forward output kernel.
+        bwd_seq_q, bwd_seq_kv, bwd_qk, bwd_v, bwd_num_warps, bwd_num_stages: the same for the
+            parallel gradient kernels (dQ, dK, dV).
+        state_seq: steps per tile of the recurrent state kernels.
+        state_qk, state_v: state rows and columns per recurrent-kernel program (dividing `Dqk`, `Dv`).
+        state_num_warps, state_num_stages: warps and stages of the recurrent kernels.
+        state_one_tile: the recurrent kernels take a whole chunk per step (`state_seq` = `L`) with no
+            inner loop over its tiles, so their pipeline prefetches the next chunk's tiles.
+    """
+
+    seq_q: int
+    seq_kv: int
+    qk: int
+    v: int
+    bwd_seq_q: int
+    bwd_seq_kv: int
+    bwd_qk: int
+    bwd_v: int
+    state_seq: int
+    state_qk: int
+    state_v: int
+    num_warps: int = 4
+    num_stages: int = 2
+    bwd_num_warps: int = 4
+    bwd_num_stages: int = 2
+    state_num_warps: int = 4
+    state_num_stages: int = 3
+    state_one_tile: bool = False
+
+
+def is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def largest_pow2_divisor(n: int, cap: int) -> int:
+    return min(n & -n, cap)
+
+
+def element_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def on_chip_bytes(kernel: str, chunk_size: int, block_qk: int, block_v: int, element_bytes: int) -> int:
+    """Bytes one program of a limit_chunk parallel kernel keeps on chip (module docstring: the rule).
+
+    Args:
+        kernel: `"output"` (the forward output kernel) or `"gradient"` (the dQ/dK/dV kernel).
+        chunk_size: `L`.
+        block_qk: `B_dqk`.
+        block_v: `B_dhv`.
+        element_bytes: bytes per input element (2 for bfloat16/float16, 4 for float32).
+    """
+    L, bk, bv, e = chunk_size, block_qk, block_v, element_bytes
+    if kernel == "output":
+        return (4 + e) * L * L + 4 * L * bv + e * (2 * L * bk + L * bv) + (4 + e) * bk * bv
+    return (4 + 2 * e) * L * L + 8 * L * bk + e * (2 * L * bk + 2 * L * bv) + 2 * (4 + e) * bk * bv
+
+
+def _fitting_blocks(
+    kernel: str, chunk_size: int, head_dim_qk: int, head_dim_v: int, element_bytes: int
+) -> tuple[int, int]:
+    """The largest head-dim blocks (from `BLOCK_CAPS`, halving the larger) that fit `SRAM_BYTES`."""
+    cap_qk, cap_v = BLOCK_CAPS[kernel][element_bytes]
+    qk = largest_pow2_divisor(head_dim_qk, cap_qk)
+    v = largest_pow2_divisor(head_dim_v, cap_v)
+    while on_chip_bytes(kernel, chunk_size, qk, v, element_bytes) > SRAM_BYTES and max(qk, v) > MIN_BLOCK:
+        if v >= qk:
+            v //= 2
+        else:
+            qk //= 2
+    return qk, v
+
+
+def _needed_bytes(chunk_size: int, head_dim_qk: int, head_dim_v: int, element_bytes: int) -> int:
+    """On-chip bytes of the larger of limit_chunk's two parallel kernels, each with its fitting blocks."""
+    needed = 0
+    for kernel in BLOCK_CAPS:
+        blocks = _fitting_blocks(kernel, chunk_size, head_dim_qk, head_dim_v, element_bytes)
+        needed = max(needed, on_chip_bytes(kernel, chunk_size, *blocks, element_bytes))
+    return needed
+
+
+def max_chunk_size(head_dim_qk: int, head_dim_v: int, dtype: torch.dtype) -> int:
+    """limit_chunk's largest power-of-two chunk size within the on-chip rule (128 for 16-bit inputs, 64
+    for float32).
+
+    Args:
+        head_dim_qk: `Dqk` (a multiple of 16).
+        head_dim_v: `Dv` (a multiple of 16).
+        dtype: the input dtype.
+    """
+    e = element_bytes(dtype)
+    chunk = MIN_BLOCK
+    while _needed_bytes(2 * chunk, head_dim_qk, head_dim_v, e) <= SRAM_BYTES:
+        chunk *= 2
+    return chunk
+
+
+def unsupported_reason(chunk_size: int, head_dim_qk: int, head_dim_v: int, dtype: torch.dtype) -> str | None:
+    """Why limit_chunk cannot run this chunk size (its on-chip limit), or None.
+
+    Args:
+        chunk_size: `L`, a power of two >= 16.
+        head_dim_qk: `Dqk` (a multiple of 16).
+        head_dim_v: `Dv` (a multiple of 16).
+        dtype: the input dtype.
+    """
+    e = element_bytes(dtype)
+    needed = _needed_bytes(chunk_size, head_dim_qk, head_dim_v, e)
+    if needed <= SRAM_BYTES:
+        return None
+    tiles_kib = (4 + 2 * e) * chunk_size * chunk_size // 1024
+    return (
+        f"limit_chunk keeps one whole L x L intra-chunk tile per program: chunk_size {chunk_size} "
+        f"with {str(dtype).removeprefix('torch.')} inputs needs {needed // 1024} KiB on chip "
+        f"({tiles_kib} KiB for the L x L tiles alone) > {SRAM_BYTES // 1024} KiB of shared memory of an "
+        f"H100 SM; the largest chunk_size that fits is {max_chunk_size(head_dim_qk, head_dim_v, dtype)} "
+        "(the TFLA kernel tiles the chunk and has no such limit)"
+    )
+
+
+def _tfla_default(head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: torch.dtype, gate: str):
+    wide = dtype != torch.float32
+    dim_cap = 128 if wide else 64
+    seq = min(chunk_size, 64)
+    qk = largest_pow2_divisor(head_dim_qk, dim_cap)
+    v = largest_pow2_divisor(head_dim_v, dim_cap)
+    return KernelConfig(
+        seq_q=min(chunk_size, 128) if wide else seq,
+        seq_kv=min(chunk_size, 32) if gate == "exp" else seq,
+        qk=qk,
+        v=v,
+        num_warps=8 if seq * max(qk, v) >= 64 * 128 else 4,
+        num_stages=2,
+        bwd_seq_q=min(chunk_size, 32),
+        bwd_seq_kv=seq,
+        bwd_qk=qk,
+        bwd_v=v,
+        bwd_num_warps=4,
+        bwd_num_stages=2,
+        state_seq=seq,
+        # 32 x 128 state blocks also at few heads: at 2 x 16 heads of 32768 steps they took 8.70 ms fwbw
+        # against 10.04 ms with 32 x 32 blocks (H100), though they leave fewer programs.
+        state_qk=largest_pow2_divisor(head_dim_qk, 32),
+        state_v=largest_pow2_divisor(head_dim_v, 128),
+        state_num_warps=4,
+    )
+
+
+def _limit_chunk_default(head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: torch.dtype):
+    e = element_bytes(dtype)
+    qk, v = _fitting_blocks("output", chunk_size, head_dim_qk, head_dim_v, e)
+    bwd_qk, bwd_v = _fitting_blocks("gradient", chunk_size, head_dim_qk, head_dim_v, e)
+    L = chunk_size
+    return KernelConfig(
+        seq_q=L,
+        seq_kv=L,
+        qk=qk,
+        v=v,
+        # H100, bf16, 128/256, L 64: the output kernel took 1.71 ms with 4 warps against 2.38 ms with 8.
+        num_warps=4 if L <= 64 else 8,
+        # A second buffer of the loop operands (Q, K and a float32 state block) fits beside the
+        # L x L tiles up to L = 64; the gradient kernel's loops load two state blocks and two tiles
+        # per step, which would double its shared memory, and run only a few steps anyway.
+        num_stages=2 if L <= 64 else 1,
+        bwd_seq_q=L,
+        bwd_seq_kv=L,
+        bwd_qk=bwd_qk,
+        bwd_v=bwd_v,
+        bwd_num_warps=4 if L <= 32 else 8,
+        bwd_num_stages=1,
+        state_seq=L,
+        state_qk=largest_pow2_divisor(head_dim_qk, 64),
+        state_v=largest_pow2_divisor(head_dim_v, 64),
+        state_num_warps=4,
+        state_one_tile=True,
+    )
+
+
+@lru_cache(maxsize=256)
+def default_config(
+    kernel: str, head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: torch.dtype, gate: str = "exp"
+) -> KernelConfig:
+    """The default config of a kernel at a shape (module docstring); head dims are multiples of 16.
+
+    Args:
+        kernel: `"tfla"` or `"limit_chunk"`.
+        head_dim_qk: `Dqk`.
+        head_dim_v: `Dv`.
+        chunk_size: `L`.
+        dtype: input dtype (float32 tiles are smaller).
+        gate: `"exp"` or `"sig"` (TFLA's forward kv tile differs; limit_chunk is mLSTMexp only).
+    """
+    if kernel == "tfla":
+        return _tfla_default(head_dim_qk, head_dim_v, chunk_size, dtype, gate)
+    if kernel == "limit_chunk":
+        return _limit_chunk_default(head_dim_qk, head_dim_v, chunk_size, dtype)
+    raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+
+
+# Tuned configs by (GPU name, kernel, Dqk, Dv, L, dtype, gate): filled by an offline tuning run through
+# `register_tuned`, never inside a timed call.
+TUNED_CONFIGS: dict[tuple[str, str, int, int, int, torch.dtype, str], KernelConfig] = {}
+
+
+def register_tuned(
+    gpu: str,
+    kernel: str,
+    head_dim_qk: int,
+    head_dim_v: int,
+    chunk_size: int,
+    dtype: torch.dtype,
+    gate: str,
+    config: KernelConfig,
+) -> None:
+    """Use `config` for this kernel and shape on GPUs named `gpu` (`torch.cuda.get_device_name`)."""
+    check_config(kernel, config, head_dim_qk, head_dim_v, chunk_size)
+    TUNED_CONFIGS[(gpu, kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)] = config
+    config_for.cache_clear()
+
+
+@lru_cache(maxsize=16)
+def gpu_name(device: torch.device) -> str:
+    """The name of a CUDA device (the key of `TUNED_CONFIGS`); `""` for any other device."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+
+
+@lru_cache(maxsize=256)
+def config_for(
+    kernel: str, head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: torch.dtype, gate: str, gpu: str
+) -> KernelConfig:
+    """The tuned config registered for this GPU and shape, else `default_config`."""
+    key = (gpu, kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
+    return TUNED_CONFIGS.get(key) or default_config(kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
+
+
+def check_config(
+    kernel: str, config: KernelConfig, head_dim_qk: int, head_dim_v: int, chunk_size: int
+) -> None:
+    """Raise ValueError unless `config` runs `kernel` at these head dims and chunk size."""
+    if not isinstance(config, KernelConfig):
+        raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
+    whole_chunk = ("seq_q", "seq_kv", "bwd_seq_q", "bwd_seq_kv") if kernel == "limit_chunk" else ()
+    for name in whole_chunk:
+        if getattr(config, name) != chunk_size:
+            raise ValueError(
+                f"config.{name} must be chunk_size={chunk_size} (limit_chunk keeps the whole chunk in one "
+                f"tile), got {getattr(config, name)}"
+            )
+    if config.state_one_tile and config.state_seq != chunk_size:
+        raise ValueError(
+            f"config.state_seq must be chunk_size={chunk_size} with state_one_tile, got {config.state_seq}"
+        )
+    for name in ("seq_q", "seq_kv", "bwd_seq_q", "bwd_seq_kv", "state_seq"):
+        size = getattr(config, name)
+        if not (is_pow2(size) and MIN_BLOCK <= size <= chunk_size):
+            raise ValueError(
+                f"config.{name} must be a power of two in [16, chunk_size={chunk_size}], got {size}"
+            )
+    for name in ("qk", "v", "bwd_qk", "bwd_v", "state_qk", "state_v"):
+        dim = head_dim_v if name.endswith("v") else head_dim_qk
+        size = getattr(config, name)
+        if not (is_pow2(size) and size >= MIN_BLOCK and dim % size == 0):
+            raise ValueError(
+                f"config.{name} must be a power of two >= 16 dividing the head dim {dim}, got {size}"
+            )
+    for field in fields(KernelConfig):
+        value = getattr(config, field.name)
+        if field.name.endswith("num_warps") and not is_pow2(value):
+            raise ValueError(f"config.{field.name} must be a power of two, got {value}")
+        if field.name.endswith("num_stages") and value < 1:
+            raise ValueError(f"config.{field.name} must be at least 1, got {value}")
