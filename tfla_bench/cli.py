@@ -2,12 +2,14 @@
 
 User mistakes (`UserError`, click usage errors) end in one line on stderr and exit code 2, a
 started run stopped by its environment (`RunFailed`) in one line and exit code 1; bugs keep their
-traceback.
+traceback. A command or group given without arguments prints its help.
 """
 
 import sys
+from typing import Any
 
 import typer
+import typer.core
 
 from tfla_bench.commands import analysis, bench, check, diff, model, profile, roofs
 from tfla_bench.errors import RunFailed, UserError
@@ -39,16 +41,41 @@ diff.register(app)
 _CLICK_EXCEPTION = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
+def _plain_help(command: Any) -> Any:
+    """Give every parameter of `command` and its subcommands a plain metavar: none for a flag,
+    `INT`, `PATH` or `exp|sig` for an option's value, the upper-case name for an argument.
+    Typer's own (`<bool>` after a flag that takes no value, `{run_dir}` for a required argument)
+    read as text to type. Typer before 0.20 shows click's plain metavars and is left as it is."""
+    if not hasattr(typer.core.TyperArgument, "display_type"):
+        return command
+    ctx = typer.Context(command)
+    for param in command.get_params(ctx):  # with the --help option
+        if isinstance(param, typer.core.TyperArgument):
+            param.metavar = param.metavar or param.name.upper()
+            usage = param.metavar if param.required else f"[{param.metavar}]"
+            param.get_usage_pieces = lambda ctx, usage=usage: [usage]
+            param.display_type_rich = lambda ctx: None
+        elif param.is_flag:
+            param.metavar = ""
+        elif param.metavar is None:
+            label = param.display_type(ctx).strip("<>").removeprefix("list[").removesuffix("]")
+            param.metavar = label if "|" in label else label.upper()
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (the console script passes it to `sys.exit`)."""
-    command = typer.main.get_command(app)
+    command = _plain_help(typer.main.get_command(app))
     try:
         code = command.main(args=argv, prog_name="tfla-bench", standalone_mode=False)
-    except (_CLICK_EXCEPTION, UserError) as exc:
-        message = exc.format_message() if isinstance(exc, _CLICK_EXCEPTION) else str(exc)
-        first_line = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
-        print(f"error: {first_line}", file=sys.stderr)
-        return 2
+    except _CLICK_EXCEPTION as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            return 0  # typer printed the help while raising it
+        return _usage_error(exc.format_message())
+    except UserError as exc:
+        return _usage_error(str(exc))
     except RunFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -56,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return code if isinstance(code, int) else 0
+
+
+def _usage_error(message: str) -> int:
+    """Print the first line of a mistake's message as `error: ...`; return exit code 2."""
+    first_line = message.strip().splitlines()[0] if message.strip() else "invalid input"
+    print(f"error: {first_line}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

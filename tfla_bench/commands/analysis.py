@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tfla_bench import rundir
 from tfla_bench.compare import (
     NORMALIZE_CHOICES,
     compare_run,
@@ -26,11 +27,16 @@ from tfla_bench.compare import (
 )
 from tfla_bench.console import TABLE_WIDTH, make_console, print_frame
 from tfla_bench.errors import UserError
+from tfla_bench.paths import output_dir, output_file
 from tfla_bench.published import PUBLISHED_MEMORY_NOTE, list_published
 
 RunDirArgument = Annotated[
     Path,
-    typer.Argument(help="A run directory with results.csv and env.json (results/runs/<spec>-<timestamp>)."),
+    typer.Argument(
+        metavar="RUN_DIR",
+        help="A run directory with results.csv and env.json (results/runs/SPEC-TIMESTAMP).",
+        show_default=False,
+    ),
 ]
 PublishedOption = Annotated[
     str | None,
@@ -62,12 +68,20 @@ def _console() -> Console:
     return make_console(width=TABLE_WIDTH)
 
 
-def _require_published(name: str | None) -> str:
+def _inputs(run_dir: Path) -> tuple[Path, ...]:
+    """The run's files that an output must never replace."""
+    return (run_dir / rundir.RESULTS, run_dir / rundir.ENV)
+
+
+def _require_published(name: str | None, given: str | None) -> str:
     if name is None:
         known = ", ".join(sorted(list_published()))
-        raise UserError(
-            f"the run's env.json names no published data set; pass --published NAME (known: {known})"
+        why = (
+            "--published none leaves compare nothing to compare with"
+            if given is not None
+            else "the run's env.json names no published data set"
         )
+        raise UserError(f"{why}; pass --published NAME (known: {known})")
     return name
 
 
@@ -81,8 +95,11 @@ def compare(
     """Compare a run with the paper's published numbers: runtime and peak-memory ratios per mode."""
     if normalize not in NORMALIZE_CHOICES:
         raise UserError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {normalize!r}")
+    for path, flag in ((json_out, "--json"), (csv_out, "--csv")):
+        if path is not None:
+            output_file(path, flag, keep=_inputs(run_dir))
     run = load_run(run_dir)
-    name = _require_published(resolve_published_name(run, published))
+    name = _require_published(resolve_published_name(run, published), published)
     comparison = compare_run(run, name, normalize)
     console = _console()
     console.print(f"run: {run.run_dir} ({run.spec}) on [bold]{comparison.measured_gpu}[/]")
@@ -120,6 +137,7 @@ def plot(run_dir: RunDirArgument, published: PublishedOption = None, out: Figure
     """Write the run's paper-style figures (runtime and memory vs seq_len, chunk trade-off, head dim)."""
     from tfla_bench.plots.catalog import plot_run
 
+    out = output_dir(out or run_dir / rundir.FIGURES, "--out" if out else "figures folder")
     paths = plot_run(run_dir, out, published)
     console = _console()
     if not paths:
@@ -132,6 +150,7 @@ def report(run_dir: RunDirArgument, published: PublishedOption = None, out: Repo
     """Write one self-contained HTML page with the run's environment, tables and figures."""
     from tfla_bench.report import write_report
 
+    out = output_file(out or run_dir / rundir.REPORT, "--out" if out else "report", keep=_inputs(run_dir))
     path = write_report(run_dir, published, out)
     _console().print(f"wrote {path}")
 

@@ -30,6 +30,7 @@ from tfla_bench import correctness, registry, rundir, runner, specs
 from tfla_bench.commands import check as check_command
 from tfla_bench.console import cases_table, make_console, summary_table
 from tfla_bench.errors import UserError
+from tfla_bench.paths import output_dir
 from tfla_bench.phases import PhaseClock
 from tfla_bench.specs import Spec
 
@@ -38,7 +39,7 @@ KernelOption = Annotated[
     typer.Option("--kernel", "-k", help="kernel name; repeat or comma-separate (sweep: filter the spec's)"),
 ]
 OutOption = Annotated[
-    Path | None, typer.Option("--out", help="run directory (default results/runs/<spec>-<timestamp>)")
+    Path | None, typer.Option("--out", help="run directory (default results/runs/SPEC-TIMESTAMP)")
 ]
 GpusOption = Annotated[
     str | None, typer.Option("--gpus", help="GPUs to use: a count N (the first N) or a list such as 0,2")
@@ -296,7 +297,7 @@ def sweep(
     ncu: NcuOption = False,
     ncu_path: NcuPathOption = None,
 ) -> None:
-    """Run every case of a spec, each in an isolated worker; rows go to <run dir>/results.csv."""
+    """Run every case of a spec, each in an isolated worker; rows go to results.csv in the run directory."""
     if spec_path is not None:
         spec = specs.load_spec(spec_path)
     elif resume is not None:
@@ -391,6 +392,7 @@ def _execute(
         return
     devices = runner.select_devices(flags.gpus)
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
+    output_dir(run_dir, "--resume" if resume else "--out" if out else "run directory")
     with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
         forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)
         kernels = sorted({case.kernel for case in cases})

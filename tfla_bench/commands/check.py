@@ -68,12 +68,11 @@ def check(
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if timeout <= 0:
         raise UserError(f"--timeout must be positive, got {timeout:g}")
+    device = _device(device)
     chosen = list(dict.fromkeys(names)) or None
     total = len(chosen) if chosen else len(registry.adapters())
     with gate_progress(total) as callbacks:
-        results = run_gate(
-            chosen, _device(device), dtype=dtype, isolate=isolate, timeout_s=timeout, **callbacks
-        )
+        results = run_gate(chosen, device, dtype=dtype, isolate=isolate, timeout_s=timeout, **callbacks)
     if as_json:
         typer.echo(json.dumps([json_row(result) for result in results], indent=2))
     else:
@@ -83,13 +82,20 @@ def check(
 
 
 def _device(text: str) -> str:
-    if text == "auto":
-        import torch
+    import torch
 
+    if text == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if text in ("cpu", "cuda") or re.fullmatch(r"cuda:\d+", text):
-        return text
-    raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
+    if text not in ("cpu", "cuda") and not re.fullmatch(r"cuda:\d+", text):
+        raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
+    if text.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UserError(f"--device {text}: no CUDA device is visible")
+        index = int(text.partition(":")[2] or 0)
+        if index >= count:
+            raise UserError(f"--device {text}: only {count} CUDA device(s) are visible")
+    return text
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from tfla_bench.errors import UserError
 from tfla_bench.model.counts import MlstmShape, check_chunk_size
 from tfla_bench.model.hardware import ACCELERATORS, CUSTOM, Accelerator, resolve_accelerator
 from tfla_bench.model.roofline import ChunkOptima, Estimate, chunk_optima, chunkwise_runtime_s
+from tfla_bench.paths import output_dir
 
 DEFAULT_ROOFLINE_GPUS = ("v100", "a100", "h100", "h200", "b200")
 
@@ -395,6 +396,7 @@ def roofline(
     accelerators = _roofline_accelerators(gpu, peak_flops, bandwidth)
     if measured is not None and not measured.is_dir():
         raise UserError(f"--measured {measured} is not a directory")
+    output_dir(out, "--out")
     from tfla_bench.plots import catalog
 
     written = catalog.write_model_figures(out, accelerators)
