@@ -5,6 +5,7 @@ started run stopped by its environment (`RunFailed`) in one line and exit code 1
 traceback. A command or group given without arguments prints its help.
 """
 
+import functools
 import sys
 from typing import Any
 
@@ -65,9 +66,15 @@ def _plain_help(command: Any) -> Any:
     return command
 
 
+@functools.cache
+def _command() -> Any:
+    """The click command of `app`, built once per process (building it takes longer than most commands)."""
+    return _plain_help(typer.main.get_command(app))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (the console script passes it to `sys.exit`)."""
-    command = _plain_help(typer.main.get_command(app))
+    command = _command()
     try:
         code = command.main(args=argv, prog_name="tfla-bench", standalone_mode=False)
     except _CLICK_EXCEPTION as exc:

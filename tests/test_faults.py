@@ -1,0 +1,541 @@
+"""Fault injection: real sweeps of a tiny CPU spec (`sdpa_math`, `mlstm_torch`) are killed, interrupted,
+denied their disk and given workers that crash, and every finished row must survive.
+
+Each sweep runs through the CLI in a subprocess, as a user starts one. Every fault test records how
+many faults it injected, how many the run survived (stopped as it should, then completed with every
+case exactly once and every earlier row unchanged) and how many finished rows were lost. The last test
+renders those counts as the README's Reliability table and checks that the README shows exactly that
+table; `TFLA_BENCH_WRITE_RELIABILITY=1` writes it there instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tfla_bench import registry
+from tfla_bench.cli import main
+
+TESTS = Path(__file__).resolve().parent
+README = TESTS.parent / "README.md"
+WRITE_ENV = "TFLA_BENCH_WRITE_RELIABILITY"
+TABLE_BEGIN = "<!-- reliability table: written by tests/test_faults.py -->"
+TABLE_END = "<!-- end of reliability table -->"
+FIG5 = "tfla_fig5_consttoken_rerun_nh16"
+
+# 18 cases: sdpa_math and mlstm_torch (both gates), fw and fwbw, three sequence lengths.
+SPEC = """
+name = "tiny"
+kernels = ["sdpa_math", "mlstm_torch"]
+modes = ["fw", "fwbw"]
+dtype = "float32"
+warmup = 1
+reps = 3
+timeout_s = 120
+[shape]
+tokens = 128
+seq_len = [32, 64, 128]
+num_heads = 2
+head_dim_qk = 16
+head_dim_v = 16
+chunk_size = 16
+[override.mlstm_torch]
+params = { gate = ["exp", "sig"] }
+"""
+CASES = 18
+KEY_COLUMNS = (
+    "kernel",
+    "mode",
+    "dtype",
+    "batch",
+    "seq_len",
+    "num_heads",
+    "head_dim_qk",
+    "head_dim_v",
+    "chunk_size",
+    "param_gate",
+)
+# Where the sweeps are stopped: once while starting up (the spec is written, no row yet), then after
+# the given number of rows, each reached by a run that wrote at least one row of its own.
+STOP_POINTS = (None, 1, 3, 5, 7, 9, 11, 13, 15, 16)
+WAIT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One row of the Reliability table."""
+
+    fault: str
+    injected: int
+    survived: int
+    rows_lost: int
+
+
+OUTCOMES: dict[str, Outcome] = {}
+
+
+def record(fault: str, injected: int, survived: int, rows_lost: int) -> None:
+    OUTCOMES[fault] = Outcome(fault, injected, survived, rows_lost)
+
+
+# --- running the CLI ---------------------------------------------------------------------------------
+
+
+def _env(plugins: str | None = None) -> dict[str, str]:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+    env.pop(registry.PLUGINS_ENV, None)
+    if plugins:
+        env[registry.PLUGINS_ENV] = plugins
+    return env
+
+
+def start(args: list[str], cwd: Path, log: Path, plugins: str | None = None) -> subprocess.Popen:
+    """`tfla-bench ARGS` in a subprocess; its output goes to `log` (a pipe nobody reads could fill up)."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tfla_bench.cli", *args],
+            cwd=cwd,
+            env=_env(plugins),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def finish(args: list[str], cwd: Path, log: Path, plugins: str | None = None) -> int:
+    proc = start(args, cwd, log, plugins)
+    return proc.wait(WAIT_S)
+
+
+def wait_until(proc: subprocess.Popen, ready: Callable[[], bool], log: Path) -> None:
+    """Poll until `ready()`; the sweep must still be running then."""
+    deadline = time.monotonic() + WAIT_S
+    while not ready():
+        if proc.poll() is not None:
+            pytest.fail(f"the sweep ended (exit {proc.returncode}) early:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the fault point was not reached in {WAIT_S:g} s:\n{log.read_text()}")
+        time.sleep(0.02)
+
+
+# --- reading results ---------------------------------------------------------------------------------
+
+
+def rows(run_dir: Path) -> list[dict[str, str]]:
+    """The complete rows of `results.csv` (a torn last line is not a row)."""
+    path = run_dir / "results.csv"
+    if not path.exists():
+        return []
+    text = path.read_text(errors="replace")
+    complete = text[: text.rfind("\n") + 1]
+    return list(csv.DictReader(io.StringIO(complete)))
+
+
+def key(row: dict[str, str]) -> tuple[str, ...]:
+    return tuple(row.get(column, "") for column in KEY_COLUMNS)
+
+
+def row_count(run_dir: Path) -> int:
+    return len(rows(run_dir))
+
+
+def spec_written(run_dir: Path) -> bool:
+    try:
+        json.loads((run_dir / "spec.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def lost(before: list[dict[str, str]], after: list[dict[str, str]]) -> int:
+    """Finished rows of `before` missing from `after` or changed there."""
+    now = {key(row): row for row in after}
+    return sum(1 for row in before if now.get(key(row)) != row)
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def spec_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("spec") / "tiny.toml"
+    path.write_text(SPEC)
+    return path
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory, spec_file) -> Path:
+    """The spec run once without faults: the case set every faulted run must end with."""
+    run_dir = tmp_path_factory.mktemp("clean") / "run"
+    log = run_dir.parent / "sweep.log"
+    assert finish(["sweep", str(spec_file), "--out", str(run_dir)], run_dir.parent, log) == 0, log.read_text()
+    found = rows(run_dir)
+    assert len(found) == CASES and {row["status"] for row in found} == {"ok"}
+    return run_dir
+
+
+# --- stopping a sweep and resuming it ------------------------------------------------------------------
+
+
+def _stop_and_resume(tmp_path: Path, spec_file: Path, clean_run: Path, sig: int, exit_code: int) -> tuple:
+    """Stop one run directory's sweep with `sig` at every `STOP_POINTS`, resuming it each time, then
+    finish it; returns (faults injected, survived, rows lost)."""
+    run_dir = tmp_path / "run"
+    log = tmp_path / "sweep.log"
+    codes, snapshots = [], []
+    for index, point in enumerate(STOP_POINTS):
+        resume = ["sweep", "--resume", str(run_dir)]
+        args = resume if index else ["sweep", str(spec_file), "--out", str(run_dir)]
+        before = row_count(run_dir)
+        proc = start(args, tmp_path, log)
+        if point is None:
+            wait_until(proc, lambda: spec_written(run_dir), log)
+        else:
+            wait_until(proc, lambda p=point, b=before: (n := row_count(run_dir)) >= p and n > b, log)
+        proc.send_signal(sig)
+        codes.append(proc.wait(WAIT_S))
+        snapshots.append(rows(run_dir))
+    assert finish(["sweep", "--resume", str(run_dir)], tmp_path, log) == 0, log.read_text()
+    final = rows(run_dir)
+    keys = [key(row) for row in final]
+    assert len(keys) == len(set(keys)) == CASES, log.read_text()
+    assert set(keys) == {key(row) for row in rows(clean_run)}
+    assert {row["status"] for row in final} == {"ok"}
+    losses = [lost(snapshot, final) for snapshot in snapshots]
+    survived = sum(code == exit_code and not loss for code, loss in zip(codes, losses, strict=True))
+    assert codes == [exit_code] * len(STOP_POINTS), log.read_text()
+    return len(STOP_POINTS), survived, sum(losses)
+
+
+def test_kill_9_at_10_points_then_resume(tmp_path, spec_file, clean_run):
+    counts = _stop_and_resume(tmp_path, spec_file, clean_run, signal.SIGKILL, -signal.SIGKILL)
+    record("`kill -9` of the sweep, at 10 points of the run, each followed by `--resume`", *counts)
+    assert counts[1:] == (counts[0], 0)
+
+
+def test_ctrl_c_at_10_points_then_resume(tmp_path, spec_file, clean_run):
+    counts = _stop_and_resume(tmp_path, spec_file, clean_run, signal.SIGINT, 130)
+    record("Ctrl-C (SIGINT) of the sweep, at 10 points of the run, each followed by `--resume`", *counts)
+    assert counts[1:] == (counts[0], 0)
+
+
+# --- workers that crash, hang, run out of memory or write garbage -------------------------------------
+
+WORKER_FAULTS = {
+    "test_segfault": ("crashed", "SIGSEGV"),
+    "test_sleep": ("timeout", "no result after"),
+    "test_host_oom": ("oom", ""),
+    "test_garbage": ("ok", ""),
+}
+
+
+def test_workers_that_segfault_hang_run_out_of_memory_or_write_garbage(tmp_path):
+    spec = tmp_path / "faulty.toml"
+    spec.write_text(
+        SPEC.replace('kernels = ["sdpa_math", "mlstm_torch"]', f"kernels = {[*WORKER_FAULTS, 'sdpa_math']}")
+        .replace('modes = ["fw", "fwbw"]', 'modes = ["fw"]')
+        .replace("seq_len = [32, 64, 128]", "seq_len = 32")
+        .replace("timeout_s = 120", "timeout_s = 15")
+    )
+    run_dir, log = tmp_path / "run", tmp_path / "sweep.log"
+    code = finish(["sweep", str(spec), "--out", str(run_dir)], tmp_path, log, plugins="fault_adapters")
+    by_kernel = {row["kernel"]: row for row in rows(run_dir)}
+    survived = 0
+    for kernel, (status, message) in WORKER_FAULTS.items():
+        row = by_kernel.get(kernel, {})
+        survived += row.get("status") == status and message in row.get("error", "")
+    survived -= by_kernel.get("sdpa_math", {}).get("status") != "ok"
+    record("a worker that segfaults, hangs, allocates until out of memory, or writes garbage", 4, survived, 0)
+    assert code == 0, log.read_text()
+    assert {kernel: row["status"] for kernel, row in by_kernel.items()} == {
+        **{kernel: status for kernel, (status, _) in WORKER_FAULTS.items()},
+        "sdpa_math": "ok",
+    }, log.read_text()
+    assert survived == 4
+
+
+# --- a read-only directory ---------------------------------------------------------------------------
+
+# Runs the CLI in-process for each argv of argv[1] and prints [exit code, stderr] per argv as JSON.
+# Root writes into a read-only folder as if it were not, so as root it first gives up the
+# capabilities that allow it (for itself and whatever it starts), before any thread exists.
+_WITHOUT_DAC_OVERRIDE = """
+import contextlib, ctypes, io, json, os, sys
+if os.geteuid() == 0:
+    libc = ctypes.CDLL(None, use_errno=True)
+    dac = (1, 2)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+    for cap in dac:
+        assert libc.prctl(24, cap, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())  # PR_CAPBSET_DROP
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # (effective, permitted, inheritable) x 2 words
+    assert libc.capget(header, data) == 0
+    for cap in dac:
+        data[0] &= ~(1 << cap)
+        data[1] &= ~(1 << cap)
+    assert libc.capset(header, data) == 0, os.strerror(ctypes.get_errno())
+from tfla_bench.cli import main
+answers = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        answers.append([main(argv), err.getvalue()])
+print(json.dumps(answers))
+"""
+
+
+def test_read_only_directory(tmp_path, spec_file, clean_run):
+    run_dir = tmp_path / "run"
+    shutil.copytree(clean_run, run_dir)
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    adhoc = [
+        "run",
+        "-k",
+        "sdpa_math",
+        "--seq-len",
+        "16",
+        "--tokens",
+        "32",
+        "--heads",
+        "1",
+        "--head-dim-qk",
+        "8",
+    ]
+    commands = [
+        ["compare", str(run_dir), "--published", FIG5, "--json", str(read_only / "c.json")],
+        ["compare", str(run_dir), "--published", FIG5, "--csv", str(read_only / "c.csv")],
+        ["report", str(run_dir), "--published", "none"],
+        ["plot", str(run_dir), "--published", "none"],
+        ["roofline", "--gpu", "h100", "--out", str(read_only / "figures")],
+        ["sweep", str(spec_file), "--out", str(read_only / "run")],
+        ["sweep", "--resume", str(run_dir)],
+        [*adhoc, "--out", str(read_only / "adhoc")],
+    ]
+    before = tree_digest(run_dir)
+    for folder in (run_dir, read_only):
+        folder.chmod(0o555)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _WITHOUT_DAC_OVERRIDE, json.dumps(commands)],
+            cwd=tmp_path,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+        )
+    finally:
+        for folder in (run_dir, read_only):
+            folder.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout)
+    survived = sum(
+        code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "cannot write" in err
+        for code, err in answers
+    )
+    record(
+        "a read-only directory, for each of 8 outputs",
+        len(commands),
+        survived,
+        lost(rows(clean_run), rows(run_dir)),
+    )
+    assert survived == len(commands), answers
+    assert tree_digest(run_dir) == before and list(read_only.iterdir()) == []
+
+
+# --- generated specs and flags -----------------------------------------------------------------------
+
+KERNELS = ["sdpa_math", "mlstm_torch", "sdpa_cudnn", "tfla_sig", "mamba2"]
+# Kernels that a machine without CUDA decides without a worker: a sweep of only these runs fast.
+GPU_ONLY = ["sdpa_cudnn", "tfla_sig", "mamba2"]
+_sizes = st.sampled_from([16, 32, 64])
+_shapes = st.tuples(
+    st.one_of(_sizes, st.lists(_sizes, min_size=1, max_size=2, unique=True)),
+    st.sampled_from([8, 16]),
+    st.sampled_from([8, 16]),
+    st.sampled_from([("tokens", 128), ("batch", 2)]),
+    st.sampled_from([("num_heads", 2), ("embedding_dim", 16)]),
+).map(lambda t: {"seq_len": t[0], "head_dim_qk": t[1], "head_dim_v": t[2], **dict(t[3:])})
+_valid_specs = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["fuzz", "fuzz.2", "f-3"]),
+        "kernels": st.lists(st.sampled_from(KERNELS), min_size=1, max_size=3, unique=True),
+        "modes": st.lists(st.sampled_from(["fw", "fwbw"]), min_size=1, max_size=2, unique=True),
+        "dtype": st.sampled_from(["float32", "bfloat16"]),
+        "shape": _shapes,
+    },
+    optional={
+        "warmup": st.integers(0, 3),
+        "reps": st.integers(1, 3),
+        "timeout_s": st.sampled_from([5, 60.5]),
+        "expand": st.just("grid"),
+        "grad": st.sampled_from(["fixed", "sum"]),
+        "l2_flush": st.booleans(),
+    },
+)
+# Up to two keys (of the spec or of its [shape]) replaced by a value of any kind, often a wrong one.
+_wrong = st.one_of(
+    st.sampled_from(["8", 2.5, True, -1, 0, [], "", 10**12, ["fw", 3], "no_such_kernel", "../up", "x" * 300]),
+    st.integers(-8, 300),
+    st.text(max_size=6),
+)
+_keys = [*("name", "kernels", "modes", "dtype", "warmup", "reps", "timeout_s", "expand", "grad", "l2_flush")]
+_keys += [
+    "params",
+    "bogus",
+    *(f"shape.{k}" for k in ("seq_len", "tokens", "num_heads", "head_dim_qk", "chunk_size", "x")),
+]
+_mutations = st.lists(st.tuples(st.sampled_from(_keys), _wrong), max_size=2)
+
+
+def mutated(spec: dict, mutations: list) -> dict:
+    spec = {**spec, "shape": dict(spec["shape"])}
+    for where, value in mutations:
+        table, _, name = where.rpartition(".")
+        (spec["shape"] if table else spec)[name] = value
+    return spec
+
+
+_flags = st.lists(
+    st.sampled_from(
+        [
+            ["--warmup", "0"],
+            ["--warmup", "-2"],
+            ["--reps", "x"],
+            ["--reps", "2"],
+            ["--timeout", "0"],
+            ["--grad", "sideways"],
+            ["--grad", "sum"],
+            ["--kernel", "sdpa_math"],
+            ["--kernel", "nope"],
+            ["--gpus", "0"],
+            ["--precompile", "-1"],
+            ["--l2-flush"],
+            ["--no-cuda-graph"],
+            ["--bogus"],
+            ["--resume", "nowhere"],
+            ["--out", "FILE"],
+            ["--out", "FILE/below"],
+        ]
+    ),
+    max_size=3,
+)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return repr(value)
+
+
+def spec_text(spec: dict) -> str:
+    """A spec dict as TOML: top-level values, then the [shape] table."""
+    lines = [f"{k} = {_toml(v)}" for k, v in spec.items() if k != "shape"]
+    lines += ["[shape]", *(f"{k} = {_toml(v)}" for k, v in spec["shape"].items())]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("fuzz")
+    (folder / "FILE").write_text("not a folder\n")
+    return folder
+
+
+FUZZ_EXAMPLES = 1000
+_fuzz_exits: list[int] = []
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(valid=_valid_specs, mutations=_mutations, flags=_flags, broken=st.booleans(), runs=st.booleans())
+def test_generated_specs_and_flags_end_in_exit_0_or_one_line(fuzz_dir, valid, mutations, flags, broken, runs):
+    spec = mutated(valid, mutations)
+    text = spec_text(spec)
+    if broken and mutations:
+        text = text.replace("=", "", 1)  # no longer TOML
+    work = Path(tempfile.mkdtemp(dir=fuzz_dir))
+    (work / "spec.toml").write_text(text)
+    argv = ["sweep", str(work / "spec.toml")]
+    for flag in flags:
+        argv += [str(fuzz_dir / part) if part.startswith("FILE") else part for part in flag]
+    # Only specs of GPU-only kernels run for real here (decided without a worker on a CPU machine).
+    kernels = spec["kernels"] if isinstance(spec["kernels"], list) else []
+    if not (runs and kernels and set(kernels) <= set(GPU_ONLY)) or "--kernel" in argv:
+        argv.append("--dry-run")
+    out, err = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.chdir(cwd)
+        shutil.rmtree(work)
+    _fuzz_exits.append(code)
+    message = err.getvalue()
+    if code == 2:
+        assert message.startswith("error: ") and message.count("\n") == 1, (argv, text, message)
+    else:
+        assert code == 0 and "Traceback" not in message, (argv, text, message)
+
+
+def test_fuzz_reached_both_outcomes():
+    """The generated inputs were neither all accepted nor all refused, and every one was recorded."""
+    if len(_fuzz_exits) < FUZZ_EXAMPLES:
+        pytest.skip("the generated-input test did not run in this session")
+    record(
+        f"{FUZZ_EXAMPLES:,} generated specs and flag sets (exit 0, or exit 2 with one line)",
+        len(_fuzz_exits),
+        sum(code in (0, 2) for code in _fuzz_exits),
+        0,
+    )
+    assert {0, 2} <= set(_fuzz_exits)
+
+
+# --- the README's Reliability table ------------------------------------------------------------------
+
+
+def render_table(outcomes: list[Outcome]) -> str:
+    lines = ["| fault injected | injected | survived | rows lost |", "|---|---:|---:|---:|"]
+    lines += [f"| {o.fault} | {o.injected:,} | {o.survived:,} | {o.rows_lost} |" for o in outcomes]
+    return "\n".join(lines)
+
+
+def test_readme_reliability_table_is_this_suites(request):
+    ran = {item.originalname for item in request.session.items if item.module is request.module}
+    if ran != {name for name in dir(request.module) if name.startswith("test_")}:
+        pytest.skip("only part of the fault suite ran: the table needs all of it")
+    text = README.read_text()
+    head, begin, rest = text.partition(TABLE_BEGIN)
+    _, end, tail = rest.partition(TABLE_END)
+    assert begin and end, f"README.md lacks the lines {TABLE_BEGIN!r} and {TABLE_END!r}"
+    expected = f"{head}{TABLE_BEGIN}\n{render_table(list(OUTCOMES.values()))}\n{TABLE_END}{tail}"
+    if os.environ.get(WRITE_ENV) == "1":
+        README.write_text(expected)
+    assert README.read_text() == expected, f"the README's table is not this run's; rerun with {WRITE_ENV}=1"
