@@ -119,3 +119,11 @@ def test_compare_published_none_says_so(run_dir, capsys):
     assert main(["compare", str(run_dir), "--published", "none"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --published none leaves compare nothing to compare with; pass --published")
+
+
+@pytest.mark.gpu
+def test_roofs_checks_its_file_before_measuring(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TFLA_BENCH_ROOFS_FILE", str(tmp_path))
+    assert main(["roofs"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: the measured-roofs file {tmp_path}: is a folder; give a file name\n"

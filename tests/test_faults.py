@@ -89,6 +89,7 @@ class Outcome:
 
 
 OUTCOMES: dict[str, Outcome] = {}
+FAULTS = 5  # the rows of the table: the tests below that call `record`
 
 
 def record(fault: str, injected: int, survived: int, rows_lost: int) -> None:
@@ -247,12 +248,11 @@ def test_ctrl_c_at_10_points_then_resume(tmp_path, spec_file, clean_run):
 WORKER_FAULTS = {
     "test_segfault": ("crashed", "SIGSEGV"),
     "test_sleep": ("timeout", "no result after"),
-    "test_host_oom": ("oom", ""),
     "test_garbage": ("ok", ""),
 }
 
 
-def test_workers_that_segfault_hang_run_out_of_memory_or_write_garbage(tmp_path):
+def test_workers_that_segfault_hang_or_write_garbage(tmp_path):
     spec = tmp_path / "faulty.toml"
     spec.write_text(
         SPEC.replace('kernels = ["sdpa_math", "mlstm_torch"]', f"kernels = {[*WORKER_FAULTS, 'sdpa_math']}")
@@ -268,13 +268,13 @@ def test_workers_that_segfault_hang_run_out_of_memory_or_write_garbage(tmp_path)
         row = by_kernel.get(kernel, {})
         survived += row.get("status") == status and message in row.get("error", "")
     survived -= by_kernel.get("sdpa_math", {}).get("status") != "ok"
-    record("a worker that segfaults, hangs, allocates until out of memory, or writes garbage", 4, survived, 0)
+    record("a worker that segfaults, hangs, or writes garbage to its output", len(WORKER_FAULTS), survived, 0)
     assert code == 0, log.read_text()
     assert {kernel: row["status"] for kernel, row in by_kernel.items()} == {
         **{kernel: status for kernel, (status, _) in WORKER_FAULTS.items()},
         "sdpa_math": "ok",
     }, log.read_text()
-    assert survived == 4
+    assert survived == len(WORKER_FAULTS)
 
 
 # --- a read-only directory ---------------------------------------------------------------------------
@@ -333,6 +333,7 @@ def test_read_only_directory(tmp_path, spec_file, clean_run):
         ["sweep", str(spec_file), "--out", str(read_only / "run")],
         ["sweep", "--resume", str(run_dir)],
         [*adhoc, "--out", str(read_only / "adhoc")],
+        ["profile", str(run_dir)],
     ]
     before = tree_digest(run_dir)
     for folder in (run_dir, read_only):
@@ -356,7 +357,7 @@ def test_read_only_directory(tmp_path, spec_file, clean_run):
         for code, err in answers
     )
     record(
-        "a read-only directory, for each of 8 outputs",
+        "a read-only directory, for each of 9 outputs",
         len(commands),
         survived,
         lost(rows(clean_run), rows(run_dir)),
@@ -508,7 +509,7 @@ def test_generated_specs_and_flags_end_in_exit_0_or_one_line(fuzz_dir, valid, mu
 def test_fuzz_reached_both_outcomes():
     """The generated inputs were neither all accepted nor all refused, and every one was recorded."""
     if len(_fuzz_exits) < FUZZ_EXAMPLES:
-        pytest.skip("the generated-input test did not run in this session")
+        pytest.skip("the generated-input test did not run before this one")
     record(
         f"{FUZZ_EXAMPLES:,} generated specs and flag sets (exit 0, or exit 2 with one line)",
         len(_fuzz_exits),
@@ -527,10 +528,9 @@ def render_table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def test_readme_reliability_table_is_this_suites(request):
-    ran = {item.originalname for item in request.session.items if item.module is request.module}
-    if ran != {name for name in dir(request.module) if name.startswith("test_")}:
-        pytest.skip("only part of the fault suite ran: the table needs all of it")
+def test_readme_reliability_table_is_this_suites():
+    if len(OUTCOMES) < FAULTS:
+        pytest.skip(f"{len(OUTCOMES)} of the {FAULTS} faults ran: the table needs every one")
     text = README.read_text()
     head, begin, rest = text.partition(TABLE_BEGIN)
     _, end, tail = rest.partition(TABLE_END)

@@ -20,6 +20,7 @@ from tfla_bench import profiling, registry, roofs, rundir, runner
 from tfla_bench.commands.bench import _ints, _names
 from tfla_bench.console import make_console
 from tfla_bench.errors import UserError
+from tfla_bench.paths import output_dir
 from tfla_bench.profiling import CaseProfile
 from tfla_bench.rundir import ResultRow
 from tfla_bench.specs import Spec
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
 
 
 def profile(
-    run_dir: Annotated[Path, typer.Argument(help="a run directory (results/runs/<spec>-<timestamp>)")],
+    run_dir: Annotated[Path, typer.Argument(help="a run directory (results/runs/SPEC-TIMESTAMP)")],
     kernel: Annotated[
         list[str] | None, typer.Option("--kernel", "-k", help="kernel name; repeat or comma-separate")
     ] = None,
@@ -46,6 +47,7 @@ def profile(
     """Profile the run's ok cases under ncu: DRAM bytes, duration and tensor-pipe use, into profile.csv."""
     if not (run_dir / rundir.SPEC).is_file():
         raise UserError(f"{run_dir}: not a run directory (no {rundir.SPEC})")
+    output_dir(run_dir, "run directory")
     read = rundir.read_results(run_dir / rundir.RESULTS)
     if read.skipped:
         print(f"warning: {read.warning()}", file=sys.stderr)

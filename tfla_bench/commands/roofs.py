@@ -18,6 +18,7 @@ from tfla_bench import roofs as measured_roofs
 from tfla_bench.console import make_console
 from tfla_bench.errors import UserError
 from tfla_bench.model.hardware import detect_accelerator
+from tfla_bench.paths import output_file
 from tfla_bench.roofs import MeasuredRoofs
 
 
@@ -40,6 +41,7 @@ def roofs(
     index = torch.device(device).index or 0
     if index >= torch.cuda.device_count():
         raise UserError(f"--device {device}: {torch.cuda.device_count()} CUDA device(s) visible")
+    output_file(measured_roofs.cache_path(), "the measured-roofs file")
     result = measured_roofs.measure(device)
     path = measured_roofs.save(result)
     if as_json:
