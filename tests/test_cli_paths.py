@@ -36,6 +36,9 @@ ADHOC = ["run", "-k", "sdpa_math", "--seq-len", "16", "--tokens", "32", "--heads
 WRITERS = {
     "compare --json": (["compare", "RUN", "--json", "OUT"], "file"),
     "compare --csv": (["compare", "RUN", "--csv", "OUT"], "file"),
+    "diff --json": (["diff", "RUN", "RUN", "--json", "OUT"], "file"),
+    "diff --csv": (["diff", "RUN", "RUN", "--csv", "OUT"], "file"),
+    "diff --plot": (["diff", "RUN", "RUN", "--plot", "OUT"], "file"),
     "report --out": (["report", "RUN", "--out", "OUT"], "file"),
     "plot --out": (["plot", "RUN", "--out", "OUT"], "folder"),
     "roofline --out": (["roofline", "--gpu", "h100", "--out", "OUT"], "folder"),
@@ -63,6 +66,7 @@ def test_outputs_never_replace_the_run_they_read(run_dir, capsys):
         ["compare", str(run_dir), "--csv", str(run_dir / "results.csv")],
         ["compare", str(run_dir), "--json", str(run_dir / "env.json")],
         ["report", str(run_dir), "--out", str(run_dir / "results.csv")],
+        ["diff", str(run_dir), str(run_dir), "--csv", str(run_dir / "results.csv")],
     ):
         assert main(argv) == 2
         assert "would replace an input" in capsys.readouterr().err
@@ -92,7 +96,7 @@ def _command_paths(command, prefix=()):
 
 def test_help_has_no_placeholders(capsys):
     commands = list(_command_paths(typer.main.get_command(app)))
-    assert len(commands) >= 15  # the root, 9 commands, the model group and its 5 subcommands
+    assert len(commands) >= 18  # the root, 12 commands, the model group and its 5 subcommands
     for command in commands:
         assert main([*command, "--help"]) == 0
         text = capsys.readouterr().out

@@ -334,6 +334,7 @@ def test_read_only_directory(tmp_path, spec_file, clean_run):
         ["sweep", "--resume", str(run_dir)],
         [*adhoc, "--out", str(read_only / "adhoc")],
         ["profile", str(run_dir)],
+        ["diff", str(run_dir), str(run_dir), "--json", str(read_only / "diff.json")],
     ]
     before = tree_digest(run_dir)
     for folder in (run_dir, read_only):
@@ -357,7 +358,7 @@ def test_read_only_directory(tmp_path, spec_file, clean_run):
         for code, err in answers
     )
     record(
-        "a read-only directory, for each of 9 outputs",
+        "a read-only directory, for each of 10 outputs",
         len(commands),
         survived,
         lost(rows(clean_run), rows(run_dir)),
