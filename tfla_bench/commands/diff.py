@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from tfla_bench.compare import ENV_FILE, RESULTS_FILE
+from tfla_bench import rundir
 from tfla_bench.console import make_console, print_frame
 from tfla_bench.diff import diff_runs, display, ratio_figure
 from tfla_bench.errors import UserError
@@ -47,7 +47,7 @@ def diff(
     """Compare run B with run A: B/A per case, faster/slower/same beyond the runs' noise, geometric means."""
     if threshold is not None and threshold < 0:
         raise UserError(f"--threshold: expected a percentage >= 0, got {threshold:g}")
-    inputs = [run / name for run in (run_a, run_b) for name in (RESULTS_FILE, ENV_FILE)]
+    inputs = [run / name for run in (run_a, run_b) for name in (rundir.RESULTS, rundir.ENV)]
     for path, flag in ((as_json, "--json"), (as_csv, "--csv"), (plot, "--plot")):
         if path is not None:
             output_file(path, flag, keep=inputs)
