@@ -461,7 +461,7 @@ def test_an_unwritable_directory_before_the_start_exits_2(plugins, spec_file, tm
     assert main(["sweep", str(spec_file), "--out", str(blocker / "run")]) == 2
     one_error_line(capsys)
     assert main(["sweep", str(spec_file), "--out", str(blocker)]) == 2
-    assert "not a directory" in one_error_line(capsys)
+    assert "is a file; give a folder" in one_error_line(capsys)
 
 
 @pytest.mark.parametrize("command", ["compare", "plot", "report"])

@@ -391,8 +391,10 @@ def _execute(
         stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
         return
     devices = runner.select_devices(flags.gpus)
+    for path, flag in ((out, "--out"), (resume, "--resume")):
+        if path is not None:
+            output_dir(path, flag)
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
-    output_dir(run_dir, "--resume" if resume else "--out" if out else "run directory")
     with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
         forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)
         kernels = sorted({case.kernel for case in cases})
