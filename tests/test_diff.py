@@ -94,6 +94,19 @@ def test_summary_is_the_geometric_mean_per_kernel_and_mode(runs):
     assert summary.loc["gla", "cases"] == 0 and summary.loc["gla", "status"] == 1
 
 
+def test_agreement_counts_the_cases_within_2_and_5_percent(runs, capsys):
+    # ok in both: tfla_sig 0.80, 1.005, 1.10; sdpa_flash 1.03, 1.00 (gla crashed in B: not counted)
+    agree = diff_runs(*runs).agreement()
+    assert agree["cases"] == 5
+    assert agree["within_2pct"] == pytest.approx(2 / 5)
+    assert agree["within_5pct"] == pytest.approx(3 / 5)
+    assert agree["max_deviation"] == pytest.approx(0.2)
+    assert main(["diff", str(runs[0]), str(runs[1])]) == 0
+    assert "5 case(s) ok in both: 40.0% within 2%, 60.0% within 5%, largest |B/A - 1| 20.0%" in (
+        capsys.readouterr().out
+    )
+
+
 def test_different_gpus_and_versions_are_named(runs):
     warnings = diff_runs(*runs).warnings
     assert any("gpu_name" in w and "H200" in w for w in warnings)

@@ -72,11 +72,25 @@ class RunDiff:
         rows = self.rows
         return rows[(rows["verdict"] == "slower") & (rows["ratio"] > 1 + threshold_pct / 100)]
 
+    def agreement(self) -> dict[str, float | int]:
+        """How closely the runs agree over the cases ok in both: their count, the shares within 2% and
+        5% (|B/A - 1|), and the largest deviation (the repeatability of a run measured twice)."""
+        ratios = self.rows["ratio"].dropna()
+        deviation = (ratios - 1).abs()
+        count = len(deviation)
+        return {
+            "cases": count,
+            "within_2pct": float((deviation <= 0.02).mean()) if count else math.nan,
+            "within_5pct": float((deviation <= 0.05).mean()) if count else math.nan,
+            "max_deviation": float(deviation.max()) if count else math.nan,
+        }
+
     def to_json(self) -> dict[str, Any]:
         def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
             return json.loads(frame.to_json(orient="records"))
 
         return {
+            "agreement": self.agreement(),
             "rows": records(self.rows),
             "summary": records(self.summary),
             "only_a": records(self.only_a),

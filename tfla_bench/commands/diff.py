@@ -60,6 +60,12 @@ def diff(
     for name, frame in (("A", result.only_a), ("B", result.only_b)):
         if len(frame):
             print_frame(console, display(frame), f"cases in run {name} only")
+    agree = result.agreement()
+    if agree["cases"]:
+        console.print(
+            f"{agree['cases']} case(s) ok in both: {agree['within_2pct']:.1%} within 2%, "
+            f"{agree['within_5pct']:.1%} within 5%, largest |B/A - 1| {agree['max_deviation']:.1%}"
+        )
     for path, write in (
         (as_json, lambda p: p.write_text(json.dumps(result.to_json(), indent=2) + "\n")),
         (as_csv, lambda p: result.rows.to_csv(p, index=False)),
