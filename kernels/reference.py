@@ -1,7 +1,11 @@
-"""PyTorch references of the mLSTM (TFLA paper, section 2 and appendix B): readable, not fast.
+"""PyTorch references of every kernel family the suite checks: readable, not fast.
 
-Three formulations of the same function, each differentiable by autograd, each taking an initial
-state and returning the final state:
+Softmax attention (`softmax_attention`), decay linear attention (`decay_linear_attention`: the
+recurrence behind GLA, Simple GLA and LightningAttention-2) and the Mamba scans built on it
+(`ssd_reference`, `mamba2_split_conv_reference`, `selective_scan_reference`) compute in float64.
+
+The mLSTM (TFLA paper, section 2 and appendix B) has three formulations of the same function, each
+differentiable by autograd, each taking an initial state and returning the final state:
 
 - `mlstm_recurrent`: step by step (eqs. 1-5 for mLSTMexp, eqs. 22-24 for mLSTMsig),
 - `mlstm_parallel`: fully parallel and stabilized (appendix B.1),
@@ -32,6 +36,7 @@ together), except through `eps`, which is added to the stabilized denominator.
 import math
 
 import torch
+import torch.nn.functional as F
 
 from tfla_bench.kernels.gates import chunk_gates, log_gates, num_chunks
 
@@ -277,3 +282,173 @@ def mlstm_chunkwise(
         if n is not None:
             n = decay[..., None] * n + k_weighted.sum(-2)
     return torch.cat(outputs, dim=2), _pack(gate, C, n, m)
+
+
+def softmax_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, scale: float | None = None
+) -> torch.Tensor:
+    """Softmax attention in float64 through torch SDPA's math backend.
+
+    Args:
+        q: queries `[B, H, T, D]`.
+        k: keys `[B, H, T, D]`.
+        v: values `[B, H, T, Dv]`.
+        causal: mask future keys.
+        scale: score scale, default `D ** -0.5`.
+
+    Returns:
+        `[B, H, T, Dv]` in float64.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q64, k64, v64 = (x.detach().to(torch.float64) for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=scale)
+
+
+def decay_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *, scale: float = 1.0
+) -> torch.Tensor:
+    """Decay linear attention, step by step in float64: the recurrence behind GLA, Simple GLA,
+    Mamba2's SSD, Mamba's selective scan and LightningAttention-2.
+
+    `S_t = diag(exp(log_decay_t)) S_{t-1} + k_t v_t^T` (S_0 = 0), `o_t = scale * S_t^T q_t`.
+
+    Args:
+        q: queries `[B, H, T, K]`.
+        k: keys `[B, H, T, K]`.
+        v: values `[B, H, T, V]`.
+        log_decay: log decay per key channel `[B, H, T, K]` (GLA) or per head `[B, H, T]` (scalar
+            gates; broadcast over K). Values <= 0.
+        scale: output scale.
+
+    Returns:
+        `[B, H, T, V]` in float64.
+
+    Examples::
+
+        >>> q = k = torch.ones(1, 1, 3, 1); v = torch.ones(1, 1, 3, 1)
+        >>> decay_linear_attention(q, k, v, torch.zeros(1, 1, 3)).flatten().tolist()
+        [1.0, 2.0, 3.0]
+    """
+    q64, k64, v64, g64 = (x.detach().to(torch.float64) for x in (q, k, v, log_decay))
+    if g64.dim() == 3:
+        g64 = g64[..., None].expand_as(k64)
+    batch, heads, seq_len, dim_k = k64.shape
+    state = q64.new_zeros(batch, heads, dim_k, v64.shape[-1])
+    out = q64.new_empty(batch, heads, seq_len, v64.shape[-1])
+    for t in range(seq_len):
+        state = state * g64[:, :, t, :, None].exp() + k64[:, :, t, :, None] * v64[:, :, t, None, :]
+        out[:, :, t] = scale * torch.einsum("bhk,bhkv->bhv", q64[:, :, t], state)
+    return out
+
+
+def ssd_reference(
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
+) -> torch.Tensor:
+    """Mamba2's SSD as decay linear attention in float64: q = C, k = dt * B, v = x, log decay dt * A.
+
+    `h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T`, `y_t = h_t^T C_t` per head; group g's B and C
+    serve heads g * H/G ... (g + 1) * H/G - 1.
+
+    Args:
+        x: `[B, T, H, P]`.
+        dt: time steps `[B, T, H]` (> 0).
+        a: `[H]` (< 0).
+        b: `[B, T, G, N]`.
+        c: `[B, T, G, N]`.
+
+    Returns:
+        y `[B, T, H, P]` in float64.
+    """
+    heads_per_group = x.shape[2] // b.shape[2]
+    b64, c64 = (t.to(torch.float64).repeat_interleave(heads_per_group, dim=2) for t in (b, c))
+    dt64 = dt.to(torch.float64)
+    keys = b64 * dt64[..., None]
+    log_decay = dt64 * a.to(torch.float64)
+    y = decay_linear_attention(
+        c64.transpose(1, 2), keys.transpose(1, 2), x.transpose(1, 2), log_decay.transpose(1, 2)
+    )
+    return y.transpose(1, 2)
+
+
+def mamba2_split_conv_reference(
+    zxbcdt: torch.Tensor,
+    conv1d_weight: torch.Tensor,
+    conv1d_bias: torch.Tensor,
+    dt_bias: torch.Tensor,
+    a: torch.Tensor,
+    d: torch.Tensor,
+    head_dim: int,
+    num_groups: int,
+) -> torch.Tensor:
+    """Mamba2's fused block in float64: causal depthwise conv + SiLU over x, B, C; softplus time steps
+    `dt + dt_bias`; `ssd_reference`; the D skip; the SiLU(z) gate.
+
+    Args:
+        zxbcdt: `[B, T, 2HP + 2GN + H]` (z, x, B, C, raw dt).
+        conv1d_weight: `[HP + 2GN, W]`.
+        conv1d_bias: `[HP + 2GN]`.
+        dt_bias: `[H]`.
+        a: `[H]` (< 0).
+        d: `[H]`.
+        head_dim: P.
+        num_groups: G.
+
+    Returns:
+        `[B, T, H * P]` in float64.
+    """
+    zxbcdt = zxbcdt.to(torch.float64)
+    weight = conv1d_weight.to(torch.float64)
+    heads, groups = a.shape[0], num_groups
+    inner, channels = heads * head_dim, weight.shape[0]
+    state_dim = (channels - inner) // (2 * groups)
+    z, xbc, dt_raw = torch.split(zxbcdt, [inner, channels, heads], dim=-1)
+    seq_len = xbc.shape[1]
+    conv = F.conv1d(
+        xbc.transpose(1, 2),
+        weight[:, None, :],
+        conv1d_bias.to(torch.float64),
+        padding=weight.shape[1] - 1,
+        groups=channels,
+    )
+    xbc = F.silu(conv[..., :seq_len]).transpose(1, 2)
+    x, b, c = torch.split(xbc, [inner, groups * state_dim, groups * state_dim], dim=-1)
+    x = x.unflatten(-1, (heads, head_dim))
+    b, c = (t.unflatten(-1, (groups, state_dim)) for t in (b, c))
+    dt = F.softplus(dt_raw + dt_bias.to(torch.float64))
+    y = ssd_reference(x, dt, a, b, c) + d.to(torch.float64)[:, None] * x
+    return (y * F.silu(z.unflatten(-1, (heads, head_dim)))).flatten(-2)
+
+
+def selective_scan_reference(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    z: torch.Tensor,
+) -> torch.Tensor:
+    """Mamba's selective scan in float64: per channel, decay linear attention with q = C, k = delta B,
+    v = u and a log decay delta * A per state channel; plus D u and the SiLU(z) gate.
+
+    Args:
+        u, delta, z: `[B, D, T]`.
+        a: `[D, N]` (< 0).
+        b, c: `[B, N, T]`.
+        d: `[D]`.
+
+    Returns:
+        `[B, D, T]` in float64.
+    """
+    u, delta, z = (x.to(torch.float64) for x in (u, delta, z))
+    b, c = (x.to(torch.float64).transpose(1, 2) for x in (b, c))
+    channels = u.shape[1]
+    # Channels play the role of heads: [batch, channels, T, N] keys and queries, values of dim 1.
+    queries = c[:, None].expand(-1, channels, -1, -1)
+    keys = b[:, None] * delta[..., None]
+    log_decay = delta[..., None] * a.to(torch.float64)[None, :, None, :]
+    y = decay_linear_attention(queries, keys, u[..., None], log_decay)[..., 0]
+    y = y + d.to(torch.float64)[:, None] * u
+    return y * F.silu(z)

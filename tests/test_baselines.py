@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tfla_bench import registry
-from tfla_bench.baselines import fla, lightning, mamba
-from tfla_bench.baselines._common import CUDA_MISSING
+from tfla_bench.adapter_support import CUDA_MISSING
+from tfla_bench.baselines import _mamba, gla, lightning2, simple_gla
 from tfla_bench.model.counts import mlstm_flops
 from tfla_bench.workloads import Case
 
@@ -139,15 +139,15 @@ class TestImportWithoutSelectiveScanCuda:
 
     def test_missing_extension_is_bypassed(self, package):
         package('from mamba_ssm.ops.selective_scan_interface import *\n__version__ = "fake"\n')
-        module = mamba.import_ssd_combined()
+        module = _mamba.import_ssd_combined()
         assert module.mamba_chunk_scan_combined() == 42
         assert not hasattr(sys.modules["mamba_ssm"], "__version__")  # the failing __init__ did not run
-        assert mamba.import_ssd_combined() is module
+        assert _mamba.import_ssd_combined() is module
 
     def test_other_missing_module_in_init_is_raised(self, package):
         package("import tfla_no_such_dependency\n")
         with pytest.raises(ModuleNotFoundError) as info:
-            mamba.import_ssd_combined()
+            _mamba.import_ssd_combined()
         assert info.value.name == "tfla_no_such_dependency"
 
     def test_missing_module_in_ssd_code_is_raised_after_the_bypass(self, package):
@@ -155,12 +155,12 @@ class TestImportWithoutSelectiveScanCuda:
             "from mamba_ssm.ops.selective_scan_interface import *\n", ssd="import tfla_no_such_triton_dep\n"
         )
         with pytest.raises(ModuleNotFoundError) as info:
-            mamba.import_ssd_combined()
+            _mamba.import_ssd_combined()
         assert info.value.name == "tfla_no_such_triton_dep"
 
     def test_mamba_still_reports_the_missing_extension(self, package):
         package("from mamba_ssm.ops.selective_scan_interface import *\n")
-        mamba.import_ssd_combined()
+        _mamba.import_ssd_combined()
         assert "selective_scan_cuda" in registry.get("mamba").available()
 
 
@@ -301,13 +301,13 @@ def test_value_ranges():
     )
     assert abs(peer["f"].mean().item() - 3.0) < 0.1 and abs(peer["i"].mean().item()) < 0.1
     slopes = registry.get("lightning2").make_inputs(make_case("lightning2", **SQUARE), "cpu")["s"].flatten()
-    assert slopes.tolist() == lightning.alibi_slopes(4)
+    assert slopes.tolist() == lightning2.alibi_slopes(4)
 
 
 def test_alibi_slopes():
-    assert lightning.alibi_slopes(8) == [2.0**-e for e in range(1, 9)]
+    assert lightning2.alibi_slopes(8) == [2.0**-e for e in range(1, 9)]
     # 6 heads: the 4-head slopes, then every other one of the 8-head slopes.
-    assert lightning.alibi_slopes(6) == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
+    assert lightning2.alibi_slopes(6) == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
 
 
 @pytest.mark.parametrize(
@@ -413,7 +413,7 @@ def test_peer_counts_use_the_kernels_chunk_size():
 
 
 def test_gla_chunk_size_follows_fla():
-    assert [fla.gla_chunk_size(t) for t in (8, 16, 32, 40, 64, 8192)] == [16, 16, 32, 64, 64, 64]
+    assert [gla.gla_chunk_size(t) for t in (8, 16, 32, 40, 64, 8192)] == [16, 16, 32, 64, 64, 64]
 
 
 @pytest.mark.parametrize("name", sorted(ADAPTERS))
@@ -448,7 +448,7 @@ class TestSimpleGlaBackwardRefusal:
 
     def test_hopper_with_triton_3_6_is_refused(self, flags):
         flags()
-        reason = fla.simple_gla_backward_refusal("bfloat16")
+        reason = simple_gla.simple_gla_backward_refusal("bfloat16")
         assert "#640" in reason and "Triton >= 3.7.1" in reason
 
     @pytest.mark.parametrize(
@@ -458,14 +458,14 @@ class TestSimpleGlaBackwardRefusal:
     )
     def test_other_stacks_are_not_refused(self, flags, setting):
         flags(**setting)
-        assert fla.simple_gla_backward_refusal("bfloat16") is None
+        assert simple_gla.simple_gla_backward_refusal("bfloat16") is None
 
     def test_tilelang_rescues_only_fp32(self, flags):
         flags(tilelang_usable=True)
-        assert fla.simple_gla_backward_refusal("float32") is None
-        assert fla.simple_gla_backward_refusal("bfloat16") is not None
+        assert simple_gla.simple_gla_backward_refusal("float32") is None
+        assert simple_gla.simple_gla_backward_refusal("bfloat16") is not None
         flags(tilelang_usable=False)
-        assert fla.simple_gla_backward_refusal("float32") is not None
+        assert simple_gla.simple_gla_backward_refusal("float32") is not None
 
     def test_forward_is_never_refused(self, flags):
         flags()

@@ -23,7 +23,8 @@ from tfla_bench.plots.base import (
     render,
 )
 from tfla_bench.plots.catalog import GROUPS, plots, run_context
-from tfla_bench.plots.style import PlotStyle, accelerator_style, resolve_style, row_style
+from tfla_bench.plots.style import accelerator_style, resolve_style, row_style
+from tfla_bench.registry import PlotStyle
 
 H100_H200 = [ACCELERATORS["h100"], ACCELERATORS["h200"]]
 MLSTM = ("tfla_sig", "tfla_exp", "limit_chunk", "mlstm_kernels_sig", "mlstm_kernels_exp")

@@ -14,7 +14,13 @@ def test_wheel_maps_kernels_and_baselines_into_the_namespace(tmp_path):
     subprocess.run([*build, str(REPO)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("tfla_bench-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "tfla_bench/kernels/tfla.py" in names and "tfla_bench/baselines/sdpa.py" in names
+    sources = {
+        f"tfla_bench/{path.relative_to(REPO).as_posix()}"
+        for folder in ("kernels", "baselines")
+        for path in (REPO / folder).rglob("*.py")
+    }
+    assert sources <= set(names), f"not shipped: {sorted(sources - set(names))}"
+    assert "tfla_bench/kernels/adapters/tfla_sig.py" in names
     assert not [name for name in names if name.split("/")[0] in ("kernels", "baselines")]
     shipped = {Path(name).name for name in names if name.startswith("tfla_bench/published_data/")}
     published = REPO / "results" / "published"
@@ -24,7 +30,7 @@ def test_wheel_maps_kernels_and_baselines_into_the_namespace(tmp_path):
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)]
     subprocess.run(install, check=True, capture_output=True)
     probe = (
-        "import tfla_bench.kernels.adapters, tfla_bench.baselines.sdpa, tfla_bench.published as p;"
+        "import tfla_bench.kernels.adapters, tfla_bench.baselines.sdpa_math, tfla_bench.published as p;"
         "print(tfla_bench.kernels.adapters.__file__);"
         "print(p.published_dir()); print(len(p.load_published('tfla_fig5_consttoken_rerun_nh16')))"
     )

@@ -1,16 +1,25 @@
-"""The PyTorch references agree with each other (float64), and so do the gate functions of `gates.py`."""
+"""The PyTorch references agree with each other and with the formulas they implement (float64), and
+the gate helpers do what they say."""
+
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from tfla_bench import registry
 from tfla_bench.kernels.gates import chunk_gates, log_gates, reverse_cumsum
 from tfla_bench.kernels.reference import (
+    decay_linear_attention,
     mlstm_chunkwise,
     mlstm_parallel,
     mlstm_recurrent,
+    softmax_attention,
+    ssd_reference,
     state_names,
     zero_state,
 )
+from tfla_bench.workloads import Case
 
 # float64 formulations of the same function differ only by rounding: ~1e-13 relative.
 FP64_RTOL = 1e-10
@@ -189,3 +198,106 @@ def test_wrong_initial_state_is_rejected():
     q, k, v, i, f = make_inputs()
     with pytest.raises(ValueError, match="initial_state"):
         mlstm_recurrent(q, k, v, i, f, gate="exp", initial_state=(torch.zeros(2, 3, 8, 12),))
+
+
+EXACT = 1e-10  # float64 formulas of the same function agree to rounding
+
+
+def rand(*shape):
+    return torch.randn(*shape, dtype=torch.float64)
+
+
+def causal_mask(seq_len):
+    return torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+
+
+def test_zero_decay_is_causal_linear_attention():
+    q, k, v = rand(2, 3, 9, 4), rand(2, 3, 9, 4), rand(2, 3, 9, 5)
+    expected = ((q @ k.transpose(-1, -2)) * causal_mask(9)) @ v * 0.5
+    out = decay_linear_attention(q, k, v, torch.zeros(2, 3, 9), scale=0.5)
+    torch.testing.assert_close(out, expected, rtol=EXACT, atol=EXACT)
+
+
+def test_constant_decay_is_the_lightning_decay_mask():
+    q, k, v = rand(1, 2, 12, 4), rand(1, 2, 12, 4), rand(1, 2, 12, 4)
+    slopes = torch.tensor([0.5, 0.125], dtype=torch.float64)
+    distance = (torch.arange(12)[:, None] - torch.arange(12)[None, :]).to(torch.float64)
+    mask = torch.exp(-slopes[:, None, None] * distance) * causal_mask(12)
+    expected = ((q @ k.transpose(-1, -2)) * mask) @ v
+    log_decay = (-slopes[None, :, None]).expand(1, 2, 12)
+    torch.testing.assert_close(decay_linear_attention(q, k, v, log_decay), expected, rtol=EXACT, atol=EXACT)
+
+
+def test_per_channel_decay_is_gla_parallel_form():
+    q, k, v = rand(1, 2, 10, 3), rand(1, 2, 10, 3), rand(1, 2, 10, 4)
+    g = F.logsigmoid(rand(1, 2, 10, 3))
+    cum = g.cumsum(2)  # G_t = sum_{s <= t} g_s, per channel
+    # o_t = sum_{s <= t} sum_c q_tc k_sc exp(G_tc - G_sc) v_s
+    scores = torch.einsum("bhtc,bhsc,bhtsc->bhts", q, k, torch.exp(cum[:, :, :, None] - cum[:, :, None, :]))
+    expected = (scores * causal_mask(10)) @ v
+    torch.testing.assert_close(decay_linear_attention(q, k, v, g), expected, rtol=EXACT, atol=EXACT)
+
+
+def test_channel_uniform_decay_equals_scalar_decay():
+    q, k, v = rand(2, 2, 7, 3), rand(2, 2, 7, 3), rand(2, 2, 7, 2)
+    g = F.logsigmoid(rand(2, 2, 7))
+    scalar = decay_linear_attention(q, k, v, g)
+    per_channel = decay_linear_attention(q, k, v, g[..., None].expand(-1, -1, -1, 3))
+    torch.testing.assert_close(scalar, per_channel, rtol=EXACT, atol=EXACT)
+
+
+def test_ssd_reference_is_the_ssd_sum():
+    batch, seq_len, heads, groups, state, head_dim = 1, 8, 4, 2, 3, 2
+    x = rand(batch, seq_len, heads, head_dim)
+    dt = torch.rand(batch, seq_len, heads, dtype=torch.float64) * 0.1
+    a = -torch.rand(heads, dtype=torch.float64) * 4
+    b, c = rand(batch, seq_len, groups, state), rand(batch, seq_len, groups, state)
+    out = ssd_reference(x, dt, a, b, c)
+    expected = torch.zeros_like(out)
+    for h in range(heads):
+        grp = h // (heads // groups)
+        for t in range(seq_len):
+            for s in range(t + 1):
+                decay = torch.exp(a[h] * dt[0, s + 1 : t + 1, h].sum())
+                weight = (c[0, t, grp] @ b[0, s, grp]) * dt[0, s, h] * decay
+                expected[0, t, h] += weight * x[0, s, h]
+    torch.testing.assert_close(out, expected, rtol=EXACT, atol=EXACT)
+
+
+def test_selective_scan_reference_is_the_mamba_recurrence():
+    adapter = registry.get("mamba")
+    inputs = adapter.make_inputs(Case("mamba", "fw", "float32", 1, 6, 1, 3, 2), "cpu")
+    u, delta, z = (inputs[name].double()[0] for name in ("u", "delta", "z"))
+    a, b, c, d = (inputs[name].double() for name in ("A", "B", "C", "D"))
+    state = torch.zeros(2, 3, dtype=torch.float64)
+    expected = torch.zeros(2, 6, dtype=torch.float64)
+    for t in range(6):  # h = exp(delta A) h + delta B u; y = C h + D u; out = y silu(z)
+        state = torch.exp(delta[:, t, None] * a) * state + delta[:, t, None] * b[0, :, t] * u[:, t, None]
+        expected[:, t] = (state @ c[0, :, t] + d * u[:, t]) * F.silu(z[:, t])
+    torch.testing.assert_close(adapter.reference(inputs)[0], expected, rtol=EXACT, atol=EXACT)
+
+
+def test_split_conv_reference_with_an_identity_conv():
+    adapter = registry.get("mamba2_split_conv")
+    inputs = adapter.make_inputs(Case("mamba2_split_conv", "fw", "float32", 1, 16, 2, 4, 3, 16), "cpu")
+    weight = torch.zeros_like(inputs["conv1d_weight"])
+    weight[:, -1] = 1.0  # the last tap multiplies the current token: conv = identity
+    inputs.update(conv1d_weight=weight, conv1d_bias=torch.zeros_like(inputs["conv1d_bias"]))
+    z, xbc, dt_raw = torch.split(inputs["zxbcdt"].double(), [6, 6 + 8, 2], dim=-1)
+    x, b, c = torch.split(F.silu(xbc), [6, 4, 4], dim=-1)
+    x = x.unflatten(-1, (2, 3))
+    dt = F.softplus(dt_raw + inputs["dt_bias"].double())
+    y = ssd_reference(x, dt, inputs["A"], b[:, :, None], c[:, :, None]) + x
+    expected = (y * F.silu(z.unflatten(-1, (2, 3)))).flatten(-2)
+    torch.testing.assert_close(adapter.reference(inputs), expected, rtol=EXACT, atol=EXACT)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_softmax_attention(causal):
+    q, k, v = rand(1, 2, 6, 4), rand(1, 2, 6, 4), rand(1, 2, 6, 3)
+    scores = q @ k.transpose(-1, -2) / 2.0
+    if causal:
+        scores = scores.masked_fill(~causal_mask(6), -math.inf)
+    expected = torch.softmax(scores, -1) @ v
+    out = softmax_attention(q, k, v, causal=causal)
+    torch.testing.assert_close(out, expected, rtol=EXACT, atol=EXACT)

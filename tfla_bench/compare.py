@@ -2,7 +2,7 @@
 
 A run directory (`results/runs/<spec>-<timestamp>/`) holds `results.csv` (one row per case) and
 `env.json`. `load_run` reads both; `compare_run` joins the rows with a published data set on
-kernel (through `tfla_bench.published.MAPPINGS`), mode, dtype, batch, seq_len, heads, head dims
+kernel (through `tfla_bench.published.mappings`), mode, dtype, batch, seq_len, heads, head dims
 and chunk size, and gives the ratio measured / published of the median runtime and of the peak
 memory. Rows of either side without a counterpart are kept, each with the reason.
 
@@ -33,7 +33,6 @@ from tfla_bench.model.hardware import Accelerator, detect_accelerator
 from tfla_bench.model.roofline import runtime_ms_lower
 from tfla_bench.profiling import join_profile
 from tfla_bench.published import (
-    ADAPTER_PARAM_DEFAULTS,
     CASE_KEYS,
     PUBLISHED_GPU_NAME,
     PUBLISHED_GPU_NOTE,
@@ -41,6 +40,7 @@ from tfla_bench.published import (
     load_published,
     mapping_for_adapter,
     mapping_for_published,
+    param_default,
     published_cases,
 )
 from tfla_bench.rundir import RunGpu
@@ -184,7 +184,7 @@ def _measured_param(row: pd.Series, adapter: str, name: str) -> Any:
     value = row.get(f"param_{name}")
     if value is not None and not pd.isna(value):
         return value
-    return ADAPTER_PARAM_DEFAULTS.get(adapter, {}).get(name)
+    return param_default(adapter, name)
 
 
 def _chunk_fits(measured: Any, published: Any, match_chunk: bool) -> bool:

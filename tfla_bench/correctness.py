@@ -1,13 +1,10 @@
 """The correctness gate: every available adapter's forward output against a PyTorch reference.
 
-For each adapter the gate builds one small case of its family (`GATE_SHAPES`), makes the
-adapter's inputs, runs `adapter.forward` and `adapter.reference` on the same inputs and compares:
-
-- attention adapters: softmax attention through torch SDPA's math backend (`softmax_attention`);
-- GLA, Simple GLA, Mamba2's SSD, Mamba's selective scan and LightningAttention-2: the naive
-  recurrence of decay linear attention (`decay_linear_attention`), mapped from each library's
-  inputs by its adapter;
-- mLSTM kernels: the mLSTM references of `tfla_bench.kernels.reference`.
+For each adapter the gate builds one small forward case (`adapter.gate_shape`), makes the
+adapter's inputs, runs `adapter.forward` and `adapter.reference` on the same inputs and compares.
+The references of every family live in `tfla_bench.kernels.reference` (softmax attention, the decay
+linear-attention recurrence behind GLA, Mamba and LightningAttention-2, the mLSTM formulations);
+each adapter maps its library's inputs onto one.
 
 References compute in float64 from the very tensors the kernel gets, so the error measures the
 kernel's arithmetic and not the rounding of its inputs.
@@ -46,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfla_bench import registry, rundir
-from tfla_bench.worker import Failure, GateJob, Worker, is_fatal_cuda_error
+from tfla_bench.worker import Failure, Worker, is_fatal_cuda_error, log_outcome
 from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
@@ -60,34 +57,9 @@ DEFAULT_TIMEOUT_S = 900.0
 # Statuses of a gate result. `passed` is True/False for "ok" and False for "error", "crashed" and
 # "timeout" (an available adapter that cannot produce a checked output fails the gate); None for
 # adapters the gate could not run ("unavailable", "unsupported") or could not compare ("no_reference").
+# Not the statuses of a results row (`tfla_bench.results.STATUSES`): a gate "ok" means compared
+# (passed or not), a gate has no "oom" and no "failed_check", a row has no "no_reference".
 GATE_STATUSES = ("ok", "error", "crashed", "timeout", "unavailable", "unsupported", "no_reference")
-
-
-@dataclass(frozen=True)
-class GateShape:
-    """The small case the gate runs for one kernel family (chunk_size None: the adapter's default)."""
-
-    batch: int
-    seq_len: int
-    num_heads: int
-    head_dim_qk: int
-    head_dim_v: int
-    chunk_size: int | None = None
-
-
-# Sequences span several chunks (fla: 64, mLSTM: 64, Mamba2: 128, LightningAttention-2: 64) so the
-# inter-chunk state passing is checked, and Dqk != Dv wherever the family allows it.
-GATE_SHAPES: dict[str, GateShape] = {
-    "attention": GateShape(batch=2, seq_len=256, num_heads=4, head_dim_qk=64, head_dim_v=64),
-    "mlstm": GateShape(batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=128, chunk_size=64),
-    "gla": GateShape(batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=128),
-    "mamba2": GateShape(batch=2, seq_len=512, num_heads=4, head_dim_qk=32, head_dim_v=64, chunk_size=128),
-    "mamba": GateShape(batch=2, seq_len=256, num_heads=1, head_dim_qk=16, head_dim_v=128),
-    "lightning": GateShape(batch=2, seq_len=256, num_heads=4, head_dim_qk=64, head_dim_v=64),
-}
-DEFAULT_GATE_SHAPE = GateShape(
-    batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=64, chunk_size=64
-)
 
 
 @dataclass(frozen=True)
@@ -117,69 +89,6 @@ class GateResult:
             raise ValueError(f"unknown gate status {self.status!r}")
 
 
-def softmax_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, scale: float | None = None
-) -> torch.Tensor:
-    """Softmax attention in float64 through torch SDPA's math backend.
-
-    Args:
-        q: queries `[B, H, T, D]`.
-        k: keys `[B, H, T, D]`.
-        v: values `[B, H, T, Dv]`.
-        causal: mask future keys.
-        scale: score scale, default `D ** -0.5`.
-
-    Returns:
-        `[B, H, T, Dv]` in float64.
-    """
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    q64, k64, v64 = (x.detach().to(torch.float64) for x in (q, k, v))
-    with sdpa_kernel(SDPBackend.MATH):
-        return F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=scale)
-
-
-def decay_linear_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *, scale: float = 1.0
-) -> torch.Tensor:
-    """Decay linear attention, step by step in float64: the recurrence behind GLA, Simple GLA,
-    Mamba2's SSD, Mamba's selective scan and LightningAttention-2.
-
-    `S_t = diag(exp(log_decay_t)) S_{t-1} + k_t v_t^T` (S_0 = 0), `o_t = scale * S_t^T q_t`.
-
-    Args:
-        q: queries `[B, H, T, K]`.
-        k: keys `[B, H, T, K]`.
-        v: values `[B, H, T, V]`.
-        log_decay: log decay per key channel `[B, H, T, K]` (GLA) or per head `[B, H, T]` (scalar
-            gates; broadcast over K). Values <= 0.
-        scale: output scale.
-
-    Returns:
-        `[B, H, T, V]` in float64.
-
-    Examples::
-
-        >>> q = k = torch.ones(1, 1, 3, 1); v = torch.ones(1, 1, 3, 1)
-        >>> decay_linear_attention(q, k, v, torch.zeros(1, 1, 3)).flatten().tolist()
-        [1.0, 2.0, 3.0]
-    """
-    import torch
-
-    q64, k64, v64, g64 = (x.detach().to(torch.float64) for x in (q, k, v, log_decay))
-    if g64.dim() == 3:
-        g64 = g64[..., None].expand_as(k64)
-    batch, heads, seq_len, dim_k = k64.shape
-    state = q64.new_zeros(batch, heads, dim_k, v64.shape[-1])
-    out = q64.new_empty(batch, heads, seq_len, v64.shape[-1])
-    for t in range(seq_len):
-        state = state * g64[:, :, t, :, None].exp() + k64[:, :, t, :, None] * v64[:, :, t, None, :]
-        out[:, :, t] = scale * torch.einsum("bhk,bhkv->bhv", q64[:, :, t], state)
-    return out
-
-
 def max_relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """`max|out - ref| / max|ref|` in float64; NaN if `out` has NaN or infinities.
 
@@ -205,8 +114,8 @@ def gate_dtype(adapter: Adapter) -> str:
 
 
 def gate_case(adapter: Adapter, dtype: str | None = None) -> Case:
-    """The small forward case the gate runs for `adapter` (its family's `GATE_SHAPES` entry)."""
-    shape = GATE_SHAPES.get(adapter.family, DEFAULT_GATE_SHAPE)
+    """The small forward case the gate runs for `adapter` (its `gate_shape`)."""
+    shape = adapter.gate_shape
     return Case(
         kernel=adapter.name,
         mode="fw",
@@ -292,6 +201,19 @@ def compare(adapter: Adapter, case: Case, device: str) -> GateResult:
     return GateResult(
         name=adapter.name, status="ok", max_rel_error=error, tolerance=tolerance, passed=passed, reason=reason
     )
+
+
+@dataclass(frozen=True)
+class GateJob:
+    """One gate case for a worker (`tfla_bench.worker`): `compare` on `case` there."""
+
+    case: Case
+    adapter_module: str
+
+    def run(self, adapter: Adapter, device: str) -> GateResult:
+        verdict = compare(adapter, self.case, device)
+        log_outcome(f"gate {verdict.status} {verdict.reason or ''}")
+        return verdict
 
 
 def _worker_device(device: str) -> str:

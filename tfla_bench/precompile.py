@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from tfla_bench import registry, rundir
-from tfla_bench.worker import Failure, Worker
+from tfla_bench.worker import Failure, Worker, failure_of, log_outcome, make_step
 from tfla_bench.workloads import Case
 
 MAX_BATCH = 2  # not 1: an integer argument equal to 1 is compiled as a constant
@@ -72,6 +72,12 @@ class PrecompileJob:
     shard: int
     shards: int
     grad: str
+
+    def run(self, adapter: registry.Adapter, device: str) -> PrecompileResult:
+        """`run_job` in the worker (`tfla_bench.worker`)."""
+        done = run_job(adapter, self, device)
+        log_outcome(f"precompile {done.status} {done.error or ''}")
+        return done
 
 
 @dataclass(frozen=True)
@@ -194,7 +200,6 @@ def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> Preco
     import torch
 
     from tfla_bench import memory, timing
-    from tfla_bench.worker import failure_of, make_step
 
     start = time.perf_counter()
     status, error = "ok", None

@@ -1,11 +1,12 @@
-"""The TFLA paper's published kernel measurements and how each published kernel maps to our adapters.
+"""The TFLA paper's published kernel measurements, and the map from each published kernel to our adapters.
 
 The CSVs in `results/published/` (see its README: source, GPU, method, caveats) hold one row per
 published measurement; their `figure` column names the data set (e.g.
 `tfla_fig5_consttoken_rerun_nh16`). `load_published(name)` returns one data set.
 
-`MAPPINGS` says which of our adapters (and which `Case.params`) answer to each published
-`kernel_name`; `UNMAPPED` lists the published kernels we have no adapter for, with the reason.
+Each adapter names the published series it answers to (`Adapter.published`); `mappings()`
+gathers them per published `kernel_name` from the registry. `UNMAPPED` lists the published
+kernels we have no adapter for, with the reason.
 `published_cases(df)` turns published rows into rows keyed like our `results.csv`, one per
 candidate adapter, ready to be joined with a run (`tfla_bench.compare`).
 
@@ -25,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from tfla_bench import registry
 from tfla_bench.errors import UserError
 
 # The README states "one NVIDIA H100" without the variant. We assume the SXM part (989 TFLOP/s
@@ -62,14 +64,15 @@ PUBLISHED_DIR_ENV = "TFLA_BENCH_PUBLISHED_DIR"
 
 @dataclass(frozen=True)
 class KernelMapping:
-    """Which of our adapters answer to one published kernel.
+    """Which of our adapters answer to one published kernel (gathered from their `PublishedSeries`).
 
     Attributes:
         published_kernel: the `kernel_name` in the published CSVs.
-        adapters: our adapter names that run the same computation (ours first, then the official peer).
+        adapters: our adapter names that run the same computation (by the series' rank: ours first,
+            then the official peer).
         params: `Case.params` a run's row must carry to match (e.g. `causal=False` for the paper's
             non-causal SDPA runs). A row without the param column has the adapter's default
-            (`ADAPTER_PARAM_DEFAULTS`).
+            (`param_default`).
         uses_chunk_size: whether the chunk size is part of the match (the mLSTM kernels). Otherwise
             a chunk size is compared only when both sides record one (Mamba 2's chunk 256).
         note: what the published kernel is and why it maps this way.
@@ -82,62 +85,20 @@ class KernelMapping:
     note: str = ""
 
 
-MAPPINGS: tuple[KernelMapping, ...] = (
-    KernelMapping(
-        "chunkwise--triton_xl_chunk_siging",
-        ("tfla_sig", "mlstm_kernels_sig"),
-        uses_chunk_size=True,
-        note="TFLA mLSTMsig (two-level chunkwise), normalize=False in every TFLA run",
-    ),
-    KernelMapping(
-        "chunkwise--triton_xl_chunk",
-        ("tfla_exp", "mlstm_kernels_exp"),
-        uses_chunk_size=True,
-        note="TFLA mLSTMexp (two-level chunkwise)",
-    ),
-    KernelMapping(
-        "chunkwise--triton_limit_chunk",
-        ("limit_chunk", "mlstm_kernels_limit"),
-        uses_chunk_size=True,
-        note="mLSTMexp with FLA-style one-level chunkwise parallelism (chunk 64 in the paper)",
-    ),
-    KernelMapping(
-        "torch_cudnn",
-        ("sdpa_cudnn",),
-        params={"causal": False},
-        note="torch SDPA, CUDNN backend; the paper called it without is_causal (full attention)",
-    ),
-    KernelMapping(
-        "torch_flash",
-        ("sdpa_flash",),
-        params={"causal": False},
-        note="torch SDPA, FLASH backend (FlashAttention 2); non-causal in the paper",
-    ),
-    KernelMapping(
-        "flashattn3",
-        ("fa3",),
-        params={"causal": True},
-        note="FlashAttention 3 (Hopper build), causal=True in the paper",
-    ),
-    KernelMapping("chunk_gla", ("gla",), note="fla chunk_gla (GLA, per-channel gate)"),
-    KernelMapping("chunk_simple_gla", ("simple_gla",), note="fla chunk_simple_gla (scalar per-head gate)"),
-    KernelMapping(
-        "mamba2",
-        ("mamba2_split_conv",),
-        note="mamba_split_conv1d_scan_combined: Mamba 2 with its causal conv1d fused in (chunk 256)",
-    ),
-    KernelMapping(
-        "mamba2_noconv",
-        ("mamba2",),
-        note="mamba_chunk_scan_combined: the Mamba 2 SSD scan alone, no conv (chunk 256)",
-    ),
-    KernelMapping("mamba", ("mamba",), note="Mamba 1 selective_scan_fn (CUDA extension)"),
-    KernelMapping(
-        "lightning_attn2",
-        ("lightning2",),
-        note="LightningAttention-2 (OpenNLPLab lightning-attn), Dqk == Dv <= 128",
-    ),
-)
+def mappings() -> list[KernelMapping]:
+    """One mapping per published kernel that a registered adapter answers to, in registry order."""
+    series: dict[str, list[tuple[registry.PublishedSeries, str]]] = {}
+    for adapter in registry.adapters():
+        if adapter.published is not None:
+            series.setdefault(adapter.published.kernel, []).append((adapter.published, adapter.name))
+    result = []
+    for kernel, answers in series.items():
+        answers.sort(key=lambda answer: answer[0].rank)
+        first = answers[0][0]
+        names = tuple(name for _, name in answers)
+        result.append(KernelMapping(kernel, names, dict(first.params), first.uses_chunk_size, first.note))
+    return result
+
 
 # Published kernels without an adapter here, with the reason.
 UNMAPPED: dict[str, str] = {
@@ -151,23 +112,12 @@ UNMAPPED: dict[str, str] = {
     "fused_recurrent_simple_gla": "fla's recurrent simple GLA step (generation); not benchmarked here",
 }
 
-# Defaults of our adapters' params that a mapping tests, used when a row has no such column.
-# The attention adapters are causal unless a case sets `causal = false`.
-ADAPTER_PARAM_DEFAULTS: dict[str, dict[str, Any]] = {
-    "sdpa_cudnn": {"causal": True},
-    "sdpa_flash": {"causal": True},
-    "fa3": {"causal": True},
-}
 
-# The input gate of each chunkwise mLSTM adapter, for the analytic model's counts.
-MLSTM_GATES: dict[str, str] = {
-    "tfla_sig": "sig",
-    "mlstm_kernels_sig": "sig",
-    "tfla_exp": "exp",
-    "mlstm_kernels_exp": "exp",
-    "limit_chunk": "exp",
-    "mlstm_kernels_limit": "exp",
-}
+def param_default(adapter: str, name: str) -> Any:
+    """The default of param `name` of the adapter called `adapter` (None: none, or not registered)."""
+    found = registry.find(adapter)
+    return None if found is None else found.param_defaults.get(name)
+
 
 # The join keys shared by a run's results.csv and `published_cases`.
 CASE_KEYS = ("kernel", "mode", "dtype", "batch", "seq_len", "num_heads", "head_dim_qk", "head_dim_v")
@@ -175,7 +125,7 @@ CASE_KEYS = ("kernel", "mode", "dtype", "batch", "seq_len", "num_heads", "head_d
 
 def mapping_for_published(kernel_name: str) -> KernelMapping | None:
     """The mapping of a published `kernel_name`, or None if no adapter answers to it."""
-    for mapping in MAPPINGS:
+    for mapping in mappings():
         if mapping.published_kernel == kernel_name:
             return mapping
     return None
@@ -183,7 +133,7 @@ def mapping_for_published(kernel_name: str) -> KernelMapping | None:
 
 def mapping_for_adapter(adapter: str) -> KernelMapping | None:
     """The mapping that lists our adapter `adapter`, or None if no published kernel maps to it."""
-    for mapping in MAPPINGS:
+    for mapping in mappings():
         if adapter in mapping.adapters:
             return mapping
     return None
@@ -199,7 +149,7 @@ def mapping_table() -> pd.DataFrame:
             "chunk_size_matched": m.uses_chunk_size,
             "note": m.note,
         }
-        for m in MAPPINGS
+        for m in mappings()
     ]
     rows += [
         {"published_kernel": k, "adapters": "", "params": "", "chunk_size_matched": False, "note": reason}
@@ -285,9 +235,10 @@ def published_cases(published: pd.DataFrame) -> pd.DataFrame:
         `published_peak_memory_bytes`, `published_status`. Published kernels without an adapter
         are left out (see `UNMAPPED`).
     """
+    by_kernel = {mapping.published_kernel: mapping for mapping in mappings()}
     rows: list[dict[str, Any]] = []
     for pub_id, row in published.iterrows():
-        mapping = mapping_for_published(str(row["kernel_name"]))
+        mapping = by_kernel.get(str(row["kernel_name"]))
         if mapping is None:
             continue
         for adapter in mapping.adapters:

@@ -1,9 +1,15 @@
-"""The kernel registry: one `Adapter` per benchmarkable kernel.
+"""The kernel registry: the `Adapter` base class, the facts an adapter carries, and where adapters come from.
 
-Where adapters come from (all imported by `load()`, in every process that needs them):
+An adapter is one class in one module, and it carries every fact about its kernel: name, family,
+layout, constraints, availability, inputs, call, FLOPs and bytes, its correctness-gate reference and
+gate shape (`GateShape`), the published series it answers to (`PublishedSeries`) and its plot style
+(`PlotStyle`). Other modules ask the registry's adapters; none keeps a table of adapter names.
 
-- built-ins: `tfla_bench.kernels.adapters` and every module of `tfla_bench.baselines` register
-  themselves with the `@register` class decorator when imported;
+Where adapters come from (all imported by `load()`, in every process that needs them), recorded as
+each adapter's `origin` (shown by `tfla-bench list`):
+
+- built-ins: every module of the packages `tfla_bench.kernels.adapters` and `tfla_bench.baselines`
+  (walked, so a new adapter is one new module); each registers its class with `@register`;
 - third-party packages: the entry-point group `tfla_bench.adapters`; an entry point names a module
   (importing it registers its adapters) or a callable (called once). A plugin that fails to load
   does not stop the suite: it becomes an unavailable pseudo-adapter named after the entry point,
@@ -27,6 +33,9 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +47,63 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "tfla_bench.adapters"
 PLUGINS_ENV = "TFLA_BENCH_PLUGINS"
+BUILT_IN_PACKAGES = ("tfla_bench.kernels.adapters", "tfla_bench.baselines")
+
+
+@dataclass(frozen=True)
+class GateShape:
+    """The small forward case the correctness gate runs (chunk_size None: the adapter's default).
+
+    Sequences should span several chunks so that the inter-chunk state passing is checked, with
+    Dqk != Dv wherever the kernel allows it.
+    """
+
+    batch: int
+    seq_len: int
+    num_heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    chunk_size: int | None = None
+
+
+@dataclass(frozen=True)
+class PublishedSeries:
+    """The kernel of the paper's published CSVs that an adapter runs the same computation as.
+
+    Attributes:
+        kernel: the `kernel_name` in the published CSVs.
+        params: `Case.params` a run's row must carry to match (e.g. `causal=False` for the paper's
+            non-causal SDPA runs); a row without the param column has the adapter's
+            `param_defaults`.
+        uses_chunk_size: whether the chunk size is part of the match (the mLSTM kernels). Otherwise
+            a chunk size is compared only when both sides record one (Mamba 2's chunk 256).
+        note: what the published kernel is and why it maps this way.
+        rank: order among the adapters of one published kernel (ours 0 before the official peer 1).
+    """
+
+    kernel: str
+    params: dict[str, Any] = field(default_factory=dict)
+    uses_chunk_size: bool = False
+    note: str = ""
+    rank: int = 0
+
+
+SOLID, DASHED, DOTTED, DASH_DOT = "-", "--", ":", "-."
+
+
+@dataclass(frozen=True)
+class PlotStyle:
+    """A kernel's base look in every figure, before its params are applied (`tfla_bench.plots.style`).
+
+    Attributes:
+        color: the kernel's hue (one per gate for the mLSTM kernels, shared by ours and the peer).
+        linestyle: solid for our kernels, dashed for the official peers.
+        marker: a matplotlib marker.
+    """
+
+    color: str
+    linestyle: str = SOLID
+    marker: str = "o"
 
 
 class Adapter:
@@ -54,6 +120,11 @@ class Adapter:
         autotuned: whether the kernel's first call autotunes Triton configs (`sweep --precompile`
             splits their compiling over processes; see `tfla_bench.precompile`).
         constraints: a short human-readable summary of `check`'s rules for `tfla-bench list`.
+        gate_shape: the case the correctness gate runs (`tfla_bench.correctness`).
+        published: the published series this kernel answers to, or None.
+        param_defaults: the defaults of the params that `published.params` tests.
+        plot_style: base colour, line style and marker in figures; None: taken from the family's palette.
+        origin: where the registry found the adapter (set by `register`).
     """
 
     name: str = ""
@@ -65,6 +136,13 @@ class Adapter:
     uses_chunk_size: bool = False
     autotuned: bool = False
     constraints: str = ""
+    gate_shape: GateShape = GateShape(
+        batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=64, chunk_size=64
+    )
+    published: PublishedSeries | None = None
+    param_defaults: dict[str, Any] = {}
+    plot_style: PlotStyle | None = None
+    origin: str = ""
 
     def available(self) -> str | None:
         """Why this adapter cannot run on this machine (package or extension missing, wrong GPU), or None."""
@@ -123,6 +201,18 @@ class BrokenPlugin(Adapter):
 
 _ADAPTERS: dict[str, Adapter] = {}
 _loaded = False
+# What `load()` is importing now; an adapter registered outside `load()` names its module.
+_loading_origin: str | None = None
+
+
+@contextmanager
+def _origin(text: str) -> Iterator[None]:
+    global _loading_origin
+    outer, _loading_origin = _loading_origin, text
+    try:
+        yield
+    finally:
+        _loading_origin = outer
 
 
 def register(cls: type[Adapter]) -> type[Adapter]:
@@ -132,8 +222,16 @@ def register(cls: type[Adapter]) -> type[Adapter]:
         raise ValueError(f"{cls.__qualname__} has no name")
     if adapter.name in _ADAPTERS and type(_ADAPTERS[adapter.name]) is not cls:
         raise ValueError(f"two adapters are named {adapter.name!r}")
+    adapter.origin = _loading_origin or f"module {cls.__module__}"
     _ADAPTERS[adapter.name] = adapter
     return cls
+
+
+def adapter_modules(package_name: str) -> list[str]:
+    """Every module below the package `package_name`, walked recursively, in name order."""
+    package = importlib.import_module(package_name)
+    prefix = f"{package_name}."
+    return sorted(module.name for module in pkgutil.walk_packages(package.__path__, prefix))
 
 
 def load() -> None:
@@ -142,11 +240,10 @@ def load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        import tfla_bench.baselines as baselines
-
-        importlib.import_module("tfla_bench.kernels.adapters")
-        for module in pkgutil.iter_modules(baselines.__path__):
-            importlib.import_module(f"tfla_bench.baselines.{module.name}")
+        for package in BUILT_IN_PACKAGES:
+            for module in adapter_modules(package):
+                with _origin(f"built-in {module}"):
+                    importlib.import_module(module)
         load_entry_points()
     load_plugin_modules(plugin_modules_from_env())
 
@@ -155,16 +252,17 @@ def load_entry_points() -> None:
     """Load every entry point of `tfla_bench.adapters`; a failing one becomes a `BrokenPlugin`."""
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            loaded = entry.load()
-            if callable(loaded):
-                loaded()
+            with _origin(f"entry point {entry.name} = {entry.value}"):
+                loaded = entry.load()
+                if callable(loaded):
+                    loaded()
         except Exception as exc:  # a third-party plugin's failure must not stop the suite
             message = str(exc).strip().splitlines()
             detail = f"{type(exc).__name__}: {message[-1]}" if message else type(exc).__name__
             if entry.name not in _ADAPTERS:
-                _ADAPTERS[entry.name] = BrokenPlugin(
-                    entry.name, f"plugin {entry.value!r} failed to load: {detail}"
-                )
+                broken = BrokenPlugin(entry.name, f"plugin {entry.value!r} failed to load: {detail}")
+                broken.origin = f"entry point {entry.name} = {entry.value}"
+                _ADAPTERS[entry.name] = broken
 
 
 def plugin_modules_from_env() -> list[str]:
@@ -176,7 +274,8 @@ def load_plugin_modules(modules: list[str]) -> None:
     """Import adapter modules by name; a module that does not import is a `UserError`."""
     for module in modules:
         try:
-            importlib.import_module(module)
+            with _origin(f"{PLUGINS_ENV} {module}"):
+                importlib.import_module(module)
         except ImportError as exc:
             raise UserError(f"cannot import adapter module {module!r} ({PLUGINS_ENV}): {exc}") from exc
 
@@ -190,6 +289,12 @@ def adapters() -> list[Adapter]:
 def families() -> set[str]:
     """The family names of all registered adapters."""
     return {adapter.family for adapter in adapters()}
+
+
+def find(name: str) -> Adapter | None:
+    """The adapter called `name`, or None (e.g. a kernel of an old run whose plugin is not loaded)."""
+    load()
+    return _ADAPTERS.get(name)
 
 
 def get(name: str) -> Adapter:

@@ -1,8 +1,11 @@
 """The isolated benchmark worker: one spawned process per device that measures cases one after another.
 
-The parent (`tfla_bench.runner`, and the correctness gate of `tfla_bench.correctness`) talks to a
-worker through a pipe. The worker imports torch and initializes CUDA once, sends a `DeviceInfo`,
-then answers each `Job` with a `Measurement` and each `GateJob` with a `GateResult`. Its
+The parent (`tfla_bench.runner`, the correctness gate of `tfla_bench.correctness` and
+`tfla_bench.precompile`) talks to a worker through a pipe. The worker imports torch and initializes
+CUDA once, sends a `DeviceInfo`, then answers each job with what the job's own
+`run(adapter, device)` returns: a job brings the work it does in the worker (a `Job` measures a
+case into a `Measurement`; the gate's and precompile's jobs live in their modules), so the worker
+knows no job type. Jobs travel pickled, so their module is imported in the worker. Its
 stdout and stderr go to a log file in the run directory (`worker-<i>.log`), so messages printed
 by native code (an LLVM assertion, a segfault's faulthandler trace) are kept; the parent quotes
 the last lines of the log when the worker dies.
@@ -30,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tfla_bench import gpustate
 from tfla_bench.specs import MeasureSettings
@@ -51,9 +54,25 @@ STARTUP_TIMEOUT_S = 600.0
 INTERRUPT_JOIN_S = 10.0
 
 
+class WorkerJob(Protocol):
+    """What a worker is sent: a case, the module registering its adapter, and the work to do."""
+
+    case: Case
+    adapter_module: str
+
+    def run(self, adapter: Any, device: str) -> Any:
+        """Do the job in the worker process with the case's adapter; the answer goes to the parent."""
+        ...
+
+
+def log_outcome(text: str) -> None:
+    """One line of the worker's log that ends a job (skipped by `summarize_log`)."""
+    print(f"--- {text}".rstrip(), file=sys.stderr, flush=True)
+
+
 @dataclass(frozen=True)
 class Job:
-    """One case for a worker.
+    """One case for a worker to measure.
 
     Attributes:
         case: what to measure.
@@ -66,13 +85,11 @@ class Job:
     adapter_module: str
     settings: MeasureSettings
 
-
-@dataclass(frozen=True)
-class GateJob:
-    """One correctness-gate case for a worker: `tfla_bench.correctness.compare` on `case`."""
-
-    case: Case
-    adapter_module: str
+    def run(self, adapter: Any, device: str) -> Measurement:
+        """`measure_case` in the worker."""
+        result = measure_case(adapter, self.case, self.settings, device)
+        log_outcome(f"{result.status} {result.error}")
+        return result
 
 
 @dataclass(frozen=True)
@@ -307,8 +324,8 @@ def _device_info(device: str) -> DeviceInfo:
     )
 
 
-def _adapter_for(job: Any) -> Any:
-    """The adapter of a job's case (a `Job`, `GateJob` or `precompile.PrecompileJob`)."""
+def _adapter_for(job: WorkerJob) -> Any:
+    """The adapter of a job's case, importing the job's `adapter_module` when it is not registered."""
     from tfla_bench import registry
     from tfla_bench.errors import UserError
 
@@ -332,7 +349,7 @@ def worker_main(conn: Connection, device: str, log_path: str) -> None:
 
     import torch
 
-    from tfla_bench import precompile, registry, timing
+    from tfla_bench import registry, timing
 
     registry.load()
     if timing.is_cuda(device):
@@ -346,21 +363,7 @@ def worker_main(conn: Connection, device: str, log_path: str) -> None:
         if job is None:
             return
         print(f"--- case {job.case.key}", file=sys.stderr, flush=True)
-        if isinstance(job, precompile.PrecompileJob):
-            done = precompile.run_job(_adapter_for(job), job, device)
-            print(f"--- precompile {done.status} {done.error or ''}".rstrip(), file=sys.stderr, flush=True)
-            conn.send(("result", done))
-            continue
-        if isinstance(job, GateJob):
-            from tfla_bench import correctness
-
-            verdict = correctness.compare(_adapter_for(job), job.case, device)
-            print(f"--- gate {verdict.status} {verdict.reason or ''}".rstrip(), file=sys.stderr, flush=True)
-            conn.send(("result", verdict))
-            continue
-        result = measure_case(_adapter_for(job), job.case, job.settings, device)
-        print(f"--- {result.status} {result.error}".rstrip(), file=sys.stderr, flush=True)
-        conn.send(("result", result))
+        conn.send(("result", job.run(_adapter_for(job), device)))
 
 
 class Worker:
@@ -417,7 +420,7 @@ class Worker:
             self.stop()
         return answer
 
-    def call(self, job: Any, timeout_s: float) -> Any:
+    def call(self, job: WorkerJob, timeout_s: float) -> Any:
         """Send one job and return the worker's answer, or a `Failure` when the worker did not start,
         died (`crashed`, with the last lines of its log) or gave no answer within `timeout_s`
         (`timeout`; the worker is killed). A later call starts a fresh worker."""

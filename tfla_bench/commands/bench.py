@@ -114,7 +114,8 @@ def register(app: typer.Typer) -> None:
 def list_adapters(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
 ) -> None:
-    """List every kernel adapter: family, layout, modes, dtypes, availability (with reason), constraints."""
+    """List every kernel adapter: family, layout, modes, dtypes, availability (with reason), constraints
+    and origin (built-in module, entry point or TFLA_BENCH_PLUGINS module)."""
     entries = []
     for adapter in registry.adapters():
         reason = adapter.available()
@@ -131,6 +132,7 @@ def list_adapters(
                 "reason": reason,
                 "constraints": adapter.constraints,
                 "module": type(adapter).__module__,
+                "origin": adapter.origin,
             }
         )
     if as_json:
@@ -139,7 +141,7 @@ def list_adapters(
     table = Table(title=f"{len(entries)} kernel adapter(s)")
     for column in ("name", "family", "layout", "modes", "dtypes", "cpu"):
         table.add_column(column, no_wrap=True)
-    for column in ("available", "constraints"):
+    for column in ("available", "constraints", "origin"):
         table.add_column(column, overflow="fold")
     for entry in entries:
         table.add_row(
@@ -151,6 +153,7 @@ def list_adapters(
             "yes" if entry["cpu_capable"] else "no",
             "[green]yes[/]" if entry["available"] else f"[red]no[/]: {entry['reason']}",
             entry["constraints"],
+            entry["origin"],
         )
     make_console().print(table)
 

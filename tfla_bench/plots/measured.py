@@ -37,7 +37,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from tfla_bench import registry
 from tfla_bench.compare import Run, param_columns
+from tfla_bench.kernels.adapters._mlstm import ChunkwiseMlstmAdapter
 from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
 from tfla_bench.model.hardware import Accelerator
 from tfla_bench.model.roofline import runtime_ms_lower, runtime_ms_upper
@@ -62,7 +64,7 @@ from tfla_bench.plots.runs import (
 )
 from tfla_bench.plots.style import accelerator_style, row_style
 from tfla_bench.profiling import roof_check
-from tfla_bench.published import CASE_KEYS, MLSTM_GATES
+from tfla_bench.published import CASE_KEYS
 from tfla_bench.roofs import from_env
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -73,10 +75,15 @@ FRACTION_MIN_HEIGHT = 3.6
 PROFILE_LINK = "profile-link"
 
 
+def mlstm_gates() -> dict[str, str]:
+    """The input gate of every chunkwise mLSTM adapter, for the analytic model's counts."""
+    return {a.name: a.gate for a in registry.adapters() if isinstance(a, ChunkwiseMlstmAdapter)}
+
+
 def chunkwise_mlstm_rows(results: pd.DataFrame) -> pd.DataFrame:
-    """Ok rows of chunkwise mLSTM adapters (`MLSTM_GATES`) with FLOPs, bytes and a runtime."""
+    """Ok rows of chunkwise mLSTM adapters (`mlstm_gates`) with FLOPs, bytes and a runtime."""
     rows = results[
-        results["kernel"].isin(MLSTM_GATES)
+        results["kernel"].isin(mlstm_gates())
         & (results["status"] == "ok")
         & results["chunk_size"].notna()
         & (results["median_ms"] > 0)
@@ -299,7 +306,7 @@ def profiled_roofline_figure(context: FigureContext, mode: str) -> Figure | None
 
 
 def _theory_ms(kernel: str, shape: dict[str, Any], mode: str, dtype: str, chunk: float, acc: Accelerator):
-    gate = MLSTM_GATES[kernel]
+    gate = mlstm_gates()[kernel]
     element = DTYPE_BYTES.get(dtype, 2)
     dims = {
         "seq_len": shape["seq_len"],
@@ -370,7 +377,7 @@ def measured_vs_theory_figure(context: FigureContext, shape: dict[str, Any], mod
         ax.set_yscale("log")
         ax.set_xlabel("chunk size L [tokens]")
         ax.set_ylabel("runtime [ms]")
-        ax.set_title(f"{kernel} ({MLSTM_GATES[kernel]} gate)", fontsize="medium")
+        ax.set_title(f"{kernel} ({mlstm_gates()[kernel]} gate)", fontsize="medium")
         ax.grid(True, which="both", alpha=0.2)
     _figure_legend(fig)
     shape_text = ", ".join(f"{SHORT_NAMES[k]}={v}" for k, v in shape.items())

@@ -26,25 +26,8 @@ from typing import Any
 from matplotlib.colors import to_hex, to_rgb
 
 from tfla_bench import registry
-from tfla_bench.errors import UserError
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
-
-SOLID, DASHED, DOTTED, DASH_DOT = "-", "--", ":", "-."
-
-
-@dataclass(frozen=True)
-class PlotStyle:
-    """A kernel's base look, before its params are applied.
-
-    Attributes:
-        color: the kernel's hue (one per gate for the mLSTM kernels, shared by ours and the peer).
-        linestyle: solid for our kernels, dashed for the official peers.
-        marker: a matplotlib marker.
-    """
-
-    color: str
-    linestyle: str = SOLID
-    marker: str = "o"
+from tfla_bench.registry import DASH_DOT, DASHED, DOTTED, SOLID, PlotStyle
 
 
 @dataclass(frozen=True)
@@ -80,29 +63,6 @@ FAMILY_PALETTES: dict[str, tuple[str, ...]] = {
 }
 OTHER_PALETTE = ("#525252", "#969696", "#bcbd22", "#1b9e77")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
-
-# The base look of the kernels shipped with the suite: one hue per gate of the mLSTM kernels, ours
-# solid and the official peer dashed in the same hue.
-KERNEL_STYLES: dict[str, PlotStyle] = {
-    "tfla_sig": PlotStyle("#6a3d9a"),
-    "mlstm_kernels_sig": PlotStyle("#6a3d9a", DASHED, "s"),
-    "tfla_exp": PlotStyle("#d62728"),
-    "mlstm_kernels_exp": PlotStyle("#d62728", DASHED, "s"),
-    "limit_chunk": PlotStyle("#e7298a", SOLID, "^"),
-    "mlstm_kernels_limit": PlotStyle("#e7298a", DASHED, "v"),
-    "mlstm_torch": PlotStyle("#525252", DOTTED, "x"),
-    "sdpa_math": PlotStyle("#9ecae1", SOLID, "v"),
-    "sdpa_flash": PlotStyle("#2171b5", SOLID, "o"),
-    "sdpa_cudnn": PlotStyle("#17becf", SOLID, "s"),
-    "fa2": PlotStyle("#6baed6", DASH_DOT, "^"),
-    "fa3": PlotStyle("#08306b", DASH_DOT, "D"),
-    "mamba2": PlotStyle("#e6550d"),
-    "mamba2_split_conv": PlotStyle("#a63603", DASHED, "s"),
-    "mamba": PlotStyle("#fdae6b", SOLID, "^"),
-    "gla": PlotStyle("#238b45"),
-    "simple_gla": PlotStyle("#74c476", DASHED, "s"),
-    "lightning2": PlotStyle("#8c510a"),
-}
 
 # Param values that leave the look alone (an unset param takes these defaults too).
 PARAM_DEFAULTS: dict[str, Any] = {"causal": True, "normalize": False}
@@ -185,12 +145,9 @@ def resolve_style(
 
 
 def base_style(kernel: str) -> PlotStyle | None:
-    """The kernel's base style: its adapter's `plot_style` if it has one, else the suite's table."""
-    try:
-        style = getattr(registry.get(kernel), "plot_style", None)
-    except UserError:  # a run may name kernels that are not installed here
-        style = None
-    return style if isinstance(style, PlotStyle) else KERNEL_STYLES.get(kernel)
+    """The kernel's base style: its adapter's `plot_style`, None if it has none or is not registered here."""
+    adapter = registry.find(kernel)  # a run may name kernels that are not installed here
+    return adapter.plot_style if adapter is not None else None
 
 
 def row_style(kernel: str, family: str, params: Mapping[str, Any] | None = None) -> LineStyle:

@@ -1,4 +1,5 @@
-"""What the baseline adapters share: availability probes and seeded input factories.
+"""What adapter modules share besides the registry: availability probes, seeded input factories
+and case-param parsers (for built-in and third-party adapters alike).
 
 Nothing here imports torch or a third-party library at module import time; the adapter modules
 must import on a machine without CUDA and without the libraries they wrap.

@@ -1,4 +1,5 @@
-"""The official TFLA kernels (`mlstm-kernels` 2.0.6, NX-AI) as the peer our kernels are measured against.
+"""The official TFLA kernels (`mlstm-kernels` 2.0.6, NX-AI), the peers our kernels are measured against:
+`MlstmKernelsPeer`, the base of their adapters.
 
 Each adapter calls `mlstm_kernels.torch.get_mlstm_kernel(name)(q, k, v, i, f, chunk_size=L)`:
 
@@ -20,24 +21,14 @@ Constraints, from the library's assertions:
   multiple of 64 or smaller than 64.
 - limit_chunk: the chunk size is a power of two that divides T.
 - head dims >= 16 (Triton's minimum dot size).
-
-On the H100 stack of the committed runs (torch 2.11, Triton 3.6) the xl_chunk exp kernels abort the
-process with an LLVM assertion (`results/gate/check-h100-20261121.json`); the runner's worker
-isolation turns that into a `crashed` row.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.baselines._common import (
-    cuda_reason,
-    is_installed,
-    is_power_of_two,
-    try_import,
-)
-from tfla_bench.kernels.adapters import ChunkwiseMlstmAdapter
-from tfla_bench.registry import register
+from tfla_bench.adapter_support import cuda_reason, is_installed, is_power_of_two, try_import
+from tfla_bench.kernels.adapters._mlstm import ChunkwiseMlstmAdapter
 from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
@@ -47,9 +38,13 @@ MIN_HEAD_DIM = 16
 XL_MIN_CHUNKED_SEQ_LEN = 128
 XL_BLOCK = 64
 SEQ_LEN_MULTIPLE = 16
+# The published series are our kernels' (`tfla_bench.kernels.adapters._mlstm`); the peers rank after them.
+PEER_RANK = 1
 
 
-class _MlstmKernelsPeer(ChunkwiseMlstmAdapter):
+class MlstmKernelsPeer(ChunkwiseMlstmAdapter):
+    """An official kernel, `get_mlstm_kernel(kernel_name)`, with the library's constraints."""
+
     kernel_name = ""
 
     def available(self) -> str | None:
@@ -116,32 +111,3 @@ class _MlstmKernelsPeer(ChunkwiseMlstmAdapter):
         return kernel(
             inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"], **self._kernel_kwargs(inputs)
         )
-
-
-@register
-class MlstmKernelsExp(_MlstmKernelsPeer):
-    """Official TFLA mLSTMexp (xl_chunk)."""
-
-    name = "mlstm_kernels_exp"
-    kernel_name = "chunkwise--triton_xl_chunk"
-    constraints = "T % 16 == 0; chunk a power of two dividing T, a multiple of 64 or < 64 (default 128)"
-
-
-@register
-class MlstmKernelsSig(_MlstmKernelsPeer):
-    """Official TFLA mLSTMsig (xl_chunk_siging); param `normalize` (default false)."""
-
-    name = "mlstm_kernels_sig"
-    kernel_name = "chunkwise--triton_xl_chunk_siging"
-    gate = "sig"
-    constraints = MlstmKernelsExp.constraints + "; param normalize (default false)"
-
-
-@register
-class MlstmKernelsLimit(_MlstmKernelsPeer):
-    """Official mLSTMexp limit_chunk (one level of sequence parallelism)."""
-
-    name = "mlstm_kernels_limit"
-    kernel_name = "chunkwise--triton_limit_chunk"
-    default_chunk = 64
-    constraints = "chunk a power of two dividing T (default 64)"

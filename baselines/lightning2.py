@@ -20,7 +20,7 @@ import importlib
 import math
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.baselines._common import (
+from tfla_bench.adapter_support import (
     cuda_reason,
     element_bytes,
     generator,
@@ -38,7 +38,7 @@ from tfla_bench.model.families import (
     lightning_byte_terms,
     lightning_flop_terms,
 )
-from tfla_bench.registry import Adapter, register
+from tfla_bench.registry import Adapter, GateShape, PlotStyle, PublishedSeries, register
 from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
@@ -84,6 +84,11 @@ class LightningAttention2(Adapter):
         f"head_dim_qk == head_dim_v, a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]; "
         f"blocks of {LIGHTNING_BLOCK} (no chunk size)"
     )
+    gate_shape = GateShape(batch=2, seq_len=256, num_heads=4, head_dim_qk=64, head_dim_v=64)
+    published = PublishedSeries(
+        "lightning_attn2", note="LightningAttention-2 (OpenNLPLab lightning-attn), Dqk == Dv <= 128"
+    )
+    plot_style = PlotStyle("#8c510a")
 
     def available(self) -> str | None:
         if not is_installed("lightning_attn"):
@@ -129,7 +134,7 @@ class LightningAttention2(Adapter):
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
         """The decay linear-attention recurrence in float64 with log decay -slope per head, scale 1."""
-        from tfla_bench.correctness import decay_linear_attention
+        from tfla_bench.kernels.reference import decay_linear_attention
 
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         log_decay = (-inputs["s"].reshape(1, -1, 1)).expand(q.shape[0], -1, q.shape[2])
