@@ -50,7 +50,9 @@ def test_list_json(capsys, plugins):
     assert entries["sdpa_math"]["available"] is True and entries["sdpa_math"]["cpu_capable"] is True
     assert entries["sdpa_math"]["family"] == "attention" and entries["sdpa_math"]["layout"] == "BHTD"
     assert entries["test_unavailable"]["reason"] == "needs the package frobnicate"
-    assert set(entries["test_chunked"]) >= {"modes", "dtypes", "constraints", "uses_chunk_size"}
+    assert set(entries["test_chunked"]) >= {"modes", "dtypes", "constraints", "uses_chunk_size", "origin"}
+    assert entries["sdpa_math"]["origin"] == "built-in tfla_bench.baselines.sdpa_math"
+    assert entries["test_unavailable"]["origin"].endswith("plugin_adapters")
 
 
 def test_list_table(capsys):

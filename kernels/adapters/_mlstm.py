@@ -4,7 +4,8 @@ peers (`tfla_bench.baselines.mlstm_kernels_*`) share.
 - `MlstmAdapter`: the family, layout and gate shape;
 - `ChunkwiseMlstmAdapter`: inputs, chunk size, float64 reference and chunkwise counts of every
   chunkwise mLSTM kernel, with the published series each answers to (`XL_CHUNK_SIG`, ...);
-- `TflaAdapter`: our TFLA xl_chunk kernels' limits and call (`tfla_exp`, `tfla_sig`).
+- `OwnKernelAdapter`: availability and shape rules of our Triton kernels (`limit_chunk` and
+  `TflaAdapter`, our TFLA xl_chunk kernels' limits and call for `tfla_exp` and `tfla_sig`).
 
 All mLSTM adapters draw the same inputs from the same seeded generator: q, k, v and i standard
 normal, f standard normal plus 3 (a forget gate of 0.95 on average, so the state carries across
@@ -158,20 +159,46 @@ class ChunkwiseMlstmAdapter(MlstmAdapter):
         return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[1]
 
 
-class TflaAdapter(ChunkwiseMlstmAdapter):
-    """Our TFLA xl_chunk Triton kernels (`tfla_bench.kernels.tfla.mlstm_tfla`)."""
+class OwnKernelAdapter(ChunkwiseMlstmAdapter):
+    """Our Triton kernels of this package: CUDA and `kernel_module` to run; chunk sizes a power of two
+    of at least `MIN_CHUNK` (and at most `max_chunk`, None: no bound) not above T; head dims
+    multiples of 16 in [`MIN_HEAD_DIM`, `MAX_HEAD_DIM`]."""
 
-    constraints = (
-        f"T % {SEQ_LEN_MULTIPLE} == 0; chunk a power of two in [{MIN_CHUNK}, {MAX_CHUNK}], <= T (default "
-        f"{TFLA_DEFAULT_CHUNK}); head dims multiples of 16 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
-    )
+    kernel_module = ""
+    max_chunk: int | None = None
 
     def available(self) -> str | None:
         reason = cuda_reason()
         if reason is not None:
             return reason
-        _, reason = try_import("tfla_bench.kernels.tfla")
+        _, reason = try_import(self.kernel_module)
         return reason
+
+    def shape_reason(self, case: Case) -> str | None:
+        """Why the case's chunk size or head dims break the rules above, or None."""
+        chunk = self.chunk(case)
+        if self.max_chunk is None:
+            if not (is_power_of_two(chunk) and chunk >= MIN_CHUNK):
+                return f"chunk_size must be a power of two >= {MIN_CHUNK}, got {chunk}"
+        elif not (is_power_of_two(chunk) and MIN_CHUNK <= chunk <= self.max_chunk):
+            return f"chunk_size must be a power of two in [{MIN_CHUNK}, {self.max_chunk}], got {chunk}"
+        if chunk > case.seq_len:
+            return f"chunk_size {chunk} is larger than seq_len {case.seq_len}"
+        for name, dim in (("head_dim_qk", case.head_dim_qk), ("head_dim_v", case.head_dim_v)):
+            if not (MIN_HEAD_DIM <= dim <= MAX_HEAD_DIM and dim % 16 == 0):
+                return f"{name} must be a multiple of 16 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {dim}"
+        return None
+
+
+class TflaAdapter(OwnKernelAdapter):
+    """Our TFLA xl_chunk Triton kernels (`tfla_bench.kernels.tfla.mlstm_tfla`)."""
+
+    kernel_module = "tfla_bench.kernels.tfla"
+    max_chunk = MAX_CHUNK
+    constraints = (
+        f"T % {SEQ_LEN_MULTIPLE} == 0; chunk a power of two in [{MIN_CHUNK}, {MAX_CHUNK}], <= T (default "
+        f"{TFLA_DEFAULT_CHUNK}); head dims multiples of 16 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
+    )
 
     def check(self, case: Case) -> str | None:
         reason = self.params_reason(case)
@@ -179,15 +206,7 @@ class TflaAdapter(ChunkwiseMlstmAdapter):
             return reason
         if case.seq_len % SEQ_LEN_MULTIPLE:
             return f"seq_len must be a multiple of {SEQ_LEN_MULTIPLE}, got {case.seq_len}"
-        chunk = self.chunk(case)
-        if not (is_power_of_two(chunk) and MIN_CHUNK <= chunk <= MAX_CHUNK):
-            return f"chunk_size must be a power of two in [{MIN_CHUNK}, {MAX_CHUNK}], got {chunk}"
-        if chunk > case.seq_len:
-            return f"chunk_size {chunk} is larger than seq_len {case.seq_len}"
-        for name, dim in (("head_dim_qk", case.head_dim_qk), ("head_dim_v", case.head_dim_v)):
-            if not (MIN_HEAD_DIM <= dim <= MAX_HEAD_DIM and dim % 16 == 0):
-                return f"{name} must be a multiple of 16 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {dim}"
-        return None
+        return self.shape_reason(case)
 
     def _kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         kwargs = {"gate": self.gate, "chunk_size": inputs["chunk_size"]}

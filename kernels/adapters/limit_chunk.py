@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import cuda_reason, is_power_of_two, torch_dtype, try_import
+from tfla_bench.adapter_support import torch_dtype, try_import
 from tfla_bench.kernels.adapters._mlstm import (
     LIMIT_CHUNK,
     MAX_HEAD_DIM,
     MIN_CHUNK,
     MIN_HEAD_DIM,
-    ChunkwiseMlstmAdapter,
+    OwnKernelAdapter,
 )
 from tfla_bench.registry import SOLID, PlotStyle, register
 from tfla_bench.workloads import Case
@@ -24,10 +24,11 @@ LIMIT_CHUNK_DEFAULT_CHUNK = 64
 
 
 @register
-class LimitChunk(ChunkwiseMlstmAdapter):
+class LimitChunk(OwnKernelAdapter):
     """Our one-level chunkwise mLSTMexp kernel (`tfla_bench.kernels.limit_chunk.mlstm_limit_chunk`)."""
 
     name = "limit_chunk"
+    kernel_module = "tfla_bench.kernels.limit_chunk"
     default_chunk = LIMIT_CHUNK_DEFAULT_CHUNK  # the paper's limit_chunk runs
     published = LIMIT_CHUNK
     plot_style = PlotStyle("#e7298a", SOLID, "^")
@@ -37,29 +38,15 @@ class LimitChunk(ChunkwiseMlstmAdapter):
         f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
     )
 
-    def available(self) -> str | None:
-        reason = cuda_reason()
-        if reason is not None:
-            return reason
-        _, reason = try_import("tfla_bench.kernels.limit_chunk")
-        return reason
-
     def check(self, case: Case) -> str | None:
         """Parameter, chunk and head-dim rules, then the kernel's on-chip limit (`unsupported_reason`)."""
-        reason = self.params_reason(case)
+        reason = self.params_reason(case) or self.shape_reason(case)
         if reason is not None:
             return reason
-        chunk = self.chunk(case)
-        if not (is_power_of_two(chunk) and chunk >= MIN_CHUNK):
-            return f"chunk_size must be a power of two >= {MIN_CHUNK}, got {chunk}"
-        if chunk > case.seq_len:
-            return f"chunk_size {chunk} is larger than seq_len {case.seq_len}"
-        for name, dim in (("head_dim_qk", case.head_dim_qk), ("head_dim_v", case.head_dim_v)):
-            if not (MIN_HEAD_DIM <= dim <= MAX_HEAD_DIM and dim % 16 == 0):
-                return f"{name} must be a multiple of 16 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {dim}"
-        module, reason = try_import("tfla_bench.kernels.limit_chunk")
+        module, reason = try_import(self.kernel_module)
         if module is None:
             return reason
+        chunk = self.chunk(case)
         return module.unsupported_reason(chunk, case.head_dim_qk, case.head_dim_v, torch_dtype(case.dtype))
 
     def forward(self, inputs: dict[str, Any]) -> torch.Tensor:

@@ -28,6 +28,7 @@ from rich.table import Table
 
 from tfla_bench import correctness, registry, rundir, runner, specs
 from tfla_bench.commands import check as check_command
+from tfla_bench.commands.options import _ints, _names
 from tfla_bench.console import cases_table, make_console, summary_table
 from tfla_bench.errors import UserError
 from tfla_bench.paths import output_dir
@@ -464,24 +465,6 @@ def _statuses(text: str | None) -> frozenset[str]:
             f"--retry: expected a comma list of {', '.join(rundir.RERUNNABLE_STATUSES)}, got {text!r}"
         )
     return frozenset(names)
-
-
-def _names(values: list[str] | None) -> list[str]:
-    """Repeated and comma-separated option values, flattened, without duplicates."""
-    names = [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
-    return list(dict.fromkeys(names))
-
-
-def _ints(flag: str, text: str) -> int | list[int]:
-    """`2048` -> 2048, `2048,8192` -> [2048, 8192]; a `UserError` naming the flag otherwise."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    try:
-        values = [int(part) for part in parts]
-    except ValueError as exc:
-        raise UserError(f"{flag}: expected an integer or a comma list of integers, got {text!r}") from exc
-    if not values or any(value <= 0 for value in values):
-        raise UserError(f"{flag}: expected positive integers, got {text!r}")
-    return values[0] if len(values) == 1 else values
 
 
 def _params(entries: list[str]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from tfla_bench.model.counts import MlstmShape, check_chunk_size
 from tfla_bench.model.hardware import ACCELERATORS, CUSTOM, Accelerator, resolve_accelerator
 from tfla_bench.model.roofline import ChunkOptima, Estimate, chunk_optima, chunkwise_runtime_s
 from tfla_bench.paths import output_dir
+from tfla_bench.roofs import measured_accelerator
 
 DEFAULT_ROOFLINE_GPUS = ("v100", "a100", "h100", "h200", "b200")
 
@@ -202,7 +203,9 @@ def _report(
         gate_bytes=gate_bytes,
         state_bytes=state_bytes,
     )
-    accelerator = resolve_accelerator(gpu, peak_flops_per_s=peak_flops, bandwidth_bytes_per_s=bandwidth)
+    accelerator = resolve_accelerator(
+        gpu, peak_flops_per_s=peak_flops, bandwidth_bytes_per_s=bandwidth, measured=measured_accelerator
+    )
     optima = None
     if kind == "optimal-chunk":
         if formulation is not Formulation.chunkwise:
@@ -312,7 +315,7 @@ def _roofline_accelerators(
     gpus: list[str] | None, peak_flops: float | None, bandwidth: float | None
 ) -> list[Accelerator]:
     names = [name.strip().lower() for value in (gpus or DEFAULT_ROOFLINE_GPUS) for name in value.split(",")]
-    accelerators = [resolve_accelerator(name) for name in names if name and name != CUSTOM]
+    accelerators = [resolve_accelerator(n, measured=measured_accelerator) for n in names if n and n != CUSTOM]
     if CUSTOM in names or peak_flops is not None or bandwidth is not None:
         if peak_flops is None or bandwidth is None:
             raise UserError("a custom accelerator needs both --peak-flops and --bandwidth")

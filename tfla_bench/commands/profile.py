@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from tfla_bench import profiling, registry, roofs, rundir, runner
-from tfla_bench.commands.bench import _ints, _names
+from tfla_bench.commands.options import _ints, _names
 from tfla_bench.console import make_console
 from tfla_bench.errors import UserError
 from tfla_bench.paths import output_dir

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tfla_bench.errors import UserError
@@ -127,16 +128,21 @@ def _present_accelerator() -> Accelerator:
 
 
 def resolve_accelerator(
-    name: str, *, peak_flops_per_s: float | None = None, bandwidth_bytes_per_s: float | None = None
+    name: str,
+    *,
+    peak_flops_per_s: float | None = None,
+    bandwidth_bytes_per_s: float | None = None,
+    measured: Callable[[], Accelerator] | None = None,
 ) -> Accelerator:
     """The accelerator a command line names, with optional overrides of its peak and bandwidth.
 
     Args:
         name: a key of `ACCELERATORS`; `"auto"` for the present CUDA GPU; `"measured"` for the
-            roofs `tfla-bench roofs` saved (`tfla_bench.roofs.measured_accelerator`); `"custom"` for
-            one defined by both overrides.
+            accelerator `measured` returns; `"custom"` for one defined by both overrides.
         peak_flops_per_s: replaces the peak FLOP/s.
         bandwidth_bytes_per_s: replaces the memory bandwidth.
+        measured: the measured roofs (the CLI passes `tfla_bench.roofs.measured_accelerator`, which
+            lives above the model: it measures and reads saved files).
     """
     key = name.strip().lower()
     if key == CUSTOM:
@@ -144,9 +150,9 @@ def resolve_accelerator(
             raise UserError("--gpu custom needs both --peak-flops and --bandwidth")
         return Accelerator(CUSTOM, peak_flops_per_s, bandwidth_bytes_per_s, "custom")
     if key == MEASURED:
-        from tfla_bench.roofs import measured_accelerator  # imports torch: only for --gpu measured
-
-        base = measured_accelerator()
+        if measured is None:
+            raise UserError("--gpu measured is not available here")
+        base = measured()
     else:
         base = _present_accelerator() if key == AUTO else get_accelerator(key)
     if peak_flops_per_s is None and bandwidth_bytes_per_s is None:

@@ -1,0 +1,106 @@
+"""The registry: one adapter per module, each carrying its own facts, and where each adapter came from."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tfla_bench import published, registry
+from tfla_bench.plots.runs import kernel_color, kernel_style
+from tfla_bench.registry import Adapter, PlotStyle, PublishedSeries
+from tfla_bench.workloads import Case
+
+
+def built_in_adapters() -> list[Adapter]:
+    return [a for a in registry.adapters() if a.origin.startswith("built-in ")]
+
+
+def test_every_built_in_module_defines_at_most_one_adapter_and_is_its_origin():
+    by_module: dict[str, list[str]] = {}
+    for adapter in built_in_adapters():
+        by_module.setdefault(type(adapter).__module__, []).append(adapter.name)
+        assert adapter.origin == f"built-in {type(adapter).__module__}"
+    assert all(len(names) == 1 for names in by_module.values()), by_module
+    assert len(by_module) == 18
+    walked = {m for p in registry.BUILT_IN_PACKAGES for m in registry.adapter_modules(p)}
+    assert set(by_module) <= walked and "tfla_bench.baselines._attention" in walked
+
+
+def test_built_in_adapters_carry_their_plot_style_gate_shape_and_published_series():
+    for adapter in built_in_adapters():
+        assert adapter.plot_style is not None and adapter.plot_style.color.startswith("#"), adapter.name
+        assert kernel_color(adapter.name) == adapter.plot_style.color
+    assert registry.get("tfla_sig").plot_style == PlotStyle("#7b1f5e", "-")
+    assert registry.get("mamba2").gate_shape.chunk_size == 128
+    assert registry.get("gla").gate_shape.head_dim_v == 128
+    assert registry.get("sdpa_cudnn").published.params == {"causal": False}
+    assert registry.get("fa3").param_defaults == {"causal": True}
+    assert registry.get("mlstm_kernels_sig").published.rank > registry.get("tfla_sig").published.rank
+
+
+def test_an_unknown_kernel_gets_a_stable_fallback_colour():
+    assert registry.find("no_such_kernel") is None
+    assert kernel_style("no_such_kernel") == kernel_style("no_such_kernel")
+    assert kernel_style("no_such_kernel").linestyle == "-"
+
+
+class _Linear(Adapter):
+    family = "test"
+    cpu_capable = True
+
+    def flops(self, case: Case, mode: str) -> float:
+        return 1.0
+
+    def bytes(self, case: Case, mode: str) -> float:
+        return 1.0
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    registry.load()
+    monkeypatch.setattr(registry, "_ADAPTERS", dict(registry._ADAPTERS))
+
+
+def test_a_new_adapter_joins_the_published_mapping_and_the_plots_by_itself(scratch_registry):
+    @registry.register
+    class Peer(_Linear):
+        name = "test_gla_peer"
+        published = PublishedSeries("chunk_gla", note="fla chunk_gla (GLA, per-channel gate)", rank=1)
+        param_defaults = {"causal": True}
+        plot_style = PlotStyle("#123456", "--")
+
+    assert published.mapping_for_published("chunk_gla").adapters == ("gla", "test_gla_peer")
+    assert published.mapping_for_adapter("test_gla_peer").published_kernel == "chunk_gla"
+    assert published.param_default("test_gla_peer", "causal") is True
+    assert published.param_default("not_registered", "causal") is None
+    assert kernel_style("test_gla_peer") == PlotStyle("#123456", "--")
+    assert registry.get("test_gla_peer").origin == f"module {__name__}"
+
+
+def test_origin_of_an_entry_point_and_of_a_plugins_env_module(scratch_registry, monkeypatch, tmp_path):
+    (tmp_path / "origin_adapters_for_test.py").write_text(
+        "from test_registry import _Linear\nfrom tfla_bench.registry import register\n\n"
+        "@register\nclass FromEnv(_Linear):\n    name = 'test_from_env'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(registry.PLUGINS_ENV, "origin_adapters_for_test")
+    monkeypatch.delitem(sys.modules, "origin_adapters_for_test", raising=False)
+    assert registry.get("test_from_env").origin == "TFLA_BENCH_PLUGINS origin_adapters_for_test"
+
+    class Entry:
+        name = "thirdparty"
+        value = "thirdparty.adapters:setup"
+
+        def load(self):
+            def setup():
+                @registry.register
+                class FromEntryPoint(_Linear):
+                    name = "test_from_entry_point"
+
+            return setup
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [Entry()])
+    registry.load_entry_points()
+    origin = "entry point thirdparty = thirdparty.adapters:setup"
+    assert registry.get("test_from_entry_point").origin == origin

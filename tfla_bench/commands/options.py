@@ -1,0 +1,23 @@
+"""Parsers of list-valued command-line options shared by the command groups."""
+
+from __future__ import annotations
+
+from tfla_bench.errors import UserError
+
+
+def _names(values: list[str] | None) -> list[str]:
+    """Repeated and comma-separated option values, flattened, without duplicates."""
+    names = [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+    return list(dict.fromkeys(names))
+
+
+def _ints(flag: str, text: str) -> int | list[int]:
+    """`2048` -> 2048, `2048,8192` -> [2048, 8192]; a `UserError` naming the flag otherwise."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        values = [int(part) for part in parts]
+    except ValueError as exc:
+        raise UserError(f"{flag}: expected an integer or a comma list of integers, got {text!r}") from exc
+    if not values or any(value <= 0 for value in values):
+        raise UserError(f"{flag}: expected positive integers, got {text!r}")
+    return values[0] if len(values) == 1 else values
