@@ -1,5 +1,5 @@
 """The Mamba adapters' shared parts (`mamba-ssm` 2.3.2.post1): `Mamba2Adapter`, the base of Mamba2's SSD
-kernels, and the helpers of Mamba's selective scan.
+kernels, and the constants and input factories it shares with Mamba's selective scan.
 
 Case conventions (as in the published CSVs): num_heads H, head_dim_qk = the SSM state dim N,
 head_dim_v = the head dim P (Mamba: inner channels = H * P, the paper used H = 1).

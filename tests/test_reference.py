@@ -1,5 +1,5 @@
 """The PyTorch references agree with each other and with the formulas they implement (float64), and
-the gate helpers do what they say."""
+the gate functions of `gates.py` do what they say."""
 
 import math
 
