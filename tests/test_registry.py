@@ -104,3 +104,8 @@ def test_origin_of_an_entry_point_and_of_a_plugins_env_module(scratch_registry, 
     registry.load_entry_points()
     origin = "entry point thirdparty = thirdparty.adapters:setup"
     assert registry.get("test_from_entry_point").origin == origin
+
+
+def test_a_built_in_module_imported_before_load_is_still_built_in():
+    assert registry._origin_of_module("tfla_bench.baselines.gla") == "built-in tfla_bench.baselines.gla"
+    assert registry._origin_of_module("my_package.adapters") == "module my_package.adapters"

@@ -201,7 +201,7 @@ class BrokenPlugin(Adapter):
 
 _ADAPTERS: dict[str, Adapter] = {}
 _loaded = False
-# What `load()` is importing now; an adapter registered outside `load()` names its module.
+# What `load()` is importing now; an adapter registered outside it gets `_origin_of_module`.
 _loading_origin: str | None = None
 
 
@@ -222,9 +222,15 @@ def register(cls: type[Adapter]) -> type[Adapter]:
         raise ValueError(f"{cls.__qualname__} has no name")
     if adapter.name in _ADAPTERS and type(_ADAPTERS[adapter.name]) is not cls:
         raise ValueError(f"two adapters are named {adapter.name!r}")
-    adapter.origin = _loading_origin or f"module {cls.__module__}"
+    adapter.origin = _loading_origin or _origin_of_module(cls.__module__)
     _ADAPTERS[adapter.name] = adapter
     return cls
+
+
+def _origin_of_module(module: str) -> str:
+    """The origin of an adapter whose module was imported outside `load()` (directly, by a test)."""
+    built_in = any(module.startswith(f"{package}.") for package in BUILT_IN_PACKAGES)
+    return f"built-in {module}" if built_in else f"module {module}"
 
 
 def adapter_modules(package_name: str) -> list[str]:
