@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tfla_bench import published, registry
-from tfla_bench.plots.runs import kernel_color, kernel_style
+from tfla_bench.plots.style import base_style, row_style
 from tfla_bench.registry import Adapter, PlotStyle, PublishedSeries
 from tfla_bench.workloads import Case
 
@@ -30,8 +30,8 @@ def test_every_built_in_module_defines_at_most_one_adapter_and_is_its_origin():
 def test_built_in_adapters_carry_their_plot_style_gate_shape_and_published_series():
     for adapter in built_in_adapters():
         assert adapter.plot_style is not None and adapter.plot_style.color.startswith("#"), adapter.name
-        assert kernel_color(adapter.name) == adapter.plot_style.color
-    assert registry.get("tfla_sig").plot_style == PlotStyle("#7b1f5e", "-")
+        assert row_style(adapter.name, adapter.family).color == adapter.plot_style.color
+    assert registry.get("tfla_sig").plot_style == PlotStyle("#6a3d9a", "-", "o")
     assert registry.get("mamba2").gate_shape.chunk_size == 128
     assert registry.get("gla").gate_shape.head_dim_v == 128
     assert registry.get("sdpa_cudnn").published.params == {"causal": False}
@@ -39,10 +39,10 @@ def test_built_in_adapters_carry_their_plot_style_gate_shape_and_published_serie
     assert registry.get("mlstm_kernels_sig").published.rank > registry.get("tfla_sig").published.rank
 
 
-def test_an_unknown_kernel_gets_a_stable_fallback_colour():
-    assert registry.find("no_such_kernel") is None
-    assert kernel_style("no_such_kernel") == kernel_style("no_such_kernel")
-    assert kernel_style("no_such_kernel").linestyle == "-"
+def test_an_unknown_kernel_gets_a_stable_style_from_its_family():
+    assert registry.find("no_such_kernel") is None and base_style("no_such_kernel") is None
+    assert row_style("no_such_kernel", "gla") == row_style("no_such_kernel", "gla")
+    assert row_style("no_such_kernel", "gla").linestyle == "-"
 
 
 class _Linear(Adapter):
@@ -68,13 +68,13 @@ def test_a_new_adapter_joins_the_published_mapping_and_the_plots_by_itself(scrat
         name = "test_gla_peer"
         published = PublishedSeries("chunk_gla", note="fla chunk_gla (GLA, per-channel gate)", rank=1)
         param_defaults = {"causal": True}
-        plot_style = PlotStyle("#123456", "--")
+        plot_style = PlotStyle("#123456", "--", "D")
 
     assert published.mapping_for_published("chunk_gla").adapters == ("gla", "test_gla_peer")
     assert published.mapping_for_adapter("test_gla_peer").published_kernel == "chunk_gla"
     assert published.param_default("test_gla_peer", "causal") is True
     assert published.param_default("not_registered", "causal") is None
-    assert kernel_style("test_gla_peer") == PlotStyle("#123456", "--")
+    assert base_style("test_gla_peer") == PlotStyle("#123456", "--", "D")
     assert registry.get("test_gla_peer").origin == f"module {__name__}"
 
 
