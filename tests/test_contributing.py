@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tfla_bench import registry, results
+from tfla_bench import registry, rundir
 from tfla_bench.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def test_a_tiny_cpu_run_of_the_example(example, tmp_path, capsys):
         "3",
     ]
     assert main(argv) == 0
-    rows = results.read_rows(out / "results.csv")
+    rows = rundir.read_results(out / rundir.RESULTS).rows
     assert {(row.case.mode, row.status) for row in rows} == {("fw", "ok"), ("fwbw", "ok")}
     fw = next(row for row in rows if row.case.mode == "fw")
     assert fw.flops == 2 * 64 * 64 * (16 + 32)  # 2 heads x (2 T^2 Dqk + 2 T^2 Dv) / 2 (causal)

@@ -21,7 +21,7 @@ from tfla_bench.cli import main
 from tfla_bench.errors import UserError
 from tfla_bench.rundir import ResultRow
 from tfla_bench.worker import failure_of
-from tfla_bench.workloads import Case
+from tfla_bench.workloads import Case, parse_bool
 
 SPEC = """
 name = "rundir"
@@ -136,8 +136,8 @@ def test_a_wrong_header_is_one_user_error(tmp_path, header, message):
 
 
 def test_one_bool_parser():
-    assert rundir.parse_bool(" TRUE ") is True and rundir.parse_bool("false") is False
-    assert rundir.parse_bool("yes") is None
+    assert parse_bool(" TRUE ") is True and parse_bool("false") is False
+    assert parse_bool("yes") is None
     assert [rundir.parse_param(t) for t in ("True", "3", "2.5", "x")] == [True, 3, 2.5, "x"]
 
 
@@ -278,7 +278,7 @@ def test_a_file_size_limit_is_an_oserror_not_a_signal(tmp_path):
         from pathlib import Path
         from tfla_bench import rundir
         from tfla_bench.rundir import ResultRow
-        from tfla_bench.workloads import Case
+        from tfla_bench.workloads import Case, parse_bool
         resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
         case = Case("sdpa_math", "fw", "float32", 1, 16, 2, 8, 8, None, {{}})
         writer = rundir.RowWriter(Path({str(tmp_path / rundir.RESULTS)!r}), rundir.columns_for([case]))

@@ -12,7 +12,7 @@ import importlib.util
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from tfla_bench.rundir import parse_bool
+from tfla_bench.workloads import parse_bool
 
 if TYPE_CHECKING:
     import torch

@@ -57,7 +57,7 @@ DEFAULT_TIMEOUT_S = 900.0
 # Statuses of a gate result. `passed` is True/False for "ok" and False for "error", "crashed" and
 # "timeout" (an available adapter that cannot produce a checked output fails the gate); None for
 # adapters the gate could not run ("unavailable", "unsupported") or could not compare ("no_reference").
-# Not the statuses of a results row (`tfla_bench.results.STATUSES`): a gate "ok" means compared
+# Not the statuses of a results row (`tfla_bench.rundir.STATUSES`): a gate "ok" means compared
 # (passed or not), a gate has no "oom" and no "failed_check", a row has no "no_reference".
 GATE_STATUSES = ("ok", "error", "crashed", "timeout", "unavailable", "unsupported", "no_reference")
 

@@ -69,7 +69,7 @@ from typing import Any
 from tfla_bench.errors import UserError
 from tfla_bench.gpustate import COLUMNS as NVML_COLUMNS
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
-from tfla_bench.workloads import Case
+from tfla_bench.workloads import Case, parse_bool
 
 SCHEMA_VERSION = 2
 RESULTS = "results.csv"
@@ -251,12 +251,6 @@ def columns_for(cases: list[Case]) -> list[str]:
     """The CSV header for a run of these cases: case columns, the union of param columns, metrics."""
     params = sorted({f"param_{name}" for case in cases for name in case.params})
     return [*CASE_COLUMNS, *params, *METRIC_COLUMNS]
-
-
-def parse_bool(text: str) -> bool | None:
-    """`true`/`false` in any case (surrounding spaces ignored) as a bool; None for anything else."""
-    lowered = text.strip().lower()
-    return lowered == "true" if lowered in ("true", "false") else None
 
 
 def parse_param(text: str) -> bool | int | float | str:

@@ -44,3 +44,9 @@ class Case:
         params = row.pop("params")
         row.update({f"param_{k}": v for k, v in sorted(params.items())})
         return row
+
+
+def parse_bool(text: str) -> bool | None:
+    """`true`/`false` in any case (surrounding spaces ignored) as a bool; None for anything else."""
+    lowered = text.strip().lower()
+    return lowered == "true" if lowered in ("true", "false") else None
