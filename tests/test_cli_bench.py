@@ -140,6 +140,14 @@ def test_bad_spec_exit_2(capsys, spec_file, replace, expected):
     assert expected in err and str(spec_file) in err and err.count("\n") == 1
 
 
+def test_sweep_seq_len_filter(capsys, spec_file, plugins):
+    assert main(["sweep", str(spec_file), "--dry-run", "--seq-len", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "4 case(s)" in out and "T32" in out and "T16" not in out
+    assert main(["sweep", str(spec_file), "--dry-run", "--seq-len", "48"]) == 2
+    assert "--seq-len: 48 is not a sequence length of spec 'cli' (16, 32)" in capsys.readouterr().err
+
+
 def test_unknown_kernel_filter_exit_2(capsys, spec_file):
     assert main(["sweep", str(spec_file), "--kernel", "sdpa_mat", "--dry-run"]) == 2
     assert "unknown kernel 'sdpa_mat'; known kernels: " in capsys.readouterr().err

@@ -285,6 +285,10 @@ def sweep(
         typer.Option("--force", help="with --resume: accept a spec that differs from the run's (recorded)"),
     ] = False,
     kernel: KernelOption = None,
+    seq_len: Annotated[
+        str | None,
+        typer.Option("--seq-len", help="filter the spec's cases to these sequence lengths, e.g. 8192"),
+    ] = None,
     gpus: GpusOption = None,
     warmup: WarmupOption = None,
     reps: RepsOption = None,
@@ -327,7 +331,9 @@ def sweep(
         ncu,
         ncu_path,
     )
-    _execute(spec, _names(kernel), out, resume, flags, _statuses(retry), force)
+    lengths = _ints("--seq-len", seq_len) if seq_len else None
+    only_lengths = None if lengths is None else lengths if isinstance(lengths, list) else [lengths]
+    _execute(spec, _names(kernel), out, resume, flags, _statuses(retry), force, only_lengths)
 
 
 @dataclass(frozen=True)
@@ -359,9 +365,10 @@ def _execute(
     flags: _Flags,
     retry: frozenset[str] = frozenset(),
     force: bool = False,
+    seq_lens: list[int] | None = None,
 ) -> None:
-    """Apply measurement flags, expand, and either print the cases or run them (holding the run
-    directory's lock) and print the summary."""
+    """Apply measurement flags, expand (keeping the kernels `only` and lengths `seq_lens` when given),
+    and either print the cases or run them (holding the run directory's lock) and print the summary."""
     clock = PhaseClock()
     if flags.grad is not None and flags.grad not in specs.GRAD_MODES:
         raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {flags.grad!r}")
@@ -386,6 +393,14 @@ def _execute(
         grad=flags.grad,
     )
     cases = specs.expand(spec, only or None)
+    if seq_lens:
+        missing = sorted(set(seq_lens) - {case.seq_len for case in cases})
+        if missing:
+            known = ", ".join(str(length) for length in sorted({case.seq_len for case in cases}))
+            raise UserError(
+                f"--seq-len: {missing[0]} is not a sequence length of spec {spec.name!r} ({known})"
+            )
+        cases = [case for case in cases if case.seq_len in seq_lens]
     if flags.ncu:
         from tfla_bench import ncu
 
