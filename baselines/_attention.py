@@ -85,6 +85,7 @@ class SdpaAdapter(AttentionAdapter):
     """Torch SDPA with the backend `backend` (an `SDPBackend` member name) forced."""
 
     backend = ""
+    packages = ("torch",)
 
     def check(self, case: Case) -> str | None:
         unknown = sorted(set(case.params) - set(SDPA_PARAMS))

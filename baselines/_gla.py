@@ -49,6 +49,7 @@ class FlaAdapter(Adapter):
     (`fla_chunk`) in the counts; the gate runs 256 tokens with Dqk != Dv."""
 
     family = "gla"
+    packages = ("fla-core",)
     layout = "BTHD"
     gate_shape = GateShape(batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=128)
     autotuned = True  # fla autotunes most chunk kernels (GLA's backward: about 100 configs in fla 0.6)

@@ -102,6 +102,7 @@ class Mamba2Adapter(Adapter):
     counts; the gate runs 4 chunks of 128."""
 
     family = "mamba2"
+    packages = ("mamba-ssm",)
     layout = "BTHD"
     gate_shape = GateShape(batch=2, seq_len=512, num_heads=4, head_dim_qk=32, head_dim_v=64, chunk_size=128)
     autotuned = True  # mamba_ssm's SSD Triton kernels autotune

@@ -46,6 +46,7 @@ class MlstmKernelsPeer(ChunkwiseMlstmAdapter):
     """An official kernel, `get_mlstm_kernel(kernel_name)`, with the library's constraints."""
 
     kernel_name = ""
+    packages = ("mlstm-kernels",)
 
     def available(self) -> str | None:
         if not is_installed("mlstm_kernels"):

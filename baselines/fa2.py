@@ -19,6 +19,7 @@ class FlashAttention2(FlashAttentionAdapter):
     """FlashAttention 2 (`flash_attn.flash_attn_func`)."""
 
     name = "fa2"
+    packages = ("flash-attn",)
     plot_style = PlotStyle("#6baed6", DASH_DOT, "^")
 
     def available(self) -> str | None:

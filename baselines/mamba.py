@@ -42,6 +42,7 @@ class Mamba(Adapter):
 
     name = "mamba"
     family = "mamba"
+    packages = ("mamba-ssm",)
     layout = "BDT"
     constraints = (
         f"head_dim_qk is the state dim (<= {MAX_SELECTIVE_SCAN_STATE}); channels = num_heads * head_dim_v; "

@@ -41,6 +41,7 @@ class Mamba2SplitConv(Mamba2Adapter):
     """Mamba2's fused conv + SSD path (`mamba_split_conv1d_scan_combined`)."""
 
     name = "mamba2_split_conv"
+    packages = ("mamba-ssm", "causal-conv1d")
     default_groups = 1
     constraints = (
         "param num_groups divides num_heads (default 1); chunk_size a power of two (default 256); "

@@ -248,7 +248,7 @@ def write_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
     params = sorted(c for c in df.columns if c.startswith("param_"))
-    df = df[[*SCHEMA[:9], *params, *SCHEMA[9:]]]
+    df = df.reindex(columns=[*SCHEMA[:9], *params, *SCHEMA[9:]])  # a column the rows lack stays empty
     df.to_csv(run_dir / "results.csv", index=False)
     env = {
         "gpu_name": gpu_name,

@@ -19,6 +19,7 @@ from tfla_bench.workloads import Case
 ADAPTERS = {
     "fa2": ("attention", "BTHD"),
     "fa3": ("attention", "BTHD"),
+    "fa4": ("attention", "BTHD"),
     "gla": ("gla", "BTHD"),
     "simple_gla": ("gla", "BTHD"),
     "lightning2": ("lightning", "BHTD"),
@@ -58,7 +59,8 @@ def test_registered_with_family_and_layout(name):
     ("name", "missing", "expected"),
     [
         ("fa2", ("flash_attn",), "flash-attn not installed"),
-        ("fa3", ("flash_attn_interface", "flash_attn"), "FlashAttention 3 not installed"),
+        ("fa3", ("flash_attn_interface",), "FlashAttention 3 not installed"),
+        ("fa4", ("flash_attn",), "FlashAttention-4 not installed"),
         ("gla", ("fla",), "fla-core not installed (pip install fla-core==0.6.0)"),
         ("simple_gla", ("fla",), "fla-core not installed (pip install fla-core==0.6.0)"),
         (
@@ -89,6 +91,7 @@ def test_missing_package_reason(monkeypatch, name, missing, expected):
     ("name", "package"),
     [
         ("fa3", "flash_attn_interface"),
+        ("fa4", "flash_attn"),
         ("gla", "fla"),
         ("lightning2", "lightning_attn"),
         ("mamba2", "mamba_ssm"),
@@ -168,6 +171,7 @@ SQUARE = {"dqk": 32, "dv": 32}
 INPUT_LAYOUTS = {
     "fa2": (SQUARE, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 32)}),
     "fa3": (SQUARE, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 32)}),
+    "fa4": (SQUARE, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 32)}),
     "gla": ({}, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 64), "g": (2, 128, 4, 32)}),
     "simple_gla": ({}, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 64), "g": (2, 128, 4)}),
     "lightning2": (
@@ -261,7 +265,6 @@ def test_inputs_repeat_per_seed():
 
 def test_settings_travel_with_the_inputs():
     assert registry.get("fa2").make_inputs(make_case("fa2", causal=False, **SQUARE), "cpu")["causal"] is False
-    assert registry.get("fa3").make_inputs(make_case("fa3", impl="cute", **SQUARE), "cpu")["impl"] == "cute"
     assert registry.get("mamba2").make_inputs(make_case("mamba2"), "cpu")["chunk_size"] == 256
     assert registry.get("mamba2").make_inputs(make_case("mamba2", chunk=64), "cpu")["chunk_size"] == 64
     split = registry.get("mamba2_split_conv").make_inputs(make_case("mamba2_split_conv"), "cpu")
@@ -318,7 +321,8 @@ def test_alibi_slopes():
         ("fa2", {"dqk": 60, "dv": 60}, "multiple of 8"),
         ("fa2", {"dqk": 64, "dv": 64, "causal": "sometimes"}, "param causal must be true or false"),
         ("fa2", {"dqk": 64, "dv": 64, "window": 4}, "unknown param(s) window"),
-        ("fa3", {"dqk": 64, "dv": 64, "impl": "triton"}, "param impl must be one of hopper, cute"),
+        ("fa3", {"dqk": 64, "dv": 64, "impl": "cute"}, "unknown param(s) impl"),
+        ("fa4", {"dqk": 64, "dv": 128}, "head_dim_qk == head_dim_v"),
         ("lightning2", {"dqk": 64, "dv": 128}, "head_dim_qk == head_dim_v"),
         ("lightning2", {"dqk": 256, "dv": 256}, "power of two in [16, 128]"),
         ("lightning2", {"dqk": 48, "dv": 48}, "power of two in [16, 128]"),

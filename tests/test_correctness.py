@@ -281,6 +281,7 @@ BASELINES = sorted(
     for name in (
         "fa2",
         "fa3",
+        "fa4",
         "gla",
         "simple_gla",
         "lightning2",

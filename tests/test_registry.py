@@ -22,7 +22,7 @@ def test_every_built_in_module_defines_at_most_one_adapter_and_is_its_origin():
         by_module.setdefault(type(adapter).__module__, []).append(adapter.name)
         assert adapter.origin == f"built-in {type(adapter).__module__}"
     assert all(len(names) == 1 for names in by_module.values()), by_module
-    assert len(by_module) == 18
+    assert len(by_module) == 19
     walked = {m for p in registry.BUILT_IN_PACKAGES for m in registry.adapter_modules(p)}
     assert set(by_module) <= walked and "tfla_bench.baselines._attention" in walked
 

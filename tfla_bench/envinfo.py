@@ -13,13 +13,13 @@ import socket
 import subprocess
 import sys
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import tfla_bench
+from tfla_bench.registry import installed_version
 from tfla_bench.specs import Spec
 from tfla_bench.worker import DeviceInfo
 
@@ -88,9 +88,9 @@ def collect(
         "cuda": torch.version.cuda,
         "cudnn": info.cudnn if info else None,
         "torch": torch.__version__,
-        "triton": _version("triton"),
+        "triton": installed_version("triton"),
         "python": platform.python_version(),
-        "packages": {name: _version(name) for name in PACKAGES},
+        "packages": {name: installed_version(name) for name in PACKAGES},
         # A copy of the tree shipped to a GPU node has no .git, or a stale one: the env names its commit.
         **_git_state(),
         "host": socket.gethostname(),
@@ -107,13 +107,6 @@ def collect(
         "command": sys.argv,
         "measurement": measurement,
     }
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _repo_root() -> Path:

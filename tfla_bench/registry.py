@@ -36,6 +36,7 @@ import pkgutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import metadata
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +125,7 @@ class Adapter:
         published: the published series this kernel answers to, or None.
         param_defaults: the defaults of the params that `published.params` tests.
         plot_style: base colour, line style and marker in figures; None: taken from the family's palette.
+        packages: the distributions whose installed versions each measured row records (`library`).
         origin: where the registry found the adapter (set by `register`).
     """
 
@@ -142,7 +144,14 @@ class Adapter:
     published: PublishedSeries | None = None
     param_defaults: dict[str, Any] = {}
     plot_style: PlotStyle | None = None
+    packages: tuple[str, ...] = ()
     origin: str = ""
+
+    def library(self) -> str:
+        """The installed versions of `packages`, e.g. `fla-core 0.6.0`; empty when none is installed."""
+        return ", ".join(
+            f"{name} {version}" for name in self.packages if (version := installed_version(name)) is not None
+        )
 
     def available(self) -> str | None:
         """Why this adapter cannot run on this machine (package or extension missing, wrong GPU), or None."""
@@ -203,6 +212,14 @@ _ADAPTERS: dict[str, Adapter] = {}
 _loaded = False
 # What `load()` is importing now; an adapter registered outside it gets `_origin_of_module`.
 _loading_origin: str | None = None
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a distribution (`fla-core`), or None when it is not installed."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 @contextmanager

@@ -144,6 +144,7 @@ class ResultRow:
         stop: why timing stopped: `fixed`, `ci`, `budget` or `max` (`tfla_bench.timing.StopRule`).
         host_gap_share: share of timed calls during which the GPU may have waited for the host.
         sm_mhz_before ... throttle_after, throttled: the GPU's state (`tfla_bench.gpustate`).
+        library: the installed versions of the adapter's packages, e.g. `fla-core 0.6.0`.
     """
 
     case: Case
@@ -179,6 +180,7 @@ class ResultRow:
     power_w_after: float | None = None
     throttle_after: str = ""
     throttled: bool | None = None
+    library: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

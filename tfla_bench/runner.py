@@ -669,6 +669,7 @@ def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
         ci_rel=measurement.ci_rel,
         stop=measurement.stop,
         host_gap_share=measurement.host_gap_share,
+        library=planned.adapter.library(),
         **{key: value for key, value in measurement.gpu_state.items() if value is not None},
     )
 

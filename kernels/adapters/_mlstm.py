@@ -166,6 +166,7 @@ class OwnKernelAdapter(ChunkwiseMlstmAdapter):
 
     kernel_module = ""
     max_chunk: int | None = None
+    packages = ("tfla-bench", "triton")
 
     def available(self) -> str | None:
         reason = cuda_reason()

@@ -1,0 +1,49 @@
+"""`fa4`: FlashAttention-4, the CuTe DSL kernels of flash-attention (`flash_attn.cute`, wheel
+`flash-attn-4`), `flash_attn.cute.flash_attn_func(q, k, v, causal=...)`, layout `[B, T, H, D]`,
+Hopper (sm90) and Blackwell (sm100). Its first call JIT-compiles the kernel for the case's shape.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from tfla_bench.adapter_support import capability, cuda_reason, device_label, is_installed, try_import
+from tfla_bench.baselines._attention import FlashAttentionAdapter, output_of
+from tfla_bench.registry import DASH_DOT, PlotStyle, register
+
+if TYPE_CHECKING:
+    import torch
+
+MODULE = "flash_attn.cute"
+ARCHITECTURES = (9, 10)
+
+
+@register
+class Fa4(FlashAttentionAdapter):
+    """FlashAttention-4's CuTe DSL kernels (`flash_attn.cute.flash_attn_func`)."""
+
+    name = "fa4"
+    packages = ("flash-attn-4", "nvidia-cutlass-dsl")
+    constraints = FlashAttentionAdapter.constraints + "; Hopper (sm90) or Blackwell (sm100)"
+    plot_style = PlotStyle("#2171b5", DASH_DOT, "P")
+
+    def available(self) -> str | None:
+        if not is_installed("flash_attn"):
+            return (
+                "FlashAttention-4 not installed (pip install flash-attn-4, or offline: "
+                "`make wheelhouse` then the README's GPU-node install)"
+            )
+        reason = cuda_reason()
+        if reason is not None:
+            return reason
+        if capability()[0] not in ARCHITECTURES:
+            return f"FlashAttention-4 runs on Hopper (sm90) and Blackwell (sm100); this is {device_label()}"
+        _, reason = try_import(MODULE)
+        return reason
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        module = importlib.import_module(MODULE)
+        return output_of(
+            module.flash_attn_func(inputs["q"], inputs["k"], inputs["v"], causal=inputs["causal"])
+        )
