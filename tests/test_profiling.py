@@ -151,6 +151,28 @@ def test_profiling_again_replaces_a_case_and_keeps_the_others(run_dir, tmp_path,
     assert len(profile_frame(run_dir)) == 2 * 4  # tfla_sig at chunks 64, 128, 256, 512 per mode
 
 
+def test_a_stopped_profile_keeps_the_cases_it_finished(run_dir, tmp_path):
+    fake = fake_ncu.install(tmp_path, "sample")
+    rows = profiling.select_rows(rundir.read_results(run_dir / rundir.RESULTS).rows, ["tfla_sig"], [], ["fw"])
+
+    def stop_after_the_first(profile):
+        raise KeyboardInterrupt  # as a kill or Ctrl-C between two cases
+
+    with pytest.raises(KeyboardInterrupt):
+        profiling.profile_rows(
+            run_dir,
+            rows,
+            fake,
+            grad_of=lambda name: "sum",
+            module_of=lambda name: "tfla_bench.kernels.adapters.tfla_sig",
+            timeout_s=60,
+            on_profile=stop_after_the_first,
+        )
+    kept = profile_frame(run_dir)
+    assert len(rows) > 1 and len(kept) == 1
+    assert kept["profile_status"].tolist() == ["ok"] and kept["measured_bytes"].tolist() == [SAMPLE_BYTES]
+
+
 @pytest.mark.parametrize(
     ("saved_gpus", "recorded"),
     [

@@ -14,7 +14,9 @@ case stays in `<run_dir>/ncu/` with the numbers of every kernel. Per row:
 `measured_bytes` = DRAM read + write, `measured_intensity` = the adapter's analytic FLOPs /
 `measured_bytes`. A case that could not be profiled has a `profile_status` other than `ok` and
 the reason in `profile_error` (`no_ncu`: ncu not found; `not_permitted`: no access to the
-performance counters; `no_kernels`, `timeout`, `failed`). Profiling again replaces a case's row.
+performance counters; `no_kernels`, `timeout`, `failed`). Each case's row is written as soon as the
+case is done, so a profile that is stopped keeps the cases it finished. Profiling again replaces a
+case's row.
 
 ncu replays kernels and locks clocks, so nothing here is a timing: `ncu_gpu_time_ms` only says
 where the bytes were spent, and `median_ms` always comes from the timed sweep.
@@ -168,7 +170,8 @@ def profile_rows(
     timeout_s: float,
     on_profile: Callable[[CaseProfile], None] = lambda profile: None,
 ) -> list[CaseProfile]:
-    """Profile `rows` one by one under ncu and merge them into `<run_dir>/profile.csv`.
+    """Profile `rows` one by one under ncu, merging each case's row into `<run_dir>/profile.csv` as it
+    finishes.
 
     Args:
         run_dir: the run directory.
@@ -200,8 +203,9 @@ def profile_rows(
             if profile.status == "not_permitted":
                 refused = (profile.status, profile.error)
         profiles.append(profile)
+        # Each case's row is kept as soon as it is known: a profile stopped later loses none of it.
+        write_profiles(run_dir, [profile])
         on_profile(profile)
-    write_profiles(run_dir, profiles)
     return profiles
 
 
