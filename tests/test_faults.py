@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfla_bench import registry
+from tfla_bench import phases, registry
 from tfla_bench.cli import main
 
 TESTS = Path(__file__).resolve().parent
@@ -228,6 +228,9 @@ def _stop_and_resume(tmp_path: Path, spec_file: Path, clean_run: Path, sig: int,
     losses = [lost(snapshot, final) for snapshot in snapshots]
     survived = sum(code == exit_code and not loss for code, loss in zip(codes, losses, strict=True))
     assert codes == [exit_code] * len(STOP_POINTS), log.read_text()
+    # Every stopped attempt that measured a row left its time in timings.json, kept under `earlier`.
+    earlier = phases.read(run_dir)["earlier"]
+    assert sum("measuring" in part["phases_s"] for part in earlier) >= sum(p is not None for p in STOP_POINTS)
     return len(STOP_POINTS), survived, sum(losses)
 
 

@@ -5,7 +5,9 @@
 `workers`: starting the workers and writing env.json; `measuring`: every case, first calls
 included; `profile`: Nsight Compute after the sweep) and, within measuring, each
 adapter's seconds and cases. With several GPUs the per-adapter seconds add up over the workers, so
-they may exceed the measuring phase. A resumed run keeps the earlier attempts under `earlier`.
+they may exceed the measuring phase. The sweep writes the record after every row as well as at its
+end, so a sweep that is killed leaves its time up to its last row. A resumed run keeps the earlier
+attempts under `earlier`.
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ class PhaseClock:
         self._start = time.monotonic()
         self.phases: dict[str, float] = {}
         self.adapters: dict[str, dict[str, float]] = {}
+        self._running: dict[str, float] = {}
         self._earlier: list[dict[str, Any]] | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Add the time spent inside the block to phase `name`."""
-        began = time.monotonic()
+        self._running[name] = began = time.monotonic()
         try:
             yield
         finally:
+            del self._running[name]
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - began
 
     def add_case(self, adapter: str, seconds: float) -> None:
@@ -45,9 +49,14 @@ class PhaseClock:
         entry["cases"] += 1
 
     def to_dict(self) -> dict[str, Any]:
+        """The record so far; a phase still running counts up to now."""
+        now = time.monotonic()
+        phases = dict(self.phases)
+        for name, began in self._running.items():
+            phases[name] = phases.get(name, 0.0) + now - began
         return {
-            "wall_s": round(time.monotonic() - self._start, 3),
-            "phases_s": {name: round(seconds, 3) for name, seconds in self.phases.items()},
+            "wall_s": round(now - self._start, 3),
+            "phases_s": {name: round(seconds, 3) for name, seconds in phases.items()},
             "adapters": {
                 name: {"seconds": round(entry["seconds"], 3), "cases": int(entry["cases"])}
                 for name, entry in sorted(self.adapters.items(), key=lambda item: -item[1]["seconds"])

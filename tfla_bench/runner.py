@@ -579,6 +579,10 @@ def _dispatch(
                         crashes.record(row)
                         clock.add_case(planned.case.kernel, time.monotonic() - began)
                 with lock:
+                    # Before the row, so a run stopped right after a row has that row's time too;
+                    # timings.json is secondary: failing to write it must not stop the sweep.
+                    with contextlib.suppress(OSError):
+                        clock.write(writer.path.parent)
                     writer.write(row)
                     progress.console.print(row_line(row))
                     progress.advance(task)
