@@ -24,7 +24,10 @@ class FlashAttention2(FlashAttentionAdapter):
 
     def available(self) -> str | None:
         if not is_installed("flash_attn"):
-            return "flash-attn not installed (pip install flash-attn; FlashAttention 2 builds from source)"
+            return (
+                "flash-attn not installed (a CUDA build: `make cuda-wheels CUDA_WHEELS=flash-attn` on the "
+                "GPU node, or pip install flash-attn with nvcc there)"
+            )
         reason = cuda_reason()
         if reason is not None:
             return reason

@@ -40,6 +40,11 @@ class Fa4(FlashAttentionAdapter):
         if capability()[0] not in ARCHITECTURES:
             return f"FlashAttention-4 runs on Hopper (sm90) and Blackwell (sm100); this is {device_label()}"
         _, reason = try_import(MODULE)
+        if reason is not None and "No module named 'cutlass'" in reason:
+            # The CUTLASS DSL adds its packages to sys.path from a .pth file, which only a site
+            # directory runs: a tree put on PYTHONPATH needs the folder named here.
+            reason += " (nvidia-cutlass-dsl's .pth did not run: install it with pip, or add its "
+            reason += "nvidia_cutlass_dsl/dsl_packages folder to PYTHONPATH)"
         return reason
 
     def forward(self, inputs: dict[str, Any]) -> torch.Tensor:

@@ -58,7 +58,8 @@ class Mamba(Adapter):
         if not is_installed(MISSING_EXTENSION):
             return (
                 "mamba-ssm was built without its CUDA extension selective_scan_cuda "
-                "(MAMBA_SKIP_CUDA_BUILD=TRUE); selective_scan_fn needs it"
+                "(MAMBA_SKIP_CUDA_BUILD=TRUE); selective_scan_fn needs it: `make cuda-wheels "
+                "CUDA_WHEELS=mamba-ssm` on the GPU node builds it"
             )
         reason = cuda_reason()
         if reason is not None:

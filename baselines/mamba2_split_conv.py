@@ -57,7 +57,10 @@ class Mamba2SplitConv(Mamba2Adapter):
         if reason is not None:
             return reason
         if not is_installed("causal_conv1d"):
-            return "causal-conv1d not installed (pip install causal-conv1d, a CUDA build)"
+            return (
+                "causal-conv1d not installed (a CUDA build: `make cuda-wheels CUDA_WHEELS=causal-conv1d` on "
+                "the GPU node, or pip install causal-conv1d with nvcc there)"
+            )
         _, reason = try_import("causal_conv1d.cpp_functions")
         return reason
 

@@ -58,9 +58,13 @@ def test_registered_with_family_and_layout(name):
 @pytest.mark.parametrize(
     ("name", "missing", "expected"),
     [
-        ("fa2", ("flash_attn",), "flash-attn not installed"),
-        ("fa3", ("flash_attn_interface",), "FlashAttention 3 not installed"),
-        ("fa4", ("flash_attn",), "FlashAttention-4 not installed"),
+        (
+            "fa2",
+            ("flash_attn",),
+            "flash-attn not installed (a CUDA build: `make cuda-wheels CUDA_WHEELS=flash-attn`",
+        ),
+        ("fa3", ("flash_attn_interface",), "`make cuda-wheels CUDA_WHEELS=fa3 FLASH_ATTN_SRC="),
+        ("fa4", ("flash_attn",), "FlashAttention-4 not installed (pip install flash-attn-4"),
         ("gla", ("fla",), "fla-core not installed (pip install fla-core==0.6.0)"),
         ("simple_gla", ("fla",), "fla-core not installed (pip install fla-core==0.6.0)"),
         (
