@@ -12,6 +12,7 @@ import importlib.util
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from tfla_bench.errors import exception_line
 from tfla_bench.workloads import parse_bool
 
 if TYPE_CHECKING:
@@ -63,12 +64,6 @@ def try_import(module_name: str) -> tuple[ModuleType | None, str | None]:
         return importlib.import_module(module_name), None
     except Exception as exc:  # reported as the reason, never hidden
         return None, f"import {module_name} failed: {exception_line(exc)}"
-
-
-def exception_line(exc: BaseException) -> str:
-    """`TypeName: last line of the message`, the form reasons and errors quote an exception in."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
 
 
 def torch_dtype(name: str) -> torch.dtype:

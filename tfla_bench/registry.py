@@ -40,7 +40,7 @@ from importlib import metadata
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.errors import UserError
+from tfla_bench.errors import UserError, exception_line
 from tfla_bench.workloads import DTYPES, MODES, Case
 
 if TYPE_CHECKING:
@@ -280,10 +280,9 @@ def load_entry_points() -> None:
                 if callable(loaded):
                     loaded()
         except Exception as exc:  # a third-party plugin's failure must not stop the suite
-            message = str(exc).strip().splitlines()
-            detail = f"{type(exc).__name__}: {message[-1]}" if message else type(exc).__name__
             if entry.name not in _ADAPTERS:
-                broken = BrokenPlugin(entry.name, f"plugin {entry.value!r} failed to load: {detail}")
+                reason = f"plugin {entry.value!r} failed to load: {exception_line(exc)}"
+                broken = BrokenPlugin(entry.name, reason)
                 broken.origin = f"entry point {entry.name} = {entry.value}"
                 _ADAPTERS[entry.name] = broken
 
