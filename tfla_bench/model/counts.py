@@ -75,7 +75,8 @@ class ChunkTerms:
         )
 
 
-def _check_positive(**values: float | None) -> None:
+def check_positive(**values: float | None) -> None:
+    """A `UserError` naming the first value that is missing, not finite or not positive."""
     for name, value in values.items():
         if value is None or not math.isfinite(value) or value <= 0:
             raise UserError(f"{name} must be a positive number, got {value}")
@@ -91,7 +92,8 @@ def _check_formulation(formulation: str) -> None:
         raise UserError(f"unknown formulation {formulation!r}; choose one of {', '.join(FORMULATIONS)}")
 
 
-def _check_causal_factor(causal_factor: float) -> None:
+def check_causal_factor(causal_factor: float) -> None:
+    """A `UserError` unless the causal factor Fc is in (0, 1]."""
     if not 0 < causal_factor <= 1:
         raise UserError(f"causal_factor must be in (0, 1], got {causal_factor}")
 
@@ -99,7 +101,7 @@ def _check_causal_factor(causal_factor: float) -> None:
 def _check_chunk_in_range(seq_len: float, chunk_size: float | None) -> float:
     if chunk_size is None:
         raise UserError("the chunkwise formulation needs a chunk size")
-    _check_positive(chunk_size=chunk_size)
+    check_positive(chunk_size=chunk_size)
     if chunk_size > seq_len:
         raise UserError(f"chunk size {chunk_size} is larger than the sequence length {seq_len}")
     return chunk_size
@@ -132,8 +134,8 @@ def mlstm_flop_terms(
         causal_factor: fraction of the L x L intra-chunk matrices computed (0.5 ideal causal).
     """
     _check_gate(gate)
-    _check_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
-    _check_causal_factor(causal_factor)
+    check_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    check_causal_factor(causal_factor)
     dqk, dhv, fc = head_dim_qk, head_dim_v, causal_factor
     if gate == "exp":
         return ChunkTerms(
@@ -168,7 +170,7 @@ def mlstm_byte_terms(
         state_bytes: bytes per element of the chunk states C, n, m.
     """
     _check_gate(gate)
-    _check_positive(
+    check_positive(
         head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v,
         qkv_bytes=qkv_bytes,
@@ -214,8 +216,8 @@ def mlstm_flops(
     """
     _check_gate(gate)
     _check_formulation(formulation)
-    _check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
-    _check_causal_factor(causal_factor)
+    check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    check_causal_factor(causal_factor)
     t, dqk, dhv, fc = float(seq_len), head_dim_qk, head_dim_v, causal_factor
     if formulation == "chunkwise":
         chunk = _check_chunk_in_range(t, chunk_size)
@@ -265,7 +267,7 @@ def mlstm_bytes(
     """
     _check_gate(gate)
     _check_formulation(formulation)
-    _check_positive(
+    check_positive(
         seq_len=seq_len,
         head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v,
@@ -308,8 +310,8 @@ def attention_flops(
         head_dim_v: value head dim.
         causal_factor: 0.5 for causal attention, 1.0 for non-causal.
     """
-    _check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
-    _check_causal_factor(causal_factor)
+    check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    check_causal_factor(causal_factor)
     return 2 * float(seq_len) ** 2 * (head_dim_qk + head_dim_v) * causal_factor
 
 
@@ -322,7 +324,7 @@ def attention_bytes(*, seq_len: float, head_dim_qk: float, head_dim_v: float, qk
         head_dim_v: value head dim.
         qkv_bytes: bytes per element of q, k, v, o.
     """
-    _check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, qkv_bytes=qkv_bytes)
+    check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, qkv_bytes=qkv_bytes)
     return float(seq_len) * (2 * head_dim_qk + 2 * head_dim_v) * qkv_bytes
 
 
@@ -364,7 +366,7 @@ class MlstmShape:
 
     def __post_init__(self) -> None:
         _check_gate(self.gate)
-        _check_positive(
+        check_positive(
             seq_len=self.seq_len,
             head_dim_qk=self.head_dim_qk,
             head_dim_v=self.head_dim_v,
@@ -374,57 +376,49 @@ class MlstmShape:
             gate_bytes=self.gate_bytes,
             state_bytes=self.state_bytes,
         )
-        _check_causal_factor(self.causal_factor)
+        check_causal_factor(self.causal_factor)
 
     @property
     def label(self) -> str:
         """The paper's name of the variant: mLSTMexp or mLSTMsig."""
         return f"mLSTM{self.gate}"
 
+    def _flop_args(self) -> dict[str, float]:
+        """What the FLOP counts take besides gate, formulation and lengths."""
+        return {
+            "head_dim_qk": self.head_dim_qk,
+            "head_dim_v": self.head_dim_v,
+            "causal_factor": self.causal_factor,
+        }
+
+    def _byte_args(self) -> dict[str, float]:
+        """What the byte counts take besides gate, formulation and lengths."""
+        return {
+            "head_dim_qk": self.head_dim_qk,
+            "head_dim_v": self.head_dim_v,
+            "qkv_bytes": self.qkv_bytes,
+            "gate_bytes": self.gate_bytes,
+            "state_bytes": self.state_bytes,
+        }
+
     def flop_terms(self) -> ChunkTerms:
         """Per-chunk FLOP terms of one head (see `mlstm_flop_terms`)."""
-        return mlstm_flop_terms(
-            self.gate,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            causal_factor=self.causal_factor,
-        )
+        return mlstm_flop_terms(self.gate, **self._flop_args())
 
     def byte_terms(self) -> ChunkTerms:
         """Per-chunk byte terms of one head (see `mlstm_byte_terms`)."""
-        return mlstm_byte_terms(
-            self.gate,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            qkv_bytes=self.qkv_bytes,
-            gate_bytes=self.gate_bytes,
-            state_bytes=self.state_bytes,
-        )
+        return mlstm_byte_terms(self.gate, **self._byte_args())
 
     def flops(self, formulation: str, chunk_size: float | None = None) -> float:
         """Forward FLOPs of the whole call (batch * heads * per-head count)."""
         per_head = mlstm_flops(
-            self.gate,
-            formulation,
-            seq_len=self.seq_len,
-            chunk_size=chunk_size,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            causal_factor=self.causal_factor,
+            self.gate, formulation, seq_len=self.seq_len, chunk_size=chunk_size, **self._flop_args()
         )
         return self.batch * self.heads * per_head
 
     def bytes_moved(self, formulation: str, chunk_size: float | None = None) -> float:
         """Forward memory bytes of the whole call (batch * heads * per-head count)."""
         per_head = mlstm_bytes(
-            self.gate,
-            formulation,
-            seq_len=self.seq_len,
-            chunk_size=chunk_size,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            qkv_bytes=self.qkv_bytes,
-            gate_bytes=self.gate_bytes,
-            state_bytes=self.state_bytes,
+            self.gate, formulation, seq_len=self.seq_len, chunk_size=chunk_size, **self._byte_args()
         )
         return self.batch * self.heads * per_head
