@@ -123,7 +123,9 @@ class Adapter:
         constraints: a short human-readable summary of `check`'s rules for `tfla-bench list`.
         gate_shape: the case the correctness gate runs (`tfla_bench.correctness`).
         published: the published series this kernel answers to, or None.
-        param_defaults: the defaults of the params that `published.params` tests.
+        param_defaults: the defaults of the params that change what is computed: a row without the
+            param's column has it (`published.params` matching), and a figure draws a series whose
+            params are at these defaults in the kernel's base look.
         plot_style: base colour, line style and marker in figures; None: taken from the family's palette.
         packages: the distributions whose installed versions each measured row records (`library`).
         origin: where the registry found the adapter (set by `register`).
