@@ -25,7 +25,7 @@ from tfla_bench.adapter_support import (
     torch_dtype,
     unknown_params_reason,
 )
-from tfla_bench.model.counts import attention_bytes, attention_flops, mode_bytes, mode_flops
+from tfla_bench.model.counts import ATTENTION_BACKWARD, attention_bytes, attention_flops
 from tfla_bench.registry import Adapter, GateShape
 from tfla_bench.workloads import Case
 
@@ -69,7 +69,7 @@ class AttentionAdapter(Adapter):
             head_dim_v=case.head_dim_v,
             causal_factor=causal_factor,
         )
-        return mode_flops(case.batch * case.num_heads * per_head, "attention", mode)
+        return ATTENTION_BACKWARD.total_flops(case.batch * case.num_heads * per_head, mode)
 
     def bytes(self, case: Case, mode: str) -> float:
         per_head = attention_bytes(
@@ -78,7 +78,7 @@ class AttentionAdapter(Adapter):
             head_dim_v=case.head_dim_v,
             qkv_bytes=element_bytes(case.dtype),
         )
-        return mode_bytes(case.batch * case.num_heads * per_head, "attention", mode)
+        return ATTENTION_BACKWARD.total_bytes(case.batch * case.num_heads * per_head, mode)
 
 
 class SdpaAdapter(AttentionAdapter):

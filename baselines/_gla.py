@@ -33,7 +33,7 @@ from tfla_bench.adapter_support import (
     try_import,
     unknown_params_reason,
 )
-from tfla_bench.model.counts import mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.registry import Adapter, GateShape
 from tfla_bench.workloads import Case
 
@@ -113,7 +113,7 @@ class FlaAdapter(Adapter):
     def flops(self, case: Case, mode: str) -> float:
         terms = self.flop_terms(head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v)
         per_head = terms.total(case.seq_len, self.fla_chunk(case))
-        return mode_flops(case.batch * case.num_heads * per_head, "gla", mode)
+        return LINEAR_RNN_BACKWARD.total_flops(case.batch * case.num_heads * per_head, mode)
 
     def bytes(self, case: Case, mode: str) -> float:
         size = element_bytes(case.dtype)
@@ -125,4 +125,4 @@ class FlaAdapter(Adapter):
             state_bytes=size,
         )
         per_head = terms.total(case.seq_len, self.fla_chunk(case))
-        return mode_bytes(case.batch * case.num_heads * per_head, "gla", mode)
+        return LINEAR_RNN_BACKWARD.total_bytes(case.batch * case.num_heads * per_head, mode)

@@ -32,7 +32,7 @@ from tfla_bench.adapter_support import (
     try_import,
     unknown_params_reason,
 )
-from tfla_bench.model.counts import mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.model.families import (
     LIGHTNING_BLOCK,
     lightning_byte_terms,
@@ -144,11 +144,15 @@ class LightningAttention2(Adapter):
     def flops(self, case: Case, mode: str) -> float:
         block = min(LIGHTNING_BLOCK, case.seq_len)
         terms = lightning_flop_terms(head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v)
-        return mode_flops(case.batch * case.num_heads * terms.total(case.seq_len, block), "lightning", mode)
+        return LINEAR_RNN_BACKWARD.total_flops(
+            case.batch * case.num_heads * terms.total(case.seq_len, block), mode
+        )
 
     def bytes(self, case: Case, mode: str) -> float:
         block = min(LIGHTNING_BLOCK, case.seq_len)
         terms = lightning_byte_terms(
             head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v, qkv_bytes=element_bytes(case.dtype)
         )
-        return mode_bytes(case.batch * case.num_heads * terms.total(case.seq_len, block), "lightning", mode)
+        return LINEAR_RNN_BACKWARD.total_bytes(
+            case.batch * case.num_heads * terms.total(case.seq_len, block), mode
+        )

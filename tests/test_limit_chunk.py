@@ -44,7 +44,7 @@ from tfla_bench.kernels.config import (
 )
 from tfla_bench.kernels.limit_chunk import mlstm_limit_chunk
 from tfla_bench.kernels.reference import mlstm_chunkwise, mlstm_recurrent
-from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD, mlstm_bytes, mlstm_flops
 from tfla_bench.workloads import Case
 
 FP32_RTOL = 1e-4
@@ -314,8 +314,8 @@ def test_adapter_counts_are_the_chunkwise_exp_model():
     fw_flops = heads * mlstm_flops("exp", "chunkwise", **shape)
     fw_bytes = heads * mlstm_bytes("exp", "chunkwise", qkv_bytes=2, gate_bytes=2, state_bytes=4, **shape)
     assert adapter.flops(case, "fw") == pytest.approx(fw_flops)
-    assert adapter.flops(case, "fwbw") == pytest.approx(mode_flops(fw_flops, "mlstm", "fwbw"))
-    assert adapter.bytes(case, "fwbw") == pytest.approx(mode_bytes(fw_bytes, "mlstm", "fwbw"))
+    assert adapter.flops(case, "fwbw") == pytest.approx(LINEAR_RNN_BACKWARD.total_flops(fw_flops, "fwbw"))
+    assert adapter.bytes(case, "fwbw") == pytest.approx(LINEAR_RNN_BACKWARD.total_bytes(fw_bytes, "fwbw"))
     # the default chunk is 64, and a smaller chunk moves more state bytes
     assert adapter.flops(adapter_case(None), "fw") == adapter.flops(adapter_case(64), "fw")
     assert adapter.bytes(adapter_case(16), "fw") > adapter.bytes(adapter_case(64), "fw")

@@ -30,7 +30,7 @@ from tfla_bench.adapter_support import (
     try_import,
     unknown_params_reason,
 )
-from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD, mlstm_bytes, mlstm_flops
 from tfla_bench.registry import Adapter, GateShape, PublishedSeries
 from tfla_bench.workloads import Case
 
@@ -88,7 +88,7 @@ def mlstm_counts(
     heads = case.batch * case.num_heads
     flops = heads * mlstm_flops(gate, formulation, **shape)
     moved = heads * mlstm_bytes(gate, formulation, qkv_bytes=size, gate_bytes=size, state_bytes=4, **shape)
-    return mode_flops(flops, "mlstm", mode), mode_bytes(moved, "mlstm", mode)
+    return LINEAR_RNN_BACKWARD.total_flops(flops, mode), LINEAR_RNN_BACKWARD.total_bytes(moved, mode)
 
 
 def float64_inputs(inputs: dict[str, Any]) -> list[torch.Tensor]:

@@ -24,37 +24,43 @@ from tfla_bench.workloads import MODES
 GATES = ("exp", "sig")
 FORMULATIONS = ("chunkwise", "parallel", "recurrent")
 
-# Backward FLOPs as a multiple of forward FLOPs, by kernel family (fwbw = (1 + factor) * fw).
-# attention: FlashAttention's accounting (5 matmuls in the backward against 2 in the forward).
-# mlstm: an estimate; the paper counts only the forward pass. The TFLA backward is dominated by
-#   matmuls over the same tiles as the forward (dQ, dK, dV and the state gradients dC), about
-#   twice the forward matmul work, as for the gradient of any chain of matmuls.
-# gla, mamba2, mamba, lightning: estimates on the same argument (the gradient of the same chain of
-#   matmuls); fla and Mamba2 also recompute the chunk states in the backward, which is not counted.
-BACKWARD_FLOP_FACTOR: dict[str, float] = {
-    "attention": 2.5,
-    "mlstm": 2.0,
-    "gla": 2.0,
-    "mamba2": 2.0,
-    "mamba": 2.0,
-    "lightning": 2.0,
-}
 
-# Backward bytes as a multiple of forward bytes (fwbw = (1 + factor) * fw).
-# attention: exact for the count below: the backward reads q, k, v, o, dO and writes dq, dk, dv,
-#   i.e. 4*(Dqk + Dv) elements per token against 2*(Dqk + Dv) in the forward.
-# mlstm: an estimate; the backward reads the inputs, the stored chunk states and dH and writes
-#   the input gradients and the state gradients, about twice the forward traffic.
-# gla, mamba2, mamba, lightning: estimates; they read the inputs, the chunk states and dO and write
-#   the input and state gradients, about twice the forward traffic.
-BACKWARD_BYTE_FACTOR: dict[str, float] = {
-    "attention": 2.0,
-    "mlstm": 2.0,
-    "gla": 2.0,
-    "mamba2": 2.0,
-    "mamba": 2.0,
-    "lightning": 2.0,
-}
+@dataclass(frozen=True)
+class BackwardFactors:
+    """A kernel's backward FLOPs and bytes as multiples of its forward's: fwbw = (1 + factor) * fw.
+
+    An adapter's counts pick the factors of its kernel (`ATTENTION_BACKWARD`, `LINEAR_RNN_BACKWARD`).
+    """
+
+    flops: float
+    bytes: float
+
+    def total_flops(self, fw_flops: float, mode: str) -> float:
+        """FLOPs of one call in `mode` (`fw` or `fwbw`) given its forward FLOPs."""
+        return _in_mode(fw_flops, self.flops, mode)
+
+    def total_bytes(self, fw_bytes: float, mode: str) -> float:
+        """Bytes of one call in `mode` (`fw` or `fwbw`) given its forward bytes."""
+        return _in_mode(fw_bytes, self.bytes, mode)
+
+
+def _in_mode(fw_value: float, factor: float, mode: str) -> float:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    return fw_value if mode == "fw" else fw_value * (1 + factor)
+
+
+# Softmax attention. FLOPs: FlashAttention's accounting, 5 matmuls in the backward against 2 in the
+# forward. Bytes: exact for `attention_bytes`: the backward reads q, k, v, o, dO and writes dq, dk,
+# dv, i.e. 4*(Dqk + Dv) elements per token against 2*(Dqk + Dv) in the forward.
+ATTENTION_BACKWARD = BackwardFactors(flops=2.5, bytes=2.0)
+# The linear RNNs (mLSTM, GLA, Mamba, LightningAttention): estimates, as the paper counts only the
+# forward pass. The backward is dominated by matmuls over the same tiles as the forward (dQ, dK, dV
+# and the state gradients), about twice the forward's matmul work, as for the gradient of any chain
+# of matmuls; it reads the inputs, the stored chunk states and dO and writes the input and state
+# gradients, about twice the forward traffic. fla and Mamba2 also recompute the chunk states in the
+# backward, which is not counted.
+LINEAR_RNN_BACKWARD = BackwardFactors(flops=2.0, bytes=2.0)
 
 
 @dataclass(frozen=True)
@@ -326,24 +332,6 @@ def attention_bytes(*, seq_len: float, head_dim_qk: float, head_dim_v: float, qk
     """
     check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, qkv_bytes=qkv_bytes)
     return float(seq_len) * (2 * head_dim_qk + 2 * head_dim_v) * qkv_bytes
-
-
-def _mode_total(fw_value: float, factors: dict[str, float], family: str, mode: str) -> float:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if family not in factors:
-        raise ValueError(f"no backward factor for family {family!r}; known: {', '.join(sorted(factors))}")
-    return fw_value if mode == "fw" else fw_value * (1 + factors[family])
-
-
-def mode_flops(fw_flops: float, family: str, mode: str) -> float:
-    """FLOPs of one call in `mode` ("fw" or "fwbw") given its forward FLOPs (see `BACKWARD_FLOP_FACTOR`)."""
-    return _mode_total(fw_flops, BACKWARD_FLOP_FACTOR, family, mode)
-
-
-def mode_bytes(fw_bytes: float, family: str, mode: str) -> float:
-    """Bytes of one call in `mode` ("fw" or "fwbw") given its forward bytes (see `BACKWARD_BYTE_FACTOR`)."""
-    return _mode_total(fw_bytes, BACKWARD_BYTE_FACTOR, family, mode)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ Conventions are those of `tfla_bench.model.counts` (the TFLA paper's simplified 
 multiply-accumulate is 2 FLOPs, an elementwise operation (add, multiply, exp, ...) is 1 FLOP, the
 L x L intra-chunk matrices are counted at the causal factor Fc (0.5 = only the causal half), and
 nothing recomputed is counted. Counts are per head and per sequence in the forward pass unless a
-function says otherwise; an adapter multiplies by batch * heads and applies `mode_flops` /
-`mode_bytes` for `fwbw`.
+function says otherwise; an adapter multiplies by batch * heads and applies its kernel's
+`BackwardFactors` (`tfla_bench.model.counts`) for `fwbw`.
 
 FLOPs count the algorithm's work. Bytes count the HBM traffic of the library's kernels as written:
 every kernel that reads or writes a tensor counts it once (so a tensor read by two kernels counts
