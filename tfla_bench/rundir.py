@@ -12,7 +12,7 @@ A run directory (`results/runs/<spec>-<YYYYmmdd-HHMMSS>[-N]/`) holds:
 - `profile.csv` and `ncu/<case>.csv`: what `profile` (or `sweep --ncu`) measured under Nsight Compute;
 - `sweep.lock`: present while a sweep, resume or profile writes into the directory;
 - what the analysis commands write beside the rows: `compare.csv`, `report.html`, `figures/`,
-  `roofline/`.
+  `roofline/` (its figures and `roofline_fraction.csv`, every ok row's fraction of its bound).
 
 Rows
 ----
@@ -81,6 +81,7 @@ COMPARE = "compare.csv"
 REPORT = "report.html"
 FIGURES = "figures"
 ROOFLINE = "roofline"
+ROOFLINE_FRACTION = "roofline_fraction.csv"
 PROFILE = "profile.csv"
 NCU = "ncu"
 TIMINGS = "timings.json"
