@@ -171,7 +171,8 @@ def test_schema_version_newer_runs_are_refused_older_ones_read(tmp_path):
 def test_the_gpu_is_resolved_from_env_json():
     gpu = rundir.run_gpu({"gpu_name": "NVIDIA H100 80GB HBM3"})
     assert gpu.accelerator is not None and gpu.accelerator.name == "h100"
-    assert rundir.run_gpu({}) == rundir.RunGpu("unknown GPU", None)
+    assert not gpu.cpu
+    assert rundir.run_gpu({}) == rundir.RunGpu("unknown GPU", None, cpu=True)
 
 
 def test_spec_difference_names_the_first_differing_field():

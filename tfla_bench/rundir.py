@@ -584,16 +584,19 @@ class RunGpu:
     Attributes:
         name: the device name (`"unknown GPU"` when the run recorded none).
         accelerator: the model's accelerator for it, or None when the model does not know it.
+        cpu: whether the run recorded no GPU (a CPU run, which no GPU roof bounds).
     """
 
     name: str
     accelerator: Accelerator | None
+    cpu: bool = False
 
 
 def run_gpu(env: dict[str, Any]) -> RunGpu:
     """The GPU named in a run's `env.json` and its accelerator in the model."""
-    name = str(env.get("gpu_name") or "unknown GPU")
-    return RunGpu(name, detect_accelerator(name))
+    recorded = env.get("gpu_name")
+    name = str(recorded or "unknown GPU")
+    return RunGpu(name, detect_accelerator(name), cpu=not recorded)
 
 
 def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
