@@ -28,6 +28,7 @@ from tfla_bench.adapter_support import (
     generator,
     grad_if,
     is_installed,
+    qkv,
     randn,
     torch_dtype,
     try_import,
@@ -77,18 +78,12 @@ class FlaAdapter(Adapter):
         import torch.nn.functional as F
 
         gen = generator(case, device)
-        dtype = torch_dtype(case.dtype)
-        shape_qk = (case.batch, case.seq_len, case.num_heads, case.head_dim_qk)
-        inputs: dict[str, Any] = {
-            "q": randn(shape_qk, gen, device, dtype),
-            "k": randn(shape_qk, gen, device, dtype),
-            "v": randn((case.batch, case.seq_len, case.num_heads, case.head_dim_v), gen, device, dtype),
-        }
+        inputs: dict[str, Any] = qkv(case, gen, device, self.layout)
         gate_shape = (case.batch, case.seq_len, case.num_heads)
         if self.per_channel_gate:
             gate_shape += (case.head_dim_qk,)
         pre_activation = randn(gate_shape, gen, device, torch_dtype("float32"))
-        inputs["g"] = F.logsigmoid(pre_activation + FORGET_GATE_BIAS).to(dtype)
+        inputs["g"] = F.logsigmoid(pre_activation + FORGET_GATE_BIAS).to(torch_dtype(case.dtype))
         grad_if(inputs, ("q", "k", "v", "g"), case.mode)
         return inputs
 

@@ -104,6 +104,19 @@ def uniform(
     return (low + (high - low) * values).to(dtype)
 
 
+def qkv(case: Case, gen: torch.Generator, device: str, layout: str) -> dict[str, torch.Tensor]:
+    """q, k (head dim Dqk) and v (Dv), standard normal in the case's dtype, drawn in that order from
+    `gen`; batch, head and time axes in the order of `layout` (`BHTD` or `BTHD`), the head dim last."""
+    sizes = {"B": case.batch, "H": case.num_heads, "T": case.seq_len}
+    lead = tuple(sizes[axis] for axis in layout[:3])
+    dtype = torch_dtype(case.dtype)
+    return {
+        "q": randn((*lead, case.head_dim_qk), gen, device, dtype),
+        "k": randn((*lead, case.head_dim_qk), gen, device, dtype),
+        "v": randn((*lead, case.head_dim_v), gen, device, dtype),
+    }
+
+
 def grad_if(tensors: dict[str, torch.Tensor], names: tuple[str, ...], mode: str) -> None:
     """Mark `names` in `tensors` as requiring gradients when `mode` is fwbw."""
     if mode == "fwbw":

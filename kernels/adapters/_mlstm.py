@@ -25,6 +25,7 @@ from tfla_bench.adapter_support import (
     generator,
     grad_if,
     is_power_of_two,
+    qkv,
     randn,
     torch_dtype,
     try_import,
@@ -64,15 +65,10 @@ def mlstm_inputs(case: Case, device: str) -> dict[str, Any]:
     """q, k `[B, NH, T, Dqk]`, v `[B, NH, T, Dv]` and gate pre-activations i, f `[B, NH, T]` (case dtype)."""
     gen = generator(case, device)
     dtype = torch_dtype(case.dtype)
-    shape_qk = (case.batch, case.num_heads, case.seq_len, case.head_dim_qk)
     gate_shape = (case.batch, case.num_heads, case.seq_len)
-    inputs: dict[str, Any] = {
-        "q": randn(shape_qk, gen, device, dtype),
-        "k": randn(shape_qk, gen, device, dtype),
-        "v": randn((case.batch, case.num_heads, case.seq_len, case.head_dim_v), gen, device, dtype),
-        "i": randn(gate_shape, gen, device, dtype),
-        "f": (randn(gate_shape, gen, device, torch_dtype("float32")) + FORGET_GATE_BIAS).to(dtype),
-    }
+    inputs: dict[str, Any] = qkv(case, gen, device, "BHTD")
+    inputs["i"] = randn(gate_shape, gen, device, dtype)
+    inputs["f"] = (randn(gate_shape, gen, device, torch_dtype("float32")) + FORGET_GATE_BIAS).to(dtype)
     grad_if(inputs, ("q", "k", "v", "i", "f"), case.mode)
     return inputs
 
