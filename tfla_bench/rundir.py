@@ -199,7 +199,7 @@ class ResultRow:
 
     def to_csv(self) -> dict[str, str]:
         """The row as CSV cells (empty for None and NaN)."""
-        return {key: _cell(value) for key, value in self.values().items()}
+        return {key: cell(value) for key, value in self.values().items()}
 
     @classmethod
     def from_csv(cls, cells: dict[str, str]) -> ResultRow:
@@ -280,7 +280,8 @@ def _int(text: str) -> int:
         return int(number)
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A value as the run directory's CSV files write it: empty for None and NaN."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return str(value)
