@@ -354,16 +354,7 @@ class MlstmShape:
 
     def __post_init__(self) -> None:
         _check_gate(self.gate)
-        check_positive(
-            seq_len=self.seq_len,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            batch=self.batch,
-            heads=self.heads,
-            qkv_bytes=self.qkv_bytes,
-            gate_bytes=self.gate_bytes,
-            state_bytes=self.state_bytes,
-        )
+        check_positive(seq_len=self.seq_len, batch=self.batch, heads=self.heads, **self._byte_args())
         check_causal_factor(self.causal_factor)
 
     @property
@@ -373,21 +364,12 @@ class MlstmShape:
 
     def _flop_args(self) -> dict[str, float]:
         """What the FLOP counts take besides gate, formulation and lengths."""
-        return {
-            "head_dim_qk": self.head_dim_qk,
-            "head_dim_v": self.head_dim_v,
-            "causal_factor": self.causal_factor,
-        }
+        return {name: getattr(self, name) for name in ("head_dim_qk", "head_dim_v", "causal_factor")}
 
     def _byte_args(self) -> dict[str, float]:
         """What the byte counts take besides gate, formulation and lengths."""
-        return {
-            "head_dim_qk": self.head_dim_qk,
-            "head_dim_v": self.head_dim_v,
-            "qkv_bytes": self.qkv_bytes,
-            "gate_bytes": self.gate_bytes,
-            "state_bytes": self.state_bytes,
-        }
+        names = ("head_dim_qk", "head_dim_v", "qkv_bytes", "gate_bytes", "state_bytes")
+        return {name: getattr(self, name) for name in names}
 
     def flop_terms(self) -> ChunkTerms:
         """Per-chunk FLOP terms of one head (see `mlstm_flop_terms`)."""
