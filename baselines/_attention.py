@@ -5,8 +5,11 @@
   `torch.nn.attention.sdpa_kernel([backend])`, so PyTorch cannot fall back to another one silently:
   a backend that cannot run a case raises, and the row says why. Only the forward runs inside the
   context; autograd records the backend's own op, so its backward is used. Inputs `[B, H, T, D]`.
-- `FlashAttentionAdapter`: FlashAttention 2 and 3 in the `[B, T, H, D]` layout. Both libraries
-  return the output or, in some versions, a tuple whose first element is the output.
+- `FlashAttentionAdapter`: FlashAttention 2, 3 and 4 in the `[B, T, H, D]` layout, each the
+  `flash_attn_func` of its `module`. They return the output or, in some versions, a tuple whose
+  first element is the output.
+
+Every attention adapter draws q, k, v from the case's seed (`adapter_support.qkv`) in its layout.
 
 Case param `causal` (default true): the paper's torch SDPA baselines ran non-causal attention, so
 `causal = false` reproduces that setting; its FLOPs use the causal factor 1 (0.5 when causal).
@@ -14,25 +17,27 @@ Case param `causal` (default true): the paper's torch SDPA baselines ran non-cau
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from tfla_bench.adapter_support import (
     bool_param,
+    cuda_reason,
     element_bytes,
     generator,
     grad_if,
-    randn,
-    torch_dtype,
+    is_installed,
+    qkv,
+    try_import,
     unknown_params_reason,
 )
-from tfla_bench.model.counts import attention_bytes, attention_flops, mode_bytes, mode_flops
+from tfla_bench.model.counts import ATTENTION_BACKWARD, attention_bytes, attention_flops
 from tfla_bench.registry import Adapter, GateShape
 from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch
 
-SDPA_PARAMS = ("causal",)
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
 
@@ -51,6 +56,27 @@ class AttentionAdapter(Adapter):
     gate_shape = GateShape(batch=2, seq_len=256, num_heads=4, head_dim_qk=64, head_dim_v=64)
     param_defaults = {"causal": True}
 
+    def check(self, case: Case) -> str | None:
+        reason = unknown_params_reason(case, self.name, ("causal", "seed"))
+        if reason is not None:
+            return reason
+        try:
+            self.causal(case)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def causal(self, case: Case) -> bool:
+        """The case's `causal` param (default true)."""
+        return bool_param(case, "causal", self.param_defaults["causal"])
+
+    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
+        """q, k and v standard normal in the adapter's layout (`qkv`), and the `causal` flag."""
+        inputs: dict[str, Any] = qkv(case, generator(case, device), device, self.layout)
+        grad_if(inputs, ("q", "k", "v"), case.mode)
+        inputs["causal"] = self.causal(case)
+        return inputs
+
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
         """`reference.softmax_attention` (float64), in the adapter's layout."""
         from tfla_bench.kernels.reference import softmax_attention
@@ -62,14 +88,14 @@ class AttentionAdapter(Adapter):
         return softmax_attention(q, k, v, causal=inputs["causal"])
 
     def flops(self, case: Case, mode: str) -> float:
-        causal_factor = 0.5 if bool_param(case, "causal", True) else 1.0
+        causal_factor = 0.5 if self.causal(case) else 1.0
         per_head = attention_flops(
             seq_len=case.seq_len,
             head_dim_qk=case.head_dim_qk,
             head_dim_v=case.head_dim_v,
             causal_factor=causal_factor,
         )
-        return mode_flops(case.batch * case.num_heads * per_head, "attention", mode)
+        return ATTENTION_BACKWARD.total_flops(case.batch * case.num_heads * per_head, mode)
 
     def bytes(self, case: Case, mode: str) -> float:
         per_head = attention_bytes(
@@ -78,7 +104,7 @@ class AttentionAdapter(Adapter):
             head_dim_v=case.head_dim_v,
             qkv_bytes=element_bytes(case.dtype),
         )
-        return mode_bytes(case.batch * case.num_heads * per_head, "attention", mode)
+        return ATTENTION_BACKWARD.total_bytes(case.batch * case.num_heads * per_head, mode)
 
 
 class SdpaAdapter(AttentionAdapter):
@@ -86,34 +112,6 @@ class SdpaAdapter(AttentionAdapter):
 
     backend = ""
     packages = ("torch",)
-
-    def check(self, case: Case) -> str | None:
-        unknown = sorted(set(case.params) - set(SDPA_PARAMS))
-        if unknown:
-            return f"unknown param(s) {', '.join(unknown)}; {self.name} takes only: {', '.join(SDPA_PARAMS)}"
-        if not isinstance(case.param("causal", True), bool):
-            return f"param causal must be true or false, got {case.param('causal')!r}"
-        return None
-
-    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
-        """q `[B, H, T, Dqk]`, k `[B, H, T, Dqk]`, v `[B, H, T, Dv]` and the `causal` flag.
-
-        Args:
-            case: shape, dtype and mode (`fwbw` sets `requires_grad` on q, k, v).
-            device: `cpu` or a CUDA device.
-        """
-        import torch
-
-        dtype = getattr(torch, case.dtype)
-        grad = case.mode == "fwbw"
-        qk_shape = (case.batch, case.num_heads, case.seq_len, case.head_dim_qk)
-        v_shape = (case.batch, case.num_heads, case.seq_len, case.head_dim_v)
-        return {
-            "q": torch.randn(qk_shape, device=device, dtype=dtype).requires_grad_(grad),
-            "k": torch.randn(qk_shape, device=device, dtype=dtype).requires_grad_(grad),
-            "v": torch.randn(v_shape, device=device, dtype=dtype).requires_grad_(grad),
-            "causal": bool(case.param("causal", True)),
-        }
 
     def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
         """The attention output `[B, H, T, Dv]`, computed by the forced backend only."""
@@ -127,7 +125,9 @@ class SdpaAdapter(AttentionAdapter):
 
 
 class FlashAttentionAdapter(AttentionAdapter):
-    """FlashAttention 2 and 3: layout `[B, T, H, D]`, 16-bit inputs, Dqk == Dv."""
+    """FlashAttention 2, 3 and 4: `flash_attn_func` of `module`, layout `[B, T, H, D]`, 16-bit inputs,
+    Dqk == Dv; available when the package is installed (else `missing` says how to install it), CUDA
+    is there, the GPU passes `device_reason` and `module` imports with its `flash_attn_func`."""
 
     layout = "BTHD"
     dtypes = ("bfloat16", "float16")
@@ -135,17 +135,29 @@ class FlashAttentionAdapter(AttentionAdapter):
         f"head_dim_qk == head_dim_v, a multiple of {HEAD_DIM_MULTIPLE}, <= {MAX_HEAD_DIM}; "
         "param causal (default true)"
     )
+    module = ""
+    missing = ""
 
-    known_params: tuple[str, ...] = ("causal", "seed")
+    def device_reason(self) -> str | None:
+        """Why this GPU cannot run the kernel (its architecture), or None."""
+        return None
 
-    def check(self, case: Case) -> str | None:
-        reason = unknown_params_reason(case, self.name, self.known_params)
+    def available(self) -> str | None:
+        if not is_installed(self.module.partition(".")[0]):
+            return self.missing
+        reason = cuda_reason() or self.device_reason()
         if reason is not None:
             return reason
-        try:
-            bool_param(case, "causal", True)
-        except ValueError as exc:
-            return str(exc)
+        module, reason = try_import(self.module)
+        if module is not None and not hasattr(module, "flash_attn_func"):
+            # FlashAttention-4's wheel installs flash_attn.cute alone, a `flash_attn` without FA2.
+            return f"{self.module} has no flash_attn_func: only another package's part of it is installed"
+        return reason
+
+    def check(self, case: Case) -> str | None:
+        reason = super().check(case)
+        if reason is not None:
+            return reason
         if case.head_dim_qk != case.head_dim_v:
             return f"needs head_dim_qk == head_dim_v, got {case.head_dim_qk} and {case.head_dim_v}"
         if case.head_dim_qk % HEAD_DIM_MULTIPLE or case.head_dim_qk > MAX_HEAD_DIM:
@@ -155,17 +167,6 @@ class FlashAttentionAdapter(AttentionAdapter):
             )
         return None
 
-    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
-        """q, k `[B, T, H, Dqk]`, v `[B, T, H, Dv]` standard normal, and the `causal` flag."""
-        gen = generator(case, device)
-        dtype = torch_dtype(case.dtype)
-        shape_qk = (case.batch, case.seq_len, case.num_heads, case.head_dim_qk)
-        shape_v = (case.batch, case.seq_len, case.num_heads, case.head_dim_v)
-        inputs: dict[str, Any] = {
-            "q": randn(shape_qk, gen, device, dtype),
-            "k": randn(shape_qk, gen, device, dtype),
-            "v": randn(shape_v, gen, device, dtype),
-        }
-        grad_if(inputs, ("q", "k", "v"), case.mode)
-        inputs["causal"] = bool_param(case, "causal", True)
-        return inputs
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        kernel = importlib.import_module(self.module).flash_attn_func
+        return output_of(kernel(inputs["q"], inputs["k"], inputs["v"], causal=inputs["causal"]))

@@ -28,12 +28,13 @@ from tfla_bench.adapter_support import (
     generator,
     grad_if,
     is_installed,
+    qkv,
     randn,
     torch_dtype,
     try_import,
     unknown_params_reason,
 )
-from tfla_bench.model.counts import mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.registry import Adapter, GateShape
 from tfla_bench.workloads import Case
 
@@ -77,18 +78,12 @@ class FlaAdapter(Adapter):
         import torch.nn.functional as F
 
         gen = generator(case, device)
-        dtype = torch_dtype(case.dtype)
-        shape_qk = (case.batch, case.seq_len, case.num_heads, case.head_dim_qk)
-        inputs: dict[str, Any] = {
-            "q": randn(shape_qk, gen, device, dtype),
-            "k": randn(shape_qk, gen, device, dtype),
-            "v": randn((case.batch, case.seq_len, case.num_heads, case.head_dim_v), gen, device, dtype),
-        }
+        inputs: dict[str, Any] = qkv(case, gen, device, self.layout)
         gate_shape = (case.batch, case.seq_len, case.num_heads)
         if self.per_channel_gate:
             gate_shape += (case.head_dim_qk,)
         pre_activation = randn(gate_shape, gen, device, torch_dtype("float32"))
-        inputs["g"] = F.logsigmoid(pre_activation + FORGET_GATE_BIAS).to(dtype)
+        inputs["g"] = F.logsigmoid(pre_activation + FORGET_GATE_BIAS).to(torch_dtype(case.dtype))
         grad_if(inputs, ("q", "k", "v", "g"), case.mode)
         return inputs
 
@@ -113,7 +108,7 @@ class FlaAdapter(Adapter):
     def flops(self, case: Case, mode: str) -> float:
         terms = self.flop_terms(head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v)
         per_head = terms.total(case.seq_len, self.fla_chunk(case))
-        return mode_flops(case.batch * case.num_heads * per_head, "gla", mode)
+        return LINEAR_RNN_BACKWARD.total_flops(case.batch * case.num_heads * per_head, mode)
 
     def bytes(self, case: Case, mode: str) -> float:
         size = element_bytes(case.dtype)
@@ -125,4 +120,4 @@ class FlaAdapter(Adapter):
             state_bytes=size,
         )
         per_head = terms.total(case.seq_len, self.fla_chunk(case))
-        return mode_bytes(case.batch * case.num_heads * per_head, "gla", mode)
+        return LINEAR_RNN_BACKWARD.total_bytes(case.batch * case.num_heads * per_head, mode)

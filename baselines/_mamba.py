@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 from tfla_bench.adapter_support import (
     cuda_reason,
     element_bytes,
-    exception_line,
     int_param,
     is_installed,
     is_power_of_two,
@@ -38,6 +37,7 @@ from tfla_bench.adapter_support import (
     uniform,
     unknown_params_reason,
 )
+from tfla_bench.errors import exception_line
 from tfla_bench.model.families import mamba2_byte_terms, mamba2_flop_terms
 from tfla_bench.registry import Adapter, GateShape
 from tfla_bench.workloads import Case

@@ -6,17 +6,9 @@ FlashAttention-4's CuTe kernels are the separate adapter `fa4`: one is never rep
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-from tfla_bench.adapter_support import capability, cuda_reason, device_label, is_installed, try_import
-from tfla_bench.baselines._attention import FlashAttentionAdapter, output_of
+from tfla_bench.adapter_support import capability, device_label
+from tfla_bench.baselines._attention import FlashAttentionAdapter
 from tfla_bench.registry import DASH_DOT, PlotStyle, PublishedSeries, register
-
-if TYPE_CHECKING:
-    import torch
-
-MODULE = "flash_attn_interface"
 
 
 @register
@@ -32,23 +24,13 @@ class Fa3(FlashAttentionAdapter):
         note="FlashAttention 3 (Hopper build), causal=True in the paper",
     )
     plot_style = PlotStyle("#08306b", DASH_DOT, "D")
+    module = "flash_attn_interface"
+    missing = (
+        "FlashAttention 3 not installed (flash_attn_interface: build it from flash-attention's "
+        "hopper/ with `make cuda-wheels CUDA_WHEELS=fa3 FLASH_ATTN_SRC=path/to/flash-attention`)"
+    )
 
-    def available(self) -> str | None:
-        if not is_installed(MODULE):
-            return (
-                "FlashAttention 3 not installed (flash_attn_interface: build it from flash-attention's "
-                "hopper/ with `make cuda-wheels CUDA_WHEELS=fa3 FLASH_ATTN_SRC=path/to/flash-attention`)"
-            )
-        reason = cuda_reason()
-        if reason is not None:
-            return reason
+    def device_reason(self) -> str | None:
         if capability()[0] != 9:
             return f"the FlashAttention 3 Hopper build runs on sm90 only; this is {device_label()}"
-        _, reason = try_import(MODULE)
-        return reason
-
-    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
-        module = importlib.import_module(MODULE)
-        return output_of(
-            module.flash_attn_func(inputs["q"], inputs["k"], inputs["v"], causal=inputs["causal"])
-        )
+        return None

@@ -5,17 +5,10 @@ Hopper (sm90) and Blackwell (sm100). Its first call JIT-compiles the kernel for 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-from tfla_bench.adapter_support import capability, cuda_reason, device_label, is_installed, try_import
-from tfla_bench.baselines._attention import FlashAttentionAdapter, output_of
+from tfla_bench.adapter_support import capability, device_label
+from tfla_bench.baselines._attention import FlashAttentionAdapter
 from tfla_bench.registry import DASH_DOT, PlotStyle, register
 
-if TYPE_CHECKING:
-    import torch
-
-MODULE = "flash_attn.cute"
 ARCHITECTURES = (9, 10)
 
 
@@ -27,28 +20,24 @@ class Fa4(FlashAttentionAdapter):
     packages = ("flash-attn-4", "nvidia-cutlass-dsl")
     constraints = FlashAttentionAdapter.constraints + "; Hopper (sm90) or Blackwell (sm100)"
     plot_style = PlotStyle("#2171b5", DASH_DOT, "P")
+    module = "flash_attn.cute"
+    missing = (
+        "FlashAttention-4 not installed (pip install flash-attn-4, or offline: "
+        "`make wheelhouse` then the README's GPU-node install)"
+    )
 
-    def available(self) -> str | None:
-        if not is_installed("flash_attn"):
-            return (
-                "FlashAttention-4 not installed (pip install flash-attn-4, or offline: "
-                "`make wheelhouse` then the README's GPU-node install)"
-            )
-        reason = cuda_reason()
-        if reason is not None:
-            return reason
+    def device_reason(self) -> str | None:
         if capability()[0] not in ARCHITECTURES:
             return f"FlashAttention-4 runs on Hopper (sm90) and Blackwell (sm100); this is {device_label()}"
-        _, reason = try_import(MODULE)
+        return None
+
+    def available(self) -> str | None:
+        reason = super().available()
         if reason is not None and "No module named 'cutlass'" in reason:
             # The CUTLASS DSL adds its packages to sys.path from a .pth file, which only a site
             # directory runs: a tree put on PYTHONPATH needs the folder named here.
-            reason += " (nvidia-cutlass-dsl's .pth did not run: install it with pip, or add its "
-            reason += "nvidia_cutlass_dsl/dsl_packages folder to PYTHONPATH)"
+            reason += (
+                " (nvidia-cutlass-dsl's .pth did not run: install it with pip, or add its "
+                "nvidia_cutlass_dsl/dsl_packages folder to PYTHONPATH)"
+            )
         return reason
-
-    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
-        module = importlib.import_module(MODULE)
-        return output_of(
-            module.flash_attn_func(inputs["q"], inputs["k"], inputs["v"], causal=inputs["causal"])
-        )

@@ -27,12 +27,11 @@ from tfla_bench.adapter_support import (
     grad_if,
     is_installed,
     is_power_of_two,
-    randn,
-    torch_dtype,
+    qkv,
     try_import,
     unknown_params_reason,
 )
-from tfla_bench.model.counts import mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.model.families import (
     LIGHTNING_BLOCK,
     lightning_byte_terms,
@@ -115,18 +114,10 @@ class LightningAttention2(Adapter):
         """q, k, v `[B, H, T, D]` standard normal; slopes s `[H, 1, 1]` fp32 (no gradient)."""
         import torch
 
-        gen = generator(case, device)
-        dtype = torch_dtype(case.dtype)
-        shape_qk = (case.batch, case.num_heads, case.seq_len, case.head_dim_qk)
-        inputs: dict[str, Any] = {
-            "q": randn(shape_qk, gen, device, dtype),
-            "k": randn(shape_qk, gen, device, dtype),
-            "v": randn((case.batch, case.num_heads, case.seq_len, case.head_dim_v), gen, device, dtype),
-            "s": torch.tensor(alibi_slopes(case.num_heads), dtype=torch.float32, device=device).reshape(
-                -1, 1, 1
-            ),
-        }
+        inputs: dict[str, Any] = qkv(case, generator(case, device), device, self.layout)
         grad_if(inputs, ("q", "k", "v"), case.mode)
+        slopes = torch.tensor(alibi_slopes(case.num_heads), dtype=torch.float32, device=device)
+        inputs["s"] = slopes.reshape(-1, 1, 1)
         return inputs
 
     def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
@@ -144,11 +135,15 @@ class LightningAttention2(Adapter):
     def flops(self, case: Case, mode: str) -> float:
         block = min(LIGHTNING_BLOCK, case.seq_len)
         terms = lightning_flop_terms(head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v)
-        return mode_flops(case.batch * case.num_heads * terms.total(case.seq_len, block), "lightning", mode)
+        return LINEAR_RNN_BACKWARD.total_flops(
+            case.batch * case.num_heads * terms.total(case.seq_len, block), mode
+        )
 
     def bytes(self, case: Case, mode: str) -> float:
         block = min(LIGHTNING_BLOCK, case.seq_len)
         terms = lightning_byte_terms(
             head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v, qkv_bytes=element_bytes(case.dtype)
         )
-        return mode_bytes(case.batch * case.num_heads * terms.total(case.seq_len, block), "lightning", mode)
+        return LINEAR_RNN_BACKWARD.total_bytes(
+            case.batch * case.num_heads * terms.total(case.seq_len, block), mode
+        )

@@ -27,7 +27,7 @@ from tfla_bench.baselines._mamba import (
     SELECTIVE_SCAN_MODULE,
     time_steps,
 )
-from tfla_bench.model.counts import mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.model.families import selective_scan_bytes, selective_scan_flops
 from tfla_bench.registry import SOLID, Adapter, GateShape, PlotStyle, PublishedSeries, register
 from tfla_bench.workloads import Case
@@ -113,7 +113,7 @@ class Mamba(Adapter):
         per_sequence = selective_scan_flops(
             seq_len=case.seq_len, channels=case.num_heads * case.head_dim_v, state_dim=case.head_dim_qk
         )
-        return mode_flops(case.batch * per_sequence, "mamba", mode)
+        return LINEAR_RNN_BACKWARD.total_flops(case.batch * per_sequence, mode)
 
     def bytes(self, case: Case, mode: str) -> float:
         per_sequence = selective_scan_bytes(
@@ -122,4 +122,4 @@ class Mamba(Adapter):
             state_dim=case.head_dim_qk,
             io_bytes=element_bytes(case.dtype),
         )
-        return mode_bytes(case.batch * per_sequence, "mamba", mode)
+        return LINEAR_RNN_BACKWARD.total_bytes(case.batch * per_sequence, mode)

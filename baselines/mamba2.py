@@ -17,7 +17,7 @@ from tfla_bench.baselines._mamba import (
     ssd_reason,
     time_steps,
 )
-from tfla_bench.model.counts import mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.registry import PlotStyle, PublishedSeries, register
 from tfla_bench.workloads import Case
 
@@ -71,7 +71,7 @@ class Mamba2(Mamba2Adapter):
         return ssd_reference(inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"])
 
     def flops(self, case: Case, mode: str) -> float:
-        return mode_flops(self._ssd_flops(case), "mamba2", mode)
+        return LINEAR_RNN_BACKWARD.total_flops(self._ssd_flops(case), mode)
 
     def bytes(self, case: Case, mode: str) -> float:
-        return mode_bytes(self._ssd_bytes(case), "mamba2", mode)
+        return LINEAR_RNN_BACKWARD.total_bytes(self._ssd_bytes(case), mode)

@@ -27,7 +27,7 @@ from tfla_bench.baselines._mamba import (
     ssd_reason,
     time_steps,
 )
-from tfla_bench.model.counts import mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.model.families import causal_conv1d_bytes, causal_conv1d_flops
 from tfla_bench.registry import DASHED, PlotStyle, PublishedSeries, register
 from tfla_bench.workloads import Case
@@ -118,7 +118,7 @@ class Mamba2SplitConv(Mamba2Adapter):
         conv = causal_conv1d_flops(seq_len=case.seq_len, channels=self._conv_channels(case), width=CONV_WIDTH)
         # Per token: softplus(dt + dt_bias) per head (5), D skip (2) and SiLU(z) gate (5) per channel.
         extra = case.seq_len * (5 * case.num_heads + 7 * inner)
-        return mode_flops(self._ssd_flops(case) + case.batch * (conv + extra), "mamba2", mode)
+        return LINEAR_RNN_BACKWARD.total_flops(self._ssd_flops(case) + case.batch * (conv + extra), mode)
 
     def bytes(self, case: Case, mode: str) -> float:
         size = element_bytes(case.dtype)
@@ -126,4 +126,4 @@ class Mamba2SplitConv(Mamba2Adapter):
         conv = causal_conv1d_bytes(seq_len=case.seq_len, channels=channels, io_bytes=size)
         # z and the raw dt are read from zxbcdt by the scan; the conv output is what the SSD reads.
         extra = case.seq_len * size * (case.num_heads * case.head_dim_v + case.num_heads)
-        return mode_bytes(self._ssd_bytes(case) + case.batch * (conv + extra), "mamba2", mode)
+        return LINEAR_RNN_BACKWARD.total_bytes(self._ssd_bytes(case) + case.batch * (conv + extra), mode)

@@ -1,1 +1,3 @@
-"""Our own Triton TFLA kernels and their PyTorch references (imported as `tfla_bench.kernels`)."""
+"""Our own Triton TFLA and limit_chunk kernels, the PyTorch references of every kernel family the
+suite checks (`reference`) and the adapters of our kernels (`adapters`); imported as
+`tfla_bench.kernels`."""

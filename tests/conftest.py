@@ -1,9 +1,13 @@
-"""Test set-up: Triton kernels run under the interpreter when there is no GPU; `gpu` tests need CUDA."""
+"""Test set-up: Triton kernels run under the interpreter when there is no GPU; `gpu` tests need CUDA;
+the fixtures that put the test adapters of `plugin_adapters` into the registry or the environment."""
 
 import os
 
 import pytest
 import torch
+from plugin_support import registered_test_adapters
+
+from tfla_bench import registry
 
 if not torch.cuda.is_available():
     # Must be set before any `@triton.jit` function is defined (i.e. before our kernels are imported).
@@ -17,3 +21,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="module")
+def plugin_adapters():
+    """The test adapters, registered for one test module (`plugin_support`); yields their module.
+
+    A module that needs them everywhere says `pytestmark = pytest.mark.usefixtures("plugin_adapters")`.
+    """
+    with registered_test_adapters() as module:
+        yield module
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    """Name the test adapters in TFLA_BENCH_PLUGINS, as a user would for an unpackaged module."""
+    monkeypatch.setenv(registry.PLUGINS_ENV, "plugin_adapters")

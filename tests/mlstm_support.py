@@ -73,3 +73,13 @@ def assert_all_close(actual, expected, rtol, names):
             continue
         err = rel_rms(a, b)
         assert err < rtol, f"{name}: relative RMS error {err:.2e} >= {rtol:.0e}"
+
+
+def assert_within_rms(result, reference, tolerances, grad_names):
+    """Two `run_with_grads` results: h, the final C and the gradients `grad_names` of `result` are
+    finite and within their relative-RMS `tolerances` of `reference`'s."""
+    (h, state, grads), (h_ref, state_ref, grads_ref) = result, reference
+    names = ["h", "C", *grad_names]
+    for name, a, b in zip(names, [h, state[0], *grads], [h_ref, state_ref[0], *grads_ref], strict=True):
+        assert torch.isfinite(a).all(), name
+        assert rel_rms(a, b) < tolerances[name], f"{name}: {rel_rms(a, b):.2e}"

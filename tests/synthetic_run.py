@@ -16,12 +16,12 @@ import pandas as pd
 
 from tfla_bench import rundir
 from tfla_bench.model.counts import (
+    ATTENTION_BACKWARD,
+    LINEAR_RNN_BACKWARD,
     attention_bytes,
     attention_flops,
     mlstm_bytes,
     mlstm_flops,
-    mode_bytes,
-    mode_flops,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,15 +68,15 @@ def counts(
         fw_bytes = mlstm_bytes(
             GATES[kernel], "chunkwise", seq_len=seq_len, chunk_size=chunk, head_dim_qk=dqk, head_dim_v=dv
         )
-        family = "mlstm"
+        backward = LINEAR_RNN_BACKWARD
     else:
         fw_flops = attention_flops(
             seq_len=seq_len, head_dim_qk=dqk, head_dim_v=dv, causal_factor=0.5 if causal else 1.0
         )
         fw_bytes = attention_bytes(seq_len=seq_len, head_dim_qk=dqk, head_dim_v=dv)
-        family = "attention"
+        backward = ATTENTION_BACKWARD
     scale = batch * heads
-    return mode_flops(fw_flops, family, mode) * scale, mode_bytes(fw_bytes, family, mode) * scale
+    return backward.total_flops(fw_flops, mode) * scale, backward.total_bytes(fw_bytes, mode) * scale
 
 
 def row(

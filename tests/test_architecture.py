@@ -1,5 +1,6 @@
 """Imports flow one way: no cycle between any modules of tfla_bench, kernels and baselines, and the
-layers depend downwards only: the model, workloads, registry and kernels <- the adapters <- the rest.
+layers of the README's map depend downwards only: what adapters build on (the model, workloads,
+registry, kernels) <- the adapters <- measuring <- analysing <- the command line.
 
 The graph holds every import statement of every module, inside functions too, read with `ast`.
 Imports under `if TYPE_CHECKING:` are left out: they never run. The registry finds adapter modules
@@ -21,14 +22,48 @@ ROOTS = {
     "tfla_bench.baselines": REPO / "baselines",
 }
 ADAPTER_PACKAGES = ("tfla_bench.kernels.adapters", "tfla_bench.baselines")
-# What adapters may build on; none of it may import an adapter or the rest of the suite.
-LOWER = (
-    "tfla_bench.errors",
-    "tfla_bench.workloads",
-    "tfla_bench.registry",
-    "tfla_bench.adapter_support",
-    "tfla_bench.model",
-    "tfla_bench.kernels",
+# The README's map, bottom layer first; every module of the suite belongs to one layer.
+LAYERS = (
+    # what adapters build on; none of it may import an adapter or the rest of the suite
+    (
+        "tfla_bench",
+        "tfla_bench.errors",
+        "tfla_bench.workloads",
+        "tfla_bench.registry",
+        "tfla_bench.adapter_support",
+        "tfla_bench.model",
+        "tfla_bench.kernels",
+    ),
+    ADAPTER_PACKAGES,
+    # measuring
+    (
+        "tfla_bench.specs",
+        "tfla_bench.timing",
+        "tfla_bench.memory",
+        "tfla_bench.gpustate",
+        "tfla_bench.worker",
+        "tfla_bench.correctness",
+        "tfla_bench.precompile",
+        "tfla_bench.rundir",
+        "tfla_bench.envinfo",
+        "tfla_bench.phases",
+        "tfla_bench.roofs",
+        "tfla_bench.console",
+        "tfla_bench.runner",
+        "tfla_bench.ncu",
+        "tfla_bench.profiling",
+        "tfla_bench.validation",
+    ),
+    # analysing
+    (
+        "tfla_bench.published",
+        "tfla_bench.compare",
+        "tfla_bench.plots",
+        "tfla_bench.diff",
+        "tfla_bench.report",
+    ),
+    # the command line, and the wheel builder that stands alone
+    ("tfla_bench.paths", "tfla_bench.commands", "tfla_bench.cli", "tfla_bench.cuda_wheels"),
 )
 
 
@@ -126,12 +161,15 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
 
 
 def layer(module: str) -> int:
-    """0: what adapters build on; 1: the adapters; 2: the runner, commands, figures and the rest."""
-    if _within(module, ADAPTER_PACKAGES):
-        return 1
-    if _within(module, LOWER):
-        return 0
-    return 2
+    """The module's layer in `LAYERS` (the most specific package naming it); -1 for none. The root
+    package `tfla_bench` names only its own `__init__`, not every module below it."""
+    found = [
+        (len(package), index)
+        for index, packages in enumerate(LAYERS)
+        for package in packages
+        if module == package or (package != "tfla_bench" and module.startswith(f"{package}."))
+    ]
+    return max(found)[1] if found else -1
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -157,6 +195,10 @@ def test_the_suite_has_no_import_cycle():
 
 def test_imports_follow_the_data_flow():
     assert upward_imports(import_graph(ROOTS)) == []
+
+
+def test_every_module_has_a_layer():
+    assert [module for module in import_graph(ROOTS) if layer(module) < 0] == []
 
 
 def test_the_worker_imports_neither_the_gate_nor_precompile():
@@ -216,6 +258,9 @@ def test_type_checking_imports_and_relative_imports(tmp_path):
         (("tfla_bench.kernels.adapters.tfla_sig", "tfla_bench.baselines._attention"), True),
         (("tfla_bench.baselines.mlstm_kernels_sig", "tfla_bench.kernels.adapters._mlstm"), False),
         (("tfla_bench.runner", "tfla_bench.registry"), False),
+        (("tfla_bench.runner", "tfla_bench.report"), True),
+        (("tfla_bench.report", "tfla_bench.runner"), False),
+        (("tfla_bench.plots.style", "tfla_bench.commands.bench"), True),
     ],
 )
 def test_an_upward_import_is_reported(edge, wrong):

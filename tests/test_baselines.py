@@ -172,10 +172,18 @@ class TestImportWithoutSelectiveScanCuda:
 
 
 SQUARE = {"dqk": 32, "dv": 32}
+FLASH_INPUTS = {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 32)}
+MLSTM_INPUTS = {
+    "q": (2, 4, 128, 32),
+    "k": (2, 4, 128, 32),
+    "v": (2, 4, 128, 64),
+    "i": (2, 4, 128),
+    "f": (2, 4, 128),
+}
 INPUT_LAYOUTS = {
-    "fa2": (SQUARE, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 32)}),
-    "fa3": (SQUARE, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 32)}),
-    "fa4": (SQUARE, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 32)}),
+    "fa2": (SQUARE, FLASH_INPUTS),
+    "fa3": (SQUARE, FLASH_INPUTS),
+    "fa4": (SQUARE, FLASH_INPUTS),
     "gla": ({}, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 64), "g": (2, 128, 4, 32)}),
     "simple_gla": ({}, {"q": (2, 128, 4, 32), "k": (2, 128, 4, 32), "v": (2, 128, 4, 64), "g": (2, 128, 4)}),
     "lightning2": (
@@ -209,36 +217,9 @@ INPUT_LAYOUTS = {
             "z": (2, 256, 128),
         },
     ),
-    "mlstm_kernels_exp": (
-        {},
-        {
-            "q": (2, 4, 128, 32),
-            "k": (2, 4, 128, 32),
-            "v": (2, 4, 128, 64),
-            "i": (2, 4, 128),
-            "f": (2, 4, 128),
-        },
-    ),
-    "mlstm_kernels_sig": (
-        {},
-        {
-            "q": (2, 4, 128, 32),
-            "k": (2, 4, 128, 32),
-            "v": (2, 4, 128, 64),
-            "i": (2, 4, 128),
-            "f": (2, 4, 128),
-        },
-    ),
-    "mlstm_kernels_limit": (
-        {},
-        {
-            "q": (2, 4, 128, 32),
-            "k": (2, 4, 128, 32),
-            "v": (2, 4, 128, 64),
-            "i": (2, 4, 128),
-            "f": (2, 4, 128),
-        },
-    ),
+    "mlstm_kernels_exp": ({}, MLSTM_INPUTS),
+    "mlstm_kernels_sig": ({}, MLSTM_INPUTS),
+    "mlstm_kernels_limit": ({}, MLSTM_INPUTS),
 }
 FP32_INPUTS = {"s", "A", "D"}  # LightningAttention-2's slopes, Mamba's A and D stay fp32
 

@@ -3,10 +3,11 @@
 import json
 
 import pytest
-from plugin_support import registered_test_adapters
 
-from tfla_bench import registry, rundir
+from tfla_bench import rundir
 from tfla_bench.cli import main
+
+pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
 SPEC = """
 name = "cli"
@@ -23,18 +24,6 @@ num_heads = 2
 head_dim_qk = 8
 head_dim_v = 16
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def with_test_adapters():
-    with registered_test_adapters():
-        yield
-
-
-@pytest.fixture
-def plugins(monkeypatch):
-    """Name the test adapters in TFLA_BENCH_PLUGINS, as a user would for an unpackaged module."""
-    monkeypatch.setenv(registry.PLUGINS_ENV, "plugin_adapters")
 
 
 @pytest.fixture

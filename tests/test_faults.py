@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfla_bench import phases, registry
+from tfla_bench import phases, registry, rundir
 from tfla_bench.cli import main
 
 TESTS = Path(__file__).resolve().parent
@@ -60,18 +60,7 @@ chunk_size = 16
 params = { gate = ["exp", "sig"] }
 """
 CASES = 18
-KEY_COLUMNS = (
-    "kernel",
-    "mode",
-    "dtype",
-    "batch",
-    "seq_len",
-    "num_heads",
-    "head_dim_qk",
-    "head_dim_v",
-    "chunk_size",
-    "param_gate",
-)
+KEY_COLUMNS = (*rundir.CASE_COLUMNS, "param_gate")
 # Where the sweeps are stopped: once while starting up (the spec is written, no row yet), then after
 # the given number of rows, each reached by a run that wrote at least one row of its own.
 STOP_POINTS = (None, 1, 3, 5, 7, 9, 11, 13, 15, 16)

@@ -8,6 +8,7 @@ import itertools
 import pytest
 from synthetic_run import fig5_rows, headdim_rows, write_run
 
+from tfla_bench import registry
 from tfla_bench.compare import compare_run, load_run
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
 from tfla_bench.plots.base import (
@@ -92,6 +93,7 @@ def test_families_have_their_own_palettes():
 def test_an_adapter_without_a_style_takes_its_family_palette_and_its_own_base_when_given():
     plugin = resolve_style(None, "gla", "my_gla")
     assert plugin == resolve_style(None, "gla", "my_gla")
+    assert plugin.color in {registry.get(name).plot_style.color for name in ("gla", "simple_gla")}
     own = resolve_style(PlotStyle("#123456", "--", "D"), "gla", "my_gla")
     assert (own.color, own.linestyle, own.marker) == ("#123456", "--", "D")
 

@@ -10,16 +10,14 @@ import pytest
 
 from tfla_bench.errors import UserError
 from tfla_bench.model.counts import (
-    BACKWARD_BYTE_FACTOR,
-    BACKWARD_FLOP_FACTOR,
+    ATTENTION_BACKWARD,
+    LINEAR_RNN_BACKWARD,
     MlstmShape,
     attention_bytes,
     attention_flops,
     check_chunk_size,
     mlstm_bytes,
     mlstm_flops,
-    mode_bytes,
-    mode_flops,
 )
 
 # Three configurations: T, L, d_qk, d_hv, F_causal, bytes of q/k/v, of the gates i/f and of the states C/n/m.
@@ -218,16 +216,14 @@ def test_attention_counts_match_hand_counts(seq_len, dqk, dv, causal, expected_f
 
 
 def test_fwbw_totals_add_the_backward_factor():
-    assert BACKWARD_FLOP_FACTOR["attention"] == 2.5
-    assert mode_flops(100.0, "attention", "fw") == 100.0
-    assert mode_flops(100.0, "attention", "fwbw") == 350.0
-    assert mode_flops(100.0, "mlstm", "fwbw") == 100.0 * (1 + BACKWARD_FLOP_FACTOR["mlstm"])
-    assert mode_bytes(10.0, "attention", "fwbw") == 30.0
-    assert mode_bytes(10.0, "mlstm", "fwbw") == 10.0 * (1 + BACKWARD_BYTE_FACTOR["mlstm"])
+    assert ATTENTION_BACKWARD.flops == 2.5
+    assert ATTENTION_BACKWARD.total_flops(100.0, "fw") == 100.0
+    assert ATTENTION_BACKWARD.total_flops(100.0, "fwbw") == 350.0
+    assert LINEAR_RNN_BACKWARD.total_flops(100.0, "fwbw") == 100.0 * (1 + LINEAR_RNN_BACKWARD.flops)
+    assert ATTENTION_BACKWARD.total_bytes(10.0, "fwbw") == 30.0
+    assert LINEAR_RNN_BACKWARD.total_bytes(10.0, "fwbw") == 10.0 * (1 + LINEAR_RNN_BACKWARD.bytes)
     with pytest.raises(ValueError, match="mode"):
-        mode_flops(1.0, "mlstm", "bw")
-    with pytest.raises(ValueError, match="family"):
-        mode_bytes(1.0, "no_such_family", "fwbw")
+        LINEAR_RNN_BACKWARD.total_flops(1.0, "bw")
 
 
 @pytest.mark.parametrize("gate", ["exp", "sig"])

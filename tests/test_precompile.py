@@ -4,16 +4,11 @@ import json
 
 import pytest
 import torch
-from plugin_support import registered_test_adapters
 
 from tfla_bench import precompile, runner, specs
 from tfla_bench.workloads import Case
 
-
-@pytest.fixture(scope="module", autouse=True)
-def plugin_adapters():
-    with registered_test_adapters() as module:
-        yield module
+pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
 
 def case(kernel, batch, seq_len, mode="fw", chunk_size=None):

@@ -108,9 +108,9 @@ def test_without_ncu_the_rows_say_why_and_results_stay(run_dir, no_ncu_on_path, 
     assert frame["median_ms"].equals(pd.read_csv(run_dir / "results.csv")["median_ms"])
 
 
-def test_profiled_rows_get_measured_bytes_and_intensity(run_dir, tmp_path):
-    fake = fake_ncu.install(tmp_path, "sample")
-    args = [
+def profile_fw_args(run_dir, fake_ncu_path) -> list[str]:
+    """`profile` of the run's fw rows of tfla_sig and sdpa_cudnn under the fake ncu."""
+    return [
         "profile",
         str(run_dir),
         "--kernel",
@@ -118,9 +118,13 @@ def test_profiled_rows_get_measured_bytes_and_intensity(run_dir, tmp_path):
         "--mode",
         "fw",
         "--ncu-path",
-        str(fake),
+        str(fake_ncu_path),
     ]
-    assert main(args) == 0
+
+
+def test_profiled_rows_get_measured_bytes_and_intensity(run_dir, tmp_path):
+    fake = fake_ncu.install(tmp_path, "sample")
+    assert main(profile_fw_args(run_dir, fake)) == 0
     frame = load_run(run_dir).results
     profiled = frame[frame["profile_status"] == "ok"]
     assert set(profiled["kernel"]) == {"tfla_sig", "sdpa_cudnn"} and (profiled["mode"] == "fw").all()
@@ -286,21 +290,7 @@ def profiled_run(run_dir, tmp_path):
     env["roofs"] = roofs_record(matmul=5e12, hbm=0.05e12).to_dict()
     (run_dir / "env.json").write_text(json.dumps(env))
     fake = fake_ncu.install(tmp_path, "sample")
-    assert (
-        main(
-            [
-                "profile",
-                str(run_dir),
-                "--kernel",
-                "tfla_sig,sdpa_cudnn",
-                "--mode",
-                "fw",
-                "--ncu-path",
-                str(fake),
-            ]
-        )
-        == 0
-    )
+    assert main(profile_fw_args(run_dir, fake)) == 0
     return load_run(run_dir)
 
 

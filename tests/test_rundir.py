@@ -13,7 +13,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from plugin_support import registered_test_adapters
 from synthetic_run import fig5_rows, write_run
 
 from tfla_bench import registry, rundir, runner, specs
@@ -22,6 +21,8 @@ from tfla_bench.errors import UserError
 from tfla_bench.rundir import ResultRow
 from tfla_bench.worker import failure_of
 from tfla_bench.workloads import Case, parse_bool
+
+pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
 SPEC = """
 name = "rundir"
@@ -171,7 +172,8 @@ def test_schema_version_newer_runs_are_refused_older_ones_read(tmp_path):
 def test_the_gpu_is_resolved_from_env_json():
     gpu = rundir.run_gpu({"gpu_name": "NVIDIA H100 80GB HBM3"})
     assert gpu.accelerator is not None and gpu.accelerator.name == "h100"
-    assert rundir.run_gpu({}) == rundir.RunGpu("unknown GPU", None)
+    assert not gpu.cpu
+    assert rundir.run_gpu({}) == rundir.RunGpu("unknown GPU", None, cpu=True)
 
 
 def test_spec_difference_names_the_first_differing_field():
@@ -297,17 +299,6 @@ def test_a_file_size_limit_is_an_oserror_not_a_signal(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # sweep, --resume, --retry, --force through the CLI
-
-
-@pytest.fixture(scope="module", autouse=True)
-def with_test_adapters():
-    with registered_test_adapters():
-        yield
-
-
-@pytest.fixture
-def plugins(monkeypatch):
-    monkeypatch.setenv(registry.PLUGINS_ENV, "plugin_adapters")
 
 
 @pytest.fixture

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from plugin_support import registered_test_adapters
 
 from tfla_bench import phases, registry, rundir, runner, specs, timing
 from tfla_bench.errors import UserError
 from tfla_bench.specs import MeasureSettings
 from tfla_bench.worker import measure_case
 from tfla_bench.workloads import Case
+
+pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
 ENV_KEYS = {
     "gpu_name",
@@ -61,12 +62,6 @@ def tiny_spec(kernels: list[str], modes: list[str], seq_len: list[int] | None = 
         "shape": {"batch": 1, "seq_len": seq_len or [16], "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
     }
     return specs.parse_spec(raw, "test")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def plugin_adapters():
-    with registered_test_adapters() as module:
-        yield module
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tfla_bench import registry
-from tfla_bench.model.counts import BACKWARD_FLOP_FACTOR
+from tfla_bench.model.counts import ATTENTION_BACKWARD
 from tfla_bench.specs import MeasureSettings
 from tfla_bench.worker import measure_case
 from tfla_bench.workloads import Case
@@ -61,7 +61,7 @@ def test_counts_scale_with_causality_mode_and_dtype():
     full = adapter.flops(case(causal=False), "fw")
     assert full == pytest.approx(2 * causal)
     assert causal == pytest.approx(2 * 2 * 3 * 40**2 * (16 + 24) * 0.5)
-    assert adapter.flops(case(), "fwbw") == pytest.approx(causal * (1 + BACKWARD_FLOP_FACTOR["attention"]))
+    assert adapter.flops(case(), "fwbw") == pytest.approx(causal * (1 + ATTENTION_BACKWARD.flops))
     assert adapter.bytes(case(dtype="float32"), "fw") == pytest.approx(
         2 * adapter.bytes(case(dtype="bfloat16"), "fw")
     )

@@ -3,18 +3,13 @@
 from pathlib import Path
 
 import pytest
-from plugin_support import registered_test_adapters
 
 from tfla_bench import registry, specs
 from tfla_bench.errors import UserError
 
+pytestmark = pytest.mark.usefixtures("plugin_adapters")
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module", autouse=True)
-def with_test_adapters():
-    with registered_test_adapters():
-        yield
 
 
 def write(tmp_path: Path, text: str) -> Path:

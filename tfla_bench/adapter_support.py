@@ -12,6 +12,7 @@ import importlib.util
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from tfla_bench.errors import exception_line
 from tfla_bench.workloads import parse_bool
 
 if TYPE_CHECKING:
@@ -65,12 +66,6 @@ def try_import(module_name: str) -> tuple[ModuleType | None, str | None]:
         return None, f"import {module_name} failed: {exception_line(exc)}"
 
 
-def exception_line(exc: BaseException) -> str:
-    """`TypeName: last line of the message`, the form reasons and errors quote an exception in."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
-
-
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype called `name` (`bfloat16`, `float16`, `float32`)."""
     import torch
@@ -107,6 +102,19 @@ def uniform(
 
     values = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
     return (low + (high - low) * values).to(dtype)
+
+
+def qkv(case: Case, gen: torch.Generator, device: str, layout: str) -> dict[str, torch.Tensor]:
+    """q, k (head dim Dqk) and v (Dv), standard normal in the case's dtype, drawn in that order from
+    `gen`; batch, head and time axes in the order of `layout` (`BHTD` or `BTHD`), the head dim last."""
+    sizes = {"B": case.batch, "H": case.num_heads, "T": case.seq_len}
+    lead = tuple(sizes[axis] for axis in layout[:3])
+    dtype = torch_dtype(case.dtype)
+    return {
+        "q": randn((*lead, case.head_dim_qk), gen, device, dtype),
+        "k": randn((*lead, case.head_dim_qk), gen, device, dtype),
+        "v": randn((*lead, case.head_dim_v), gen, device, dtype),
+    }
 
 
 def grad_if(tensors: dict[str, torch.Tensor], names: tuple[str, ...], mode: str) -> None:

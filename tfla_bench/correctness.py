@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfla_bench import registry, rundir
+from tfla_bench.errors import exception_line
 from tfla_bench.worker import Failure, Worker, is_fatal_cuda_error, log_outcome
 from tfla_bench.workloads import Case
 
@@ -129,11 +130,6 @@ def gate_case(adapter: Adapter, dtype: str | None = None) -> Case:
     )
 
 
-def _last_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
-
-
 def _skipped(name: str, status: str, reason: str | None) -> GateResult:
     return GateResult(
         name=name, status=status, max_rel_error=None, tolerance=None, passed=None, reason=reason
@@ -153,7 +149,7 @@ def _preflight(adapter: Adapter, device: str, dtype: str | None) -> GateResult |
     try:
         reason = adapter.available()
     except Exception as exc:  # a third-party adapter's probe must not stop the gate
-        reason = f"available() raised {_last_line(exc)}"
+        reason = f"available() raised {exception_line(exc)}"
     if reason is not None:
         return _skipped(adapter.name, "unavailable", reason)
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -190,7 +186,7 @@ def compare(adapter: Adapter, case: Case, device: str) -> GateResult:
         error = max_relative_error(out, ref)
     except Exception as exc:  # any kernel failure is the gate's finding, not a crash of the gate
         traceback.print_exc()
-        return _failed(adapter.name, "error", _last_line(exc))
+        return _failed(adapter.name, "error", exception_line(exc))
     passed = error <= tolerance  # False for NaN
     if passed:
         reason = None

@@ -19,31 +19,32 @@ from typing import Any
 import torch
 
 import tfla_bench
+from tfla_bench import registry
 from tfla_bench.registry import installed_version
 from tfla_bench.specs import Spec
 from tfla_bench.worker import DeviceInfo
 
-# Baseline and peer kernel libraries, plus the libraries they build on.
-PACKAGES = (
+# What the kernels build on that no adapter names as its own (`Adapter.packages`): the suite and its
+# stack, the libraries under fla and Mamba, and the cuDNN under torch's SDPA.
+STACK_PACKAGES = (
     "tfla-bench",
     "torch",
     "triton",
     "numpy",
     "einops",
-    "fla-core",
     "flash-linear-attention",
-    "mamba-ssm",
-    "causal-conv1d",
-    "lightning-attn",
-    "mlstm-kernels",
-    "flash-attn",
-    "flash-attn-3",
-    "flash-attn-4",
-    "nvidia-cutlass-dsl",
     "tilelang",
     "nvidia-cudnn-cu12",
     "nvidia-cudnn-cu13",
 )
+
+
+def recorded_packages() -> list[str]:
+    """The distributions whose versions `env.json` records: the stack, then every adapter's packages."""
+    adapter_packages = (name for adapter in registry.adapters() for name in adapter.packages)
+    return list(dict.fromkeys([*STACK_PACKAGES, *adapter_packages]))
+
+
 _SMI_FIELDS = {
     "driver_version": "driver",
     "clocks.sm": "sm_clock_mhz",
@@ -90,7 +91,7 @@ def collect(
         "torch": torch.__version__,
         "triton": installed_version("triton"),
         "python": platform.python_version(),
-        "packages": {name: installed_version(name) for name in PACKAGES},
+        "packages": {name: installed_version(name) for name in recorded_packages()},
         # A copy of the tree shipped to a GPU node has no .git, or a stale one: the env names its commit.
         **_git_state(),
         "host": socket.gethostname(),

@@ -1,4 +1,5 @@
-"""The exception types the CLI turns into one line on stderr instead of a traceback.
+"""The exception types the CLI turns into one line on stderr instead of a traceback, and the one-line
+form (`exception_line`) in which rows, reasons and verdicts quote any other exception.
 
 A `UserError` (bad flag, bad spec, unsupported shape, bad path) exits with code 2. A `RunFailed`
 (the environment stopped a sweep that had started: a full disk, a directory made read-only) exits
@@ -12,3 +13,9 @@ class UserError(Exception):
 
 class RunFailed(Exception):
     """A started run stopped by its environment, reported as one line and exit code 1."""
+
+
+def exception_line(exc: BaseException) -> str:
+    """`TypeName: last non-blank line of the message` (just `TypeName` for an empty message)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__

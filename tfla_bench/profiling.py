@@ -32,9 +32,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib
+import io
 import json
 import math
-import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -241,36 +241,35 @@ def write_profiles(run_dir: Path, profiles: Sequence[CaseProfile]) -> Path:
     """
     path = run_dir / rundir.PROFILE
     fresh = {profile.case.key: profile.cells() for profile in profiles}
-    kept: list[dict[str, str]] = []
-    old_columns: list[str] = []
-    if path.exists():
-        with path.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            old_columns = list(reader.fieldnames or [])
-            for cells in reader:
-                if ResultRow.from_csv({**cells, "family": "", "status": "ok"}).case.key not in fresh:
-                    kept.append(cells)
-    params = {c for c in old_columns if c.startswith("param_")}
+    old = _read_profile(path)
+    if old is None:
+        old = pd.DataFrame()
+    kept = [
+        cells
+        for cells in old.to_dict("records")
+        if ResultRow.from_csv({**cells, "family": "", "status": "ok"}).case.key not in fresh
+    ]
+    params = {c for c in old.columns if c.startswith("param_")}
     params |= {c for cells in fresh.values() for c in cells if c.startswith("param_")}
     columns = [*CASE_COLUMNS, *sorted(params), *PROFILE_COLUMNS]
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns, restval="", extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(kept)
-        writer.writerows({k: _cell(v) for k, v in cells.items()} for cells in fresh.values())
-    os.replace(tmp, path)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, restval="", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(kept)
+    writer.writerows({k: rundir.cell(v) for k, v in cells.items()} for cells in fresh.values())
+    rundir.write_atomic(path, buffer.getvalue())
     return path
+
+
+def _read_profile(path: Path) -> pd.DataFrame | None:
+    """`profile.csv` as text cells (empty cells stay empty), or None when the run has none."""
+    if not path.exists():
+        return None
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
 
 
 def _is_case_column(name: str) -> bool:
     return name in CASE_COLUMNS or name.startswith("param_")
-
-
-def _cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return str(value)
 
 
 def join_profile(frame: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
@@ -279,10 +278,9 @@ def join_profile(frame: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
     Rows without a profile get empty (NaN) profile cells; without `profile.csv` the frame is
     returned as it is.
     """
-    path = Path(run_dir) / rundir.PROFILE
-    if not path.exists():
+    profile = _read_profile(Path(run_dir) / rundir.PROFILE)
+    if profile is None:
         return frame
-    profile = pd.read_csv(path, dtype=str, keep_default_na=False)
     columns = [c for c in frame.columns if _is_case_column(c)]
     missing = [c for c in columns if c not in profile.columns]
     for column in missing:

@@ -40,7 +40,7 @@ from importlib import metadata
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.errors import UserError
+from tfla_bench.errors import UserError, exception_line
 from tfla_bench.workloads import DTYPES, MODES, Case
 
 if TYPE_CHECKING:
@@ -123,7 +123,9 @@ class Adapter:
         constraints: a short human-readable summary of `check`'s rules for `tfla-bench list`.
         gate_shape: the case the correctness gate runs (`tfla_bench.correctness`).
         published: the published series this kernel answers to, or None.
-        param_defaults: the defaults of the params that `published.params` tests.
+        param_defaults: the defaults of the params that change what is computed: a row without the
+            param's column has it (`published.params` matching), and a figure draws a series whose
+            params are at these defaults in the kernel's base look.
         plot_style: base colour, line style and marker in figures; None: taken from the family's palette.
         packages: the distributions whose installed versions each measured row records (`library`).
         origin: where the registry found the adapter (set by `register`).
@@ -280,10 +282,9 @@ def load_entry_points() -> None:
                 if callable(loaded):
                     loaded()
         except Exception as exc:  # a third-party plugin's failure must not stop the suite
-            message = str(exc).strip().splitlines()
-            detail = f"{type(exc).__name__}: {message[-1]}" if message else type(exc).__name__
             if entry.name not in _ADAPTERS:
-                broken = BrokenPlugin(entry.name, f"plugin {entry.value!r} failed to load: {detail}")
+                reason = f"plugin {entry.value!r} failed to load: {exception_line(exc)}"
+                broken = BrokenPlugin(entry.name, reason)
                 broken.origin = f"entry point {entry.name} = {entry.value}"
                 _ADAPTERS[entry.name] = broken
 

@@ -12,7 +12,7 @@ A run directory (`results/runs/<spec>-<YYYYmmdd-HHMMSS>[-N]/`) holds:
 - `profile.csv` and `ncu/<case>.csv`: what `profile` (or `sweep --ncu`) measured under Nsight Compute;
 - `sweep.lock`: present while a sweep, resume or profile writes into the directory;
 - what the analysis commands write beside the rows: `compare.csv`, `report.html`, `figures/`,
-  `roofline/`.
+  `roofline/` (its figures and `roofline_fraction.csv`, every ok row's fraction of its bound).
 
 Rows
 ----
@@ -81,6 +81,7 @@ COMPARE = "compare.csv"
 REPORT = "report.html"
 FIGURES = "figures"
 ROOFLINE = "roofline"
+ROOFLINE_FRACTION = "roofline_fraction.csv"
 PROFILE = "profile.csv"
 NCU = "ncu"
 TIMINGS = "timings.json"
@@ -198,7 +199,7 @@ class ResultRow:
 
     def to_csv(self) -> dict[str, str]:
         """The row as CSV cells (empty for None and NaN)."""
-        return {key: _cell(value) for key, value in self.values().items()}
+        return {key: cell(value) for key, value in self.values().items()}
 
     @classmethod
     def from_csv(cls, cells: dict[str, str]) -> ResultRow:
@@ -279,7 +280,8 @@ def _int(text: str) -> int:
         return int(number)
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A value as the run directory's CSV files write it: empty for None and NaN."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return str(value)
@@ -583,16 +585,19 @@ class RunGpu:
     Attributes:
         name: the device name (`"unknown GPU"` when the run recorded none).
         accelerator: the model's accelerator for it, or None when the model does not know it.
+        cpu: whether the run recorded no GPU (a CPU run, which no GPU roof bounds).
     """
 
     name: str
     accelerator: Accelerator | None
+    cpu: bool = False
 
 
 def run_gpu(env: dict[str, Any]) -> RunGpu:
     """The GPU named in a run's `env.json` and its accelerator in the model."""
-    name = str(env.get("gpu_name") or "unknown GPU")
-    return RunGpu(name, detect_accelerator(name))
+    recorded = env.get("gpu_name")
+    name = str(recorded or "unknown GPU")
+    return RunGpu(name, detect_accelerator(name), cpu=not recorded)
 
 
 def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:

@@ -649,31 +649,23 @@ class _CrashGuard:
 
 
 def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
+    """The result row of a measured case: every field of the measurement that is a column of the row
+    (same name), the GPU state cells, and what the parent knows (counts, rates, the library)."""
+    measured = {
+        field.name: getattr(measurement, field.name)
+        for field in dataclasses.fields(measurement)
+        if field.name in rundir.METRIC_COLUMNS
+    }
     median_s = measurement.median_ms / 1e3 if measurement.median_ms else None
     return ResultRow(
         case=planned.case,
         family=planned.adapter.family,
-        status=measurement.status,
-        median_ms=measurement.median_ms,
-        p20_ms=measurement.p20_ms,
-        p80_ms=measurement.p80_ms,
-        min_ms=measurement.min_ms,
-        first_call_s=measurement.first_call_s,
-        peak_memory_bytes=measurement.peak_memory_bytes,
-        peak_memory_above_inputs_bytes=measurement.peak_memory_above_inputs_bytes,
         flops=planned.flops,
         bytes=planned.bytes,
         tflops=planned.flops / median_s / 1e12 if median_s else None,
         gbps=planned.bytes / median_s / 1e9 if median_s else None,
-        device=measurement.device,
-        error=measurement.error,
-        note=measurement.note,
-        warmup=measurement.warmup,
-        reps=measurement.reps,
-        ci_rel=measurement.ci_rel,
-        stop=measurement.stop,
-        host_gap_share=measurement.host_gap_share,
         library=planned.adapter.library(),
+        **measured,
         **{key: value for key, value in measurement.gpu_state.items() if value is not None},
     )
 

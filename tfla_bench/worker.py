@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tfla_bench import gpustate
+from tfla_bench.errors import exception_line
 from tfla_bench.specs import MeasureSettings
 from tfla_bench.workloads import Case
 
@@ -290,8 +291,7 @@ def failure_of(exc: BaseException, device: str) -> Measurement:
     import torch
 
     message = str(exc)
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    detail = f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")[:MAX_ERROR_CHARS]
+    detail = exception_line(exc)[:MAX_ERROR_CHARS]
     # CPU allocations fail as MemoryError, or as torch's "DefaultCPUAllocator: can't allocate memory".
     lowered = message.lower()
     if isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError) or any(

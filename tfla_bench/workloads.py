@@ -1,4 +1,5 @@
-"""A benchmark case: one kernel at one shape, mode and dtype."""
+"""A benchmark case (one kernel at one shape, mode and dtype), the modes and dtypes a case may take,
+and the one reading of true/false text (`parse_bool`) for params, CSV cells and flags."""
 
 from dataclasses import asdict, dataclass, field
 from typing import Any

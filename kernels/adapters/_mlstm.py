@@ -25,12 +25,13 @@ from tfla_bench.adapter_support import (
     generator,
     grad_if,
     is_power_of_two,
+    qkv,
     randn,
     torch_dtype,
     try_import,
     unknown_params_reason,
 )
-from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
+from tfla_bench.model.counts import LINEAR_RNN_BACKWARD, mlstm_bytes, mlstm_flops
 from tfla_bench.registry import Adapter, GateShape, PublishedSeries
 from tfla_bench.workloads import Case
 
@@ -64,15 +65,10 @@ def mlstm_inputs(case: Case, device: str) -> dict[str, Any]:
     """q, k `[B, NH, T, Dqk]`, v `[B, NH, T, Dv]` and gate pre-activations i, f `[B, NH, T]` (case dtype)."""
     gen = generator(case, device)
     dtype = torch_dtype(case.dtype)
-    shape_qk = (case.batch, case.num_heads, case.seq_len, case.head_dim_qk)
     gate_shape = (case.batch, case.num_heads, case.seq_len)
-    inputs: dict[str, Any] = {
-        "q": randn(shape_qk, gen, device, dtype),
-        "k": randn(shape_qk, gen, device, dtype),
-        "v": randn((case.batch, case.num_heads, case.seq_len, case.head_dim_v), gen, device, dtype),
-        "i": randn(gate_shape, gen, device, dtype),
-        "f": (randn(gate_shape, gen, device, torch_dtype("float32")) + FORGET_GATE_BIAS).to(dtype),
-    }
+    inputs: dict[str, Any] = qkv(case, gen, device, "BHTD")
+    inputs["i"] = randn(gate_shape, gen, device, dtype)
+    inputs["f"] = (randn(gate_shape, gen, device, torch_dtype("float32")) + FORGET_GATE_BIAS).to(dtype)
     grad_if(inputs, ("q", "k", "v", "i", "f"), case.mode)
     return inputs
 
@@ -88,7 +84,7 @@ def mlstm_counts(
     heads = case.batch * case.num_heads
     flops = heads * mlstm_flops(gate, formulation, **shape)
     moved = heads * mlstm_bytes(gate, formulation, qkv_bytes=size, gate_bytes=size, state_bytes=4, **shape)
-    return mode_flops(flops, "mlstm", mode), mode_bytes(moved, "mlstm", mode)
+    return LINEAR_RNN_BACKWARD.total_flops(flops, mode), LINEAR_RNN_BACKWARD.total_bytes(moved, mode)
 
 
 def float64_inputs(inputs: dict[str, Any]) -> list[torch.Tensor]:
@@ -128,6 +124,11 @@ class ChunkwiseMlstmAdapter(MlstmAdapter):
     def known_params(self) -> tuple[str, ...]:
         return ("normalize", "seed") if self.gate == "sig" else ("seed",)
 
+    @property
+    def param_defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        """mLSTMsig's `normalize` is false unless a case sets it, as in all the paper's TFLA runs."""
+        return {"normalize": False} if self.gate == "sig" else {}
+
     def chunk(self, case: Case) -> int:
         """The chunk size the kernel runs."""
         return case.chunk_size if case.chunk_size is not None else self.default_chunk
@@ -137,7 +138,7 @@ class ChunkwiseMlstmAdapter(MlstmAdapter):
         reason = unknown_params_reason(case, self.name, self.known_params)
         if reason is None and self.gate == "sig":
             try:
-                bool_param(case, "normalize", False)
+                bool_param(case, "normalize", self.param_defaults["normalize"])
             except ValueError as exc:
                 return str(exc)
         return reason
@@ -146,7 +147,7 @@ class ChunkwiseMlstmAdapter(MlstmAdapter):
         """The mLSTM inputs (module docstring), the chunk size and, for mLSTMsig, `normalize`."""
         inputs = mlstm_inputs(case, device) | {"chunk_size": self.chunk(case)}
         if self.gate == "sig":
-            inputs["normalize"] = bool_param(case, "normalize", False)
+            inputs["normalize"] = bool_param(case, "normalize", self.param_defaults["normalize"])
         return inputs
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:

@@ -6,14 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import (
-    element_bytes,
-    generator,
-    grad_if,
-    randn,
-    torch_dtype,
-    unknown_params_reason,
-)
+from tfla_bench.adapter_support import element_bytes, generator, grad_if, qkv, unknown_params_reason
 from tfla_bench.model.counts import attention_flops
 from tfla_bench.registry import Adapter, GateShape, PlotStyle, register
 from tfla_bench.workloads import Case
@@ -43,14 +36,7 @@ class TorchLinearAttention(Adapter):
 
     def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
         """q, k `[B, H, T, Dqk]` and v `[B, H, T, Dv]`, standard normal from the case's seed."""
-        gen = generator(case, device)
-        dtype = torch_dtype(case.dtype)
-        shape_qk = (case.batch, case.num_heads, case.seq_len, case.head_dim_qk)
-        inputs: dict[str, Any] = {
-            "q": randn(shape_qk, gen, device, dtype),
-            "k": randn(shape_qk, gen, device, dtype),
-            "v": randn((case.batch, case.num_heads, case.seq_len, case.head_dim_v), gen, device, dtype),
-        }
+        inputs: dict[str, Any] = qkv(case, generator(case, device), device, self.layout)
         grad_if(inputs, ("q", "k", "v"), case.mode)
         return inputs
 

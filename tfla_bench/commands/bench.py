@@ -15,11 +15,14 @@ gate to its last row.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_type_hints
 
 import torch
 import typer
@@ -42,74 +45,108 @@ KernelOption = Annotated[
 OutOption = Annotated[
     Path | None, typer.Option("--out", help="run directory (default results/runs/SPEC-TIMESTAMP)")
 ]
-GpusOption = Annotated[
-    str | None, typer.Option("--gpus", help="GPUs to use: a count N (the first N) or a list such as 0,2")
-]
-WarmupOption = Annotated[
-    int | None, typer.Option("--warmup", help="a fixed number of untimed calls (default: 25 ms of calls)")
-]
-RepsOption = Annotated[
-    int | None, typer.Option("--reps", help="a fixed number of timed calls (default: adaptive, see --rel-ci)")
-]
-RelCiOption = Annotated[
-    float | None,
-    typer.Option(
-        "--rel-ci", help="adaptive reps: stop when the median's 95% interval is within +-this (0.01)"
-    ),
-]
-BudgetOption = Annotated[
-    float | None,
-    typer.Option("--budget", help="adaptive reps: seconds of timed calls per case at most (1.0)"),
-]
-TimeoutOption = Annotated[
-    float | None, typer.Option("--timeout", help="seconds per case, first call included (default 900)")
-]
-FlushOption = Annotated[
-    bool | None, typer.Option("--l2-flush/--no-l2-flush", help="zero a 2x-L2 buffer before each timed call")
-]
-GraphOption = Annotated[
-    bool | None, typer.Option("--cuda-graph/--no-cuda-graph", help="time CUDA-graph replays of one call")
-]
-GradOption = Annotated[
-    str | None,
-    typer.Option("--grad", help="fwbw upstream gradient: fixed (randn, made once) or sum (out.sum())"),
-]
-DryRunOption = Annotated[bool, typer.Option("--dry-run", help="print the expanded cases and exit")]
-CheckOption = Annotated[
-    bool,
-    typer.Option("--check", help="run the correctness gate first; a failing kernel's rows say failed_check"),
-]
-PrecompileOption = Annotated[
-    int,
-    typer.Option(
-        "--precompile",
-        metavar="N",
-        help="compile the kernels in N processes before measuring (autotuned configs split over them)",
-    ),
-]
-RoofsOption = Annotated[
-    bool,
-    typer.Option(
-        "--roofs/--no-roofs",
-        help="record the GPU's measured roofs in env.json (measured first when none are saved)",
-    ),
-]
-NcuOption = Annotated[
-    bool,
-    typer.Option(
-        "--ncu", help="after timing, profile every ok case under ncu for its DRAM bytes (profile.csv)"
-    ),
-]
-NcuPathOption = Annotated[
-    Path | None, typer.Option("--ncu-path", help="the ncu executable for --ncu (default: ncu on PATH)")
-]
+
+
+@dataclass(frozen=True)
+class _Flags:
+    """The options `run` and `sweep` share (None: the spec's value); each field is one option, so a
+    new shared option is one field here (`_with_flags` gives it to both commands)."""
+
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="GPUs to use: a count N (the first N) or a list such as 0,2")
+    ] = None
+    warmup: Annotated[
+        int | None, typer.Option("--warmup", help="a fixed number of untimed calls (default: 25 ms of calls)")
+    ] = None
+    reps: Annotated[
+        int | None,
+        typer.Option("--reps", help="a fixed number of timed calls (default: adaptive, see --rel-ci)"),
+    ] = None
+    rel_ci: Annotated[
+        float | None,
+        typer.Option(
+            "--rel-ci", help="adaptive reps: stop when the median's 95% interval is within +-this (0.01)"
+        ),
+    ] = None
+    budget: Annotated[
+        float | None,
+        typer.Option("--budget", help="adaptive reps: seconds of timed calls per case at most (1.0)"),
+    ] = None
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="seconds per case, first call included (default 900)")
+    ] = None
+    l2_flush: Annotated[
+        bool | None,
+        typer.Option("--l2-flush/--no-l2-flush", help="zero a 2x-L2 buffer before each timed call"),
+    ] = None
+    cuda_graph: Annotated[
+        bool | None, typer.Option("--cuda-graph/--no-cuda-graph", help="time CUDA-graph replays of one call")
+    ] = None
+    grad: Annotated[
+        str | None,
+        typer.Option("--grad", help="fwbw upstream gradient: fixed (randn, made once) or sum (out.sum())"),
+    ] = None
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the expanded cases and exit")] = False
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="run the correctness gate first; a failing kernel's rows say failed_check"
+        ),
+    ] = False
+    precompile: Annotated[
+        int,
+        typer.Option(
+            "--precompile",
+            metavar="N",
+            help="compile the kernels in N processes before measuring (autotuned configs split over them)",
+        ),
+    ] = 0
+    roofs: Annotated[
+        bool,
+        typer.Option(
+            "--roofs/--no-roofs",
+            help="record the GPU's measured roofs in env.json (measured first when none are saved)",
+        ),
+    ] = True
+    ncu: Annotated[
+        bool,
+        typer.Option(
+            "--ncu", help="after timing, profile every ok case under ncu for its DRAM bytes (profile.csv)"
+        ),
+    ] = False
+    ncu_path: Annotated[
+        Path | None, typer.Option("--ncu-path", help="the ncu executable for --ncu (default: ncu on PATH)")
+    ] = None
+
+
+def _with_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with the options of `_Flags` after its own; it receives their values as one `flags`.
+
+    Typer reads a command's options from its signature, so the wrapper shows typer the merged one.
+    """
+    hints = get_type_hints(_Flags, include_extras=True)
+    shared = [
+        inspect.Parameter(
+            field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default, annotation=hints[field.name]
+        )
+        for field in fields(_Flags)
+    ]
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "flags"]
+
+    @functools.wraps(command)
+    def with_flags(**values: Any) -> None:
+        flags = _Flags(**{field.name: values.pop(field.name) for field in fields(_Flags)})
+        command(**values, flags=flags)
+
+    with_flags.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
+    return with_flags
 
 
 def register(app: typer.Typer) -> None:
     """Add `list`, `run` and `sweep` to the main app."""
     app.command("list")(list_adapters)
-    app.command("run")(run)
-    app.command("sweep")(sweep)
+    app.command("run")(_with_flags(run))
+    app.command("sweep")(_with_flags(sweep))
 
 
 def list_adapters(
@@ -190,21 +227,7 @@ def run(
     expand: Annotated[str, typer.Option("--expand", help="grid or zip for several lists")] = "grid",
     name: Annotated[str, typer.Option("--name", help="run name (directory prefix)")] = "adhoc",
     out: OutOption = None,
-    gpus: GpusOption = None,
-    warmup: WarmupOption = None,
-    reps: RepsOption = None,
-    rel_ci: RelCiOption = None,
-    budget: BudgetOption = None,
-    timeout: TimeoutOption = None,
-    l2_flush: FlushOption = None,
-    cuda_graph: GraphOption = None,
-    grad: GradOption = None,
-    dry_run: DryRunOption = False,
-    check: CheckOption = False,
-    precompile: PrecompileOption = 0,
-    roofs: RoofsOption = True,
-    ncu: NcuOption = False,
-    ncu_path: NcuPathOption = None,
+    flags: _Flags = _Flags(),
 ) -> None:
     """Measure kernels at shapes given as flags (the same spec a TOML file would give)."""
     kernels = _names(kernel)
@@ -242,23 +265,6 @@ def run(
         "shape": shape,
     }
     spec = specs.parse_spec(raw, "command line")
-    flags = _Flags(
-        gpus,
-        dry_run,
-        check,
-        precompile,
-        warmup,
-        reps,
-        rel_ci,
-        budget,
-        timeout,
-        l2_flush,
-        cuda_graph,
-        grad,
-        roofs,
-        ncu,
-        ncu_path,
-    )
     _execute(spec, None, out, None, flags)
 
 
@@ -289,21 +295,7 @@ def sweep(
         str | None,
         typer.Option("--seq-len", help="filter the spec's cases to these sequence lengths, e.g. 8192"),
     ] = None,
-    gpus: GpusOption = None,
-    warmup: WarmupOption = None,
-    reps: RepsOption = None,
-    rel_ci: RelCiOption = None,
-    budget: BudgetOption = None,
-    timeout: TimeoutOption = None,
-    l2_flush: FlushOption = None,
-    cuda_graph: GraphOption = None,
-    grad: GradOption = None,
-    dry_run: DryRunOption = False,
-    check: CheckOption = False,
-    precompile: PrecompileOption = 0,
-    roofs: RoofsOption = True,
-    ncu: NcuOption = False,
-    ncu_path: NcuPathOption = None,
+    flags: _Flags = _Flags(),
 ) -> None:
     """Run every case of a spec, each in an isolated worker; rows go to results.csv in the run directory."""
     if spec_path is not None:
@@ -314,47 +306,9 @@ def sweep(
         raise UserError("sweep needs a SPEC file (or --resume DIR)")
     if resume is None and (retry is not None or force):
         raise UserError(f"{'--retry' if retry is not None else '--force'} needs --resume DIR")
-    flags = _Flags(
-        gpus,
-        dry_run,
-        check,
-        precompile,
-        warmup,
-        reps,
-        rel_ci,
-        budget,
-        timeout,
-        l2_flush,
-        cuda_graph,
-        grad,
-        roofs,
-        ncu,
-        ncu_path,
-    )
     lengths = _ints("--seq-len", seq_len) if seq_len else None
     only_lengths = None if lengths is None else lengths if isinstance(lengths, list) else [lengths]
     _execute(spec, _names(kernel), out, resume, flags, _statuses(retry), force, only_lengths)
-
-
-@dataclass(frozen=True)
-class _Flags:
-    """The flags `run` and `sweep` share (None: the spec's value)."""
-
-    gpus: str | None
-    dry_run: bool
-    check: bool
-    precompile: int
-    warmup: int | None
-    reps: int | None
-    rel_ci: float | None
-    budget: float | None
-    timeout: float | None
-    l2_flush: bool | None
-    cuda_graph: bool | None
-    grad: str | None
-    roofs: bool = True
-    ncu: bool = False
-    ncu_path: Path | None = None
 
 
 def _execute(

@@ -1,14 +1,15 @@
 """The analytic model of the TFLA paper (appendix F/G): FLOP and byte counts, accelerators, roofline.
 
-`counts` holds the per-head counts (mLSTM, softmax attention) and the forward+backward factors,
+`counts` holds the per-head counts (mLSTM, softmax attention) and the backward factors,
 `hardware` the accelerator specs, `roofline` the runtime bounds, intensities and optimal chunk sizes.
 """
 
 from tfla_bench.model.counts import (
-    BACKWARD_BYTE_FACTOR,
-    BACKWARD_FLOP_FACTOR,
+    ATTENTION_BACKWARD,
     FORMULATIONS,
     GATES,
+    LINEAR_RNN_BACKWARD,
+    BackwardFactors,
     ChunkTerms,
     MlstmShape,
     attention_bytes,
@@ -18,8 +19,6 @@ from tfla_bench.model.counts import (
     mlstm_bytes,
     mlstm_flop_terms,
     mlstm_flops,
-    mode_bytes,
-    mode_flops,
 )
 from tfla_bench.model.hardware import (
     ACCELERATORS,
@@ -46,11 +45,12 @@ from tfla_bench.model.roofline import (
 
 __all__ = [
     "ACCELERATORS",
-    "BACKWARD_BYTE_FACTOR",
-    "BACKWARD_FLOP_FACTOR",
+    "ATTENTION_BACKWARD",
     "FORMULATIONS",
     "GATES",
+    "LINEAR_RNN_BACKWARD",
     "Accelerator",
+    "BackwardFactors",
     "ChunkOptima",
     "ChunkTerms",
     "Estimate",
@@ -70,8 +70,6 @@ __all__ = [
     "mlstm_bytes",
     "mlstm_flop_terms",
     "mlstm_flops",
-    "mode_bytes",
-    "mode_flops",
     "power_of_two_chunk_sizes",
     "resolve_accelerator",
     "roofline_flops_per_s",

@@ -24,37 +24,43 @@ from tfla_bench.workloads import MODES
 GATES = ("exp", "sig")
 FORMULATIONS = ("chunkwise", "parallel", "recurrent")
 
-# Backward FLOPs as a multiple of forward FLOPs, by kernel family (fwbw = (1 + factor) * fw).
-# attention: FlashAttention's accounting (5 matmuls in the backward against 2 in the forward).
-# mlstm: an estimate; the paper counts only the forward pass. The TFLA backward is dominated by
-#   matmuls over the same tiles as the forward (dQ, dK, dV and the state gradients dC), about
-#   twice the forward matmul work, as for the gradient of any chain of matmuls.
-# gla, mamba2, mamba, lightning: estimates on the same argument (the gradient of the same chain of
-#   matmuls); fla and Mamba2 also recompute the chunk states in the backward, which is not counted.
-BACKWARD_FLOP_FACTOR: dict[str, float] = {
-    "attention": 2.5,
-    "mlstm": 2.0,
-    "gla": 2.0,
-    "mamba2": 2.0,
-    "mamba": 2.0,
-    "lightning": 2.0,
-}
 
-# Backward bytes as a multiple of forward bytes (fwbw = (1 + factor) * fw).
-# attention: exact for the count below: the backward reads q, k, v, o, dO and writes dq, dk, dv,
-#   i.e. 4*(Dqk + Dv) elements per token against 2*(Dqk + Dv) in the forward.
-# mlstm: an estimate; the backward reads the inputs, the stored chunk states and dH and writes
-#   the input gradients and the state gradients, about twice the forward traffic.
-# gla, mamba2, mamba, lightning: estimates; they read the inputs, the chunk states and dO and write
-#   the input and state gradients, about twice the forward traffic.
-BACKWARD_BYTE_FACTOR: dict[str, float] = {
-    "attention": 2.0,
-    "mlstm": 2.0,
-    "gla": 2.0,
-    "mamba2": 2.0,
-    "mamba": 2.0,
-    "lightning": 2.0,
-}
+@dataclass(frozen=True)
+class BackwardFactors:
+    """A kernel's backward FLOPs and bytes as multiples of its forward's: fwbw = (1 + factor) * fw.
+
+    An adapter's counts pick the factors of its kernel (`ATTENTION_BACKWARD`, `LINEAR_RNN_BACKWARD`).
+    """
+
+    flops: float
+    bytes: float
+
+    def total_flops(self, fw_flops: float, mode: str) -> float:
+        """FLOPs of one call in `mode` (`fw` or `fwbw`) given its forward FLOPs."""
+        return _in_mode(fw_flops, self.flops, mode)
+
+    def total_bytes(self, fw_bytes: float, mode: str) -> float:
+        """Bytes of one call in `mode` (`fw` or `fwbw`) given its forward bytes."""
+        return _in_mode(fw_bytes, self.bytes, mode)
+
+
+def _in_mode(fw_value: float, factor: float, mode: str) -> float:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    return fw_value if mode == "fw" else fw_value * (1 + factor)
+
+
+# Softmax attention. FLOPs: FlashAttention's accounting, 5 matmuls in the backward against 2 in the
+# forward. Bytes: exact for `attention_bytes`: the backward reads q, k, v, o, dO and writes dq, dk,
+# dv, i.e. 4*(Dqk + Dv) elements per token against 2*(Dqk + Dv) in the forward.
+ATTENTION_BACKWARD = BackwardFactors(flops=2.5, bytes=2.0)
+# The linear RNNs (mLSTM, GLA, Mamba, LightningAttention): estimates, as the paper counts only the
+# forward pass. The backward is dominated by matmuls over the same tiles as the forward (dQ, dK, dV
+# and the state gradients), about twice the forward's matmul work, as for the gradient of any chain
+# of matmuls; it reads the inputs, the stored chunk states and dO and writes the input and state
+# gradients, about twice the forward traffic. fla and Mamba2 also recompute the chunk states in the
+# backward, which is not counted.
+LINEAR_RNN_BACKWARD = BackwardFactors(flops=2.0, bytes=2.0)
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,8 @@ class ChunkTerms:
         )
 
 
-def _check_positive(**values: float | None) -> None:
+def check_positive(**values: float | None) -> None:
+    """A `UserError` naming the first value that is missing, not finite or not positive."""
     for name, value in values.items():
         if value is None or not math.isfinite(value) or value <= 0:
             raise UserError(f"{name} must be a positive number, got {value}")
@@ -91,7 +98,8 @@ def _check_formulation(formulation: str) -> None:
         raise UserError(f"unknown formulation {formulation!r}; choose one of {', '.join(FORMULATIONS)}")
 
 
-def _check_causal_factor(causal_factor: float) -> None:
+def check_causal_factor(causal_factor: float) -> None:
+    """A `UserError` unless the causal factor Fc is in (0, 1]."""
     if not 0 < causal_factor <= 1:
         raise UserError(f"causal_factor must be in (0, 1], got {causal_factor}")
 
@@ -99,7 +107,7 @@ def _check_causal_factor(causal_factor: float) -> None:
 def _check_chunk_in_range(seq_len: float, chunk_size: float | None) -> float:
     if chunk_size is None:
         raise UserError("the chunkwise formulation needs a chunk size")
-    _check_positive(chunk_size=chunk_size)
+    check_positive(chunk_size=chunk_size)
     if chunk_size > seq_len:
         raise UserError(f"chunk size {chunk_size} is larger than the sequence length {seq_len}")
     return chunk_size
@@ -132,8 +140,8 @@ def mlstm_flop_terms(
         causal_factor: fraction of the L x L intra-chunk matrices computed (0.5 ideal causal).
     """
     _check_gate(gate)
-    _check_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
-    _check_causal_factor(causal_factor)
+    check_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    check_causal_factor(causal_factor)
     dqk, dhv, fc = head_dim_qk, head_dim_v, causal_factor
     if gate == "exp":
         return ChunkTerms(
@@ -168,7 +176,7 @@ def mlstm_byte_terms(
         state_bytes: bytes per element of the chunk states C, n, m.
     """
     _check_gate(gate)
-    _check_positive(
+    check_positive(
         head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v,
         qkv_bytes=qkv_bytes,
@@ -214,8 +222,8 @@ def mlstm_flops(
     """
     _check_gate(gate)
     _check_formulation(formulation)
-    _check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
-    _check_causal_factor(causal_factor)
+    check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    check_causal_factor(causal_factor)
     t, dqk, dhv, fc = float(seq_len), head_dim_qk, head_dim_v, causal_factor
     if formulation == "chunkwise":
         chunk = _check_chunk_in_range(t, chunk_size)
@@ -265,7 +273,7 @@ def mlstm_bytes(
     """
     _check_gate(gate)
     _check_formulation(formulation)
-    _check_positive(
+    check_positive(
         seq_len=seq_len,
         head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v,
@@ -308,8 +316,8 @@ def attention_flops(
         head_dim_v: value head dim.
         causal_factor: 0.5 for causal attention, 1.0 for non-causal.
     """
-    _check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
-    _check_causal_factor(causal_factor)
+    check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    check_causal_factor(causal_factor)
     return 2 * float(seq_len) ** 2 * (head_dim_qk + head_dim_v) * causal_factor
 
 
@@ -322,26 +330,8 @@ def attention_bytes(*, seq_len: float, head_dim_qk: float, head_dim_v: float, qk
         head_dim_v: value head dim.
         qkv_bytes: bytes per element of q, k, v, o.
     """
-    _check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, qkv_bytes=qkv_bytes)
+    check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, qkv_bytes=qkv_bytes)
     return float(seq_len) * (2 * head_dim_qk + 2 * head_dim_v) * qkv_bytes
-
-
-def _mode_total(fw_value: float, factors: dict[str, float], family: str, mode: str) -> float:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if family not in factors:
-        raise ValueError(f"no backward factor for family {family!r}; known: {', '.join(sorted(factors))}")
-    return fw_value if mode == "fw" else fw_value * (1 + factors[family])
-
-
-def mode_flops(fw_flops: float, family: str, mode: str) -> float:
-    """FLOPs of one call in `mode` ("fw" or "fwbw") given its forward FLOPs (see `BACKWARD_FLOP_FACTOR`)."""
-    return _mode_total(fw_flops, BACKWARD_FLOP_FACTOR, family, mode)
-
-
-def mode_bytes(fw_bytes: float, family: str, mode: str) -> float:
-    """Bytes of one call in `mode` ("fw" or "fwbw") given its forward bytes (see `BACKWARD_BYTE_FACTOR`)."""
-    return _mode_total(fw_bytes, BACKWARD_BYTE_FACTOR, family, mode)
 
 
 @dataclass(frozen=True)
@@ -364,67 +354,41 @@ class MlstmShape:
 
     def __post_init__(self) -> None:
         _check_gate(self.gate)
-        _check_positive(
-            seq_len=self.seq_len,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            batch=self.batch,
-            heads=self.heads,
-            qkv_bytes=self.qkv_bytes,
-            gate_bytes=self.gate_bytes,
-            state_bytes=self.state_bytes,
-        )
-        _check_causal_factor(self.causal_factor)
+        check_positive(seq_len=self.seq_len, batch=self.batch, heads=self.heads, **self._byte_args())
+        check_causal_factor(self.causal_factor)
 
     @property
     def label(self) -> str:
         """The paper's name of the variant: mLSTMexp or mLSTMsig."""
         return f"mLSTM{self.gate}"
 
+    def _flop_args(self) -> dict[str, float]:
+        """What the FLOP counts take besides gate, formulation and lengths."""
+        return {name: getattr(self, name) for name in ("head_dim_qk", "head_dim_v", "causal_factor")}
+
+    def _byte_args(self) -> dict[str, float]:
+        """What the byte counts take besides gate, formulation and lengths."""
+        names = ("head_dim_qk", "head_dim_v", "qkv_bytes", "gate_bytes", "state_bytes")
+        return {name: getattr(self, name) for name in names}
+
     def flop_terms(self) -> ChunkTerms:
         """Per-chunk FLOP terms of one head (see `mlstm_flop_terms`)."""
-        return mlstm_flop_terms(
-            self.gate,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            causal_factor=self.causal_factor,
-        )
+        return mlstm_flop_terms(self.gate, **self._flop_args())
 
     def byte_terms(self) -> ChunkTerms:
         """Per-chunk byte terms of one head (see `mlstm_byte_terms`)."""
-        return mlstm_byte_terms(
-            self.gate,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            qkv_bytes=self.qkv_bytes,
-            gate_bytes=self.gate_bytes,
-            state_bytes=self.state_bytes,
-        )
+        return mlstm_byte_terms(self.gate, **self._byte_args())
 
     def flops(self, formulation: str, chunk_size: float | None = None) -> float:
         """Forward FLOPs of the whole call (batch * heads * per-head count)."""
         per_head = mlstm_flops(
-            self.gate,
-            formulation,
-            seq_len=self.seq_len,
-            chunk_size=chunk_size,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            causal_factor=self.causal_factor,
+            self.gate, formulation, seq_len=self.seq_len, chunk_size=chunk_size, **self._flop_args()
         )
         return self.batch * self.heads * per_head
 
     def bytes_moved(self, formulation: str, chunk_size: float | None = None) -> float:
         """Forward memory bytes of the whole call (batch * heads * per-head count)."""
         per_head = mlstm_bytes(
-            self.gate,
-            formulation,
-            seq_len=self.seq_len,
-            chunk_size=chunk_size,
-            head_dim_qk=self.head_dim_qk,
-            head_dim_v=self.head_dim_v,
-            qkv_bytes=self.qkv_bytes,
-            gate_bytes=self.gate_bytes,
-            state_bytes=self.state_bytes,
+            self.gate, formulation, seq_len=self.seq_len, chunk_size=chunk_size, **self._byte_args()
         )
         return self.batch * self.heads * per_head

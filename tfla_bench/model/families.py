@@ -5,8 +5,8 @@ Conventions are those of `tfla_bench.model.counts` (the TFLA paper's simplified 
 multiply-accumulate is 2 FLOPs, an elementwise operation (add, multiply, exp, ...) is 1 FLOP, the
 L x L intra-chunk matrices are counted at the causal factor Fc (0.5 = only the causal half), and
 nothing recomputed is counted. Counts are per head and per sequence in the forward pass unless a
-function says otherwise; an adapter multiplies by batch * heads and applies `mode_flops` /
-`mode_bytes` for `fwbw`.
+function says otherwise; an adapter multiplies by batch * heads and applies its kernel's
+`BackwardFactors` (`tfla_bench.model.counts`) for `fwbw`.
 
 FLOPs count the algorithm's work. Bytes count the HBM traffic of the library's kernels as written:
 every kernel that reads or writes a tensor counts it once (so a tensor read by two kernels counts
@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import math
 
-from tfla_bench.errors import UserError
-from tfla_bench.model.counts import ChunkTerms
+from tfla_bench.model.counts import ChunkTerms, check_causal_factor, check_positive
 
 # fla's GLA splits each chunk into sub-chunks of 16 for the intra-chunk scores (chunk_gla_fwd_intra_gk).
 GLA_SUB_CHUNK = 16
@@ -48,15 +47,19 @@ LIGHTNING_VALUE_BLOCK = 32
 FP32_BYTES = 4
 
 
-def _require_positive(**values: float) -> None:
-    for name, value in values.items():
-        if not math.isfinite(value) or value <= 0:
-            raise UserError(f"{name} must be a positive number, got {value}")
+def _flop_dims(
+    head_dim_qk: float, head_dim_v: float, causal_factor: float, **others: float
+) -> tuple[float, float, float]:
+    """K, V and Fc of a FLOP count as floats, checked (with `others`, such as a sub-chunk size)."""
+    check_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, **others)
+    check_causal_factor(causal_factor)
+    return float(head_dim_qk), float(head_dim_v), causal_factor
 
 
-def _require_causal_factor(causal_factor: float) -> None:
-    if not 0 < causal_factor <= 1:
-        raise UserError(f"causal_factor must be in (0, 1], got {causal_factor}")
+def _byte_dims(head_dim_qk: float, head_dim_v: float, **byte_sizes: float) -> tuple[float, float]:
+    """K and V of a byte count as floats, checked with the element sizes `byte_sizes`."""
+    check_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, **byte_sizes)
+    return float(head_dim_qk), float(head_dim_v)
 
 
 def simple_gla_flop_terms(*, head_dim_qk: float, head_dim_v: float, causal_factor: float = 0.5) -> ChunkTerms:
@@ -77,9 +80,7 @@ def simple_gla_flop_terms(*, head_dim_qk: float, head_dim_v: float, causal_facto
         >>> simple_gla_flop_terms(head_dim_qk=1, head_dim_v=1, causal_factor=1.0)
         ChunkTerms(quadratic=7.0, linear=12.0, constant=3.0)
     """
-    _require_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
-    _require_causal_factor(causal_factor)
-    k, v, fc = float(head_dim_qk), float(head_dim_v), causal_factor
+    k, v, fc = _flop_dims(head_dim_qk, head_dim_v, causal_factor)
     return ChunkTerms(
         quadratic=fc * (2 * k + 2 * v + 3),
         linear=4 * k * v + 2 * k + 2 * v + 4,
@@ -110,9 +111,7 @@ def gla_flop_terms(
         >>> gla_flop_terms(head_dim_qk=1, head_dim_v=1, causal_factor=1.0, sub_chunk=2)
         ChunkTerms(quadratic=5.0, linear=28.0, constant=3.0)
     """
-    _require_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, sub_chunk=sub_chunk)
-    _require_causal_factor(causal_factor)
-    k, v, fc = float(head_dim_qk), float(head_dim_v), causal_factor
+    k, v, fc = _flop_dims(head_dim_qk, head_dim_v, causal_factor, sub_chunk=sub_chunk)
     return ChunkTerms(
         quadratic=fc * (2 * k + 2 * v + 1),
         linear=4 * k * v + (12 + 5 * fc * sub_chunk) * k + 2 * v,
@@ -141,14 +140,9 @@ def simple_gla_byte_terms(
         gate_bytes: bytes per element of the gate input g.
         state_bytes: bytes per element of the materialized chunk states.
     """
-    _require_positive(
-        head_dim_qk=head_dim_qk,
-        head_dim_v=head_dim_v,
-        qkv_bytes=qkv_bytes,
-        gate_bytes=gate_bytes,
-        state_bytes=state_bytes,
+    k, v = _byte_dims(
+        head_dim_qk, head_dim_v, qkv_bytes=qkv_bytes, gate_bytes=gate_bytes, state_bytes=state_bytes
     )
-    k, v = float(head_dim_qk), float(head_dim_v)
     return ChunkTerms(
         quadratic=0.0,
         linear=qkv_bytes * (3 * k + 3 * v) + gate_bytes + 3 * FP32_BYTES,
@@ -177,14 +171,9 @@ def gla_byte_terms(
         gate_bytes: bytes per element of the gate input g.
         state_bytes: bytes per element of the materialized chunk states.
     """
-    _require_positive(
-        head_dim_qk=head_dim_qk,
-        head_dim_v=head_dim_v,
-        qkv_bytes=qkv_bytes,
-        gate_bytes=gate_bytes,
-        state_bytes=state_bytes,
+    k, v = _byte_dims(
+        head_dim_qk, head_dim_v, qkv_bytes=qkv_bytes, gate_bytes=gate_bytes, state_bytes=state_bytes
     )
-    k, v = float(head_dim_qk), float(head_dim_v)
     return ChunkTerms(
         quadratic=2 * FP32_BYTES,
         linear=qkv_bytes * (4 * k + 3 * v) + k * (gate_bytes + 4 * FP32_BYTES),
@@ -216,8 +205,8 @@ def mamba2_flop_terms(
         >>> mamba2_flop_terms(state_dim=1, head_dim=1, causal_factor=1.0)
         ChunkTerms(quadratic=9.0, linear=13.0, constant=3.0)
     """
-    _require_positive(state_dim=state_dim, head_dim=head_dim, groups_per_head=groups_per_head)
-    _require_causal_factor(causal_factor)
+    check_positive(state_dim=state_dim, head_dim=head_dim, groups_per_head=groups_per_head)
+    check_causal_factor(causal_factor)
     n, p, fc, r = float(state_dim), float(head_dim), causal_factor, groups_per_head
     return ChunkTerms(
         quadratic=fc * (2 * n * r + 2 * p + 5),
@@ -248,7 +237,7 @@ def mamba2_byte_terms(
         state_bytes: bytes per element of the passed states (the dtype of C in mamba_ssm).
         groups_per_head: r = ngroups / nheads.
     """
-    _require_positive(
+    check_positive(
         state_dim=state_dim,
         head_dim=head_dim,
         io_bytes=io_bytes,
@@ -283,9 +272,7 @@ def lightning_flop_terms(*, head_dim_qk: float, head_dim_v: float, causal_factor
         >>> lightning_flop_terms(head_dim_qk=1, head_dim_v=1, causal_factor=1.0)
         ChunkTerms(quadratic=5.0, linear=7.0, constant=2.0)
     """
-    _require_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
-    _require_causal_factor(causal_factor)
-    k, v, fc = float(head_dim_qk), float(head_dim_v), causal_factor
+    k, v, fc = _flop_dims(head_dim_qk, head_dim_v, causal_factor)
     return ChunkTerms(
         quadratic=fc * (2 * k + 2 * v + 1),
         linear=4 * k * v + k + 2 * v,
@@ -304,8 +291,7 @@ def lightning_byte_terms(*, head_dim_qk: float, head_dim_v: float, qkv_bytes: fl
         head_dim_v: value head dim V.
         qkv_bytes: bytes per element of q, k, v, o.
     """
-    _require_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, qkv_bytes=qkv_bytes)
-    k, v = float(head_dim_qk), float(head_dim_v)
+    k, v = _byte_dims(head_dim_qk, head_dim_v, qkv_bytes=qkv_bytes)
     value_programs = math.ceil(v / LIGHTNING_VALUE_BLOCK)
     return ChunkTerms(quadratic=0.0, linear=qkv_bytes * (2 * k * value_programs + 2 * v), constant=0.0)
 
@@ -326,7 +312,7 @@ def selective_scan_flops(*, seq_len: float, channels: float, state_dim: float) -
         >>> selective_scan_flops(seq_len=2, channels=3, state_dim=4)
         216.0
     """
-    _require_positive(seq_len=seq_len, channels=channels, state_dim=state_dim)
+    check_positive(seq_len=seq_len, channels=channels, state_dim=state_dim)
     return float(seq_len) * channels * (7 * state_dim + 8)
 
 
@@ -340,7 +326,7 @@ def selective_scan_bytes(*, seq_len: float, channels: float, state_dim: float, i
         state_dim: state dim N.
         io_bytes: bytes per element of u, dt, z, B, C, out.
     """
-    _require_positive(seq_len=seq_len, channels=channels, state_dim=state_dim, io_bytes=io_bytes)
+    check_positive(seq_len=seq_len, channels=channels, state_dim=state_dim, io_bytes=io_bytes)
     t = float(seq_len)
     return t * io_bytes * (4 * channels + 2 * state_dim) + FP32_BYTES * channels * (state_dim + 1)
 
@@ -355,7 +341,7 @@ def causal_conv1d_flops(*, seq_len: float, channels: float, width: float) -> flo
         channels: conv channels.
         width: conv width (taps).
     """
-    _require_positive(seq_len=seq_len, channels=channels, width=width)
+    check_positive(seq_len=seq_len, channels=channels, width=width)
     return float(seq_len) * channels * (2 * width + 5)
 
 
@@ -367,5 +353,5 @@ def causal_conv1d_bytes(*, seq_len: float, channels: float, io_bytes: float = 2)
         channels: conv channels.
         io_bytes: bytes per element of input and output.
     """
-    _require_positive(seq_len=seq_len, channels=channels, io_bytes=io_bytes)
+    check_positive(seq_len=seq_len, channels=channels, io_bytes=io_bytes)
     return 2 * float(seq_len) * channels * io_bytes

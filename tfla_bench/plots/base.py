@@ -111,12 +111,12 @@ def grid_shape(panels: int, max_columns: int = 3) -> tuple[int, int]:
 
 def device_name(run: Run) -> str:
     """The run's GPU as env.json names it, or `CPU` for a run without one."""
-    return str(run.env.get("gpu_name") or CPU)
+    return CPU if run.gpu.cpu else run.gpu.name
 
 
 def is_cpu_run(run: Run) -> bool:
     """Whether the run had no GPU (so no GPU roof applies to it)."""
-    return not run.env.get("gpu_name")
+    return run.gpu.cpu
 
 
 def run_dtypes(run: Run) -> str:

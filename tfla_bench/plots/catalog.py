@@ -28,7 +28,6 @@ GROUPS: dict[str, Callable[[FigureContext], list[Plot]]] = {
     "model": lambda _: model_plots(),
 }
 MODEL_DPI = 150
-FRACTION_CSV = "roofline_fraction.csv"
 
 
 def plots(context: FigureContext, groups: Sequence[str]) -> list[Plot]:
@@ -102,6 +101,6 @@ def plot_measured_roofline(run_dir: Path, out_dir: Path, accelerators: Sequence[
     run = load_run(run_dir)
     context = run_context(run, None, accelerators)
     paths = save(render(plots(context, ["measured"]), context), out_dir)
-    csv_path = out_dir / FRACTION_CSV
+    csv_path = out_dir / rundir.ROOFLINE_FRACTION
     rundir.write_atomic(csv_path, roofline_fractions(run, context.accelerators).to_csv(index=False))
     return [*paths, csv_path]

@@ -39,8 +39,7 @@ from matplotlib.figure import Figure
 
 from tfla_bench import registry
 from tfla_bench.compare import Run, param_columns
-from tfla_bench.kernels.adapters._mlstm import ChunkwiseMlstmAdapter
-from tfla_bench.model.counts import mlstm_bytes, mlstm_flops, mode_bytes, mode_flops
+from tfla_bench.kernels.adapters._mlstm import ChunkwiseMlstmAdapter, mlstm_counts
 from tfla_bench.model.hardware import Accelerator
 from tfla_bench.model.roofline import runtime_ms_lower, runtime_ms_upper
 from tfla_bench.plots.base import (
@@ -66,9 +65,8 @@ from tfla_bench.plots.style import accelerator_style, row_style
 from tfla_bench.profiling import roof_check
 from tfla_bench.published import CASE_KEYS
 from tfla_bench.roofs import from_env
+from tfla_bench.workloads import Case
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-STATE_BYTES = 4
 MIN_THEORY_CHUNK = 16
 FRACTION_MIN_HEIGHT = 3.6
 # The gid of the thin line from a profiled row's model intensity to its measured one.
@@ -305,27 +303,11 @@ def profiled_roofline_figure(context: FigureContext, mode: str) -> Figure | None
     return fig
 
 
-def _theory_ms(kernel: str, shape: dict[str, Any], mode: str, dtype: str, chunk: float, acc: Accelerator):
-    gate = mlstm_gates()[kernel]
-    element = DTYPE_BYTES.get(dtype, 2)
-    dims = {
-        "seq_len": shape["seq_len"],
-        "head_dim_qk": shape["head_dim_qk"],
-        "head_dim_v": shape["head_dim_v"],
-    }
-    fw_flops = mlstm_flops(gate, "chunkwise", chunk_size=chunk, **dims)
-    fw_bytes = mlstm_bytes(
-        gate,
-        "chunkwise",
-        chunk_size=chunk,
-        qkv_bytes=element,
-        gate_bytes=element,
-        state_bytes=STATE_BYTES,
-        **dims,
-    )
-    scale = shape["batch"] * shape["num_heads"]
-    flops = mode_flops(fw_flops, "mlstm", mode) * scale
-    moved = mode_bytes(fw_bytes, "mlstm", mode) * scale
+def _theory_ms(kernel: str, shape: dict[str, Any], mode: str, dtype: str, chunk: int, acc: Accelerator):
+    """The model's runtime bounds on `acc` of the kernel's call at chunk size `chunk`, from the
+    counts its adapter reports (`mlstm_counts`)."""
+    case = Case(kernel=kernel, mode=mode, dtype=dtype, **shape)
+    flops, moved = mlstm_counts(case, mode, mlstm_gates()[kernel], "chunkwise", chunk)
     return runtime_ms_lower(flops, moved, acc), runtime_ms_upper(flops, moved, acc)
 
 

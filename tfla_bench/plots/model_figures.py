@@ -13,6 +13,7 @@ vary the head dim d_hv with d_qk = p_qk * d_hv.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -202,12 +203,28 @@ def figure_runtime_vs_chunk_size(context: FigureContext) -> Figure:
     return fig
 
 
-def figure_intensity_vs_chunk_size(context: FigureContext) -> Figure:
-    """Fig. 21: arithmetic intensity of the mLSTMsig forward vs chunk size, fp32 and bf16 states."""
+def _state_dtype_panels(draw: Callable[[Axes, int], str], ylabel: str, title: str) -> Figure:
+    """Two panels sharing y, the chunk states C in float32 (4 bytes) and in bfloat16 (2 bytes);
+    `draw(ax, state_bytes)` fills a panel and returns what its title adds to the state's dtype."""
     fig = new_figure(12, 4.8)
     axes = fig.subplots(1, 2, sharey=True)
-    chunk = _chunk_grid(PAPER_7B.seq_len)
     for ax, state_bytes in zip(axes, (4, 2), strict=True):
+        detail = draw(ax, state_bytes)
+        ax.set_title(
+            f"state C in {'float32' if state_bytes == 4 else 'bfloat16'} ({state_bytes} bytes){detail}"
+        )
+        _finish(ax)
+    axes[0].set_ylabel(ylabel)
+    fig.legend(*axes[-1].get_legend_handles_labels(), fontsize=8, loc="outside right center")
+    fig.suptitle(title)
+    return fig
+
+
+def figure_intensity_vs_chunk_size(context: FigureContext) -> Figure:
+    """Fig. 21: arithmetic intensity of the mLSTMsig forward vs chunk size, fp32 and bf16 states."""
+    chunk = _chunk_grid(PAPER_7B.seq_len)
+
+    def draw(ax: Axes, state_bytes: int) -> str:
         for dhv, style in ((512, "-"), (256, "--"), (128, "-.")):
             shape = replace(PAPER_7B, head_dim_qk=dhv // 2, head_dim_v=dhv, state_bytes=state_bytes)
             ax.plot(chunk, _intensity(shape, chunk), style, color="black", label=f"mLSTMsig d_hv={dhv}")
@@ -221,15 +238,14 @@ def figure_intensity_vs_chunk_size(context: FigureContext) -> Figure:
             )
         _log2_x(ax)
         ax.set_yscale("log")
-        ax.set_title(f"state C in {'float32' if state_bytes == 4 else 'bfloat16'} ({state_bytes} bytes)")
-        _finish(ax)
-    axes[0].set_ylabel("arithmetic intensity [FLOP/byte]")
-    fig.legend(*axes[-1].get_legend_handles_labels(), fontsize=8, loc="outside right center")
-    fig.suptitle(
+        return ""
+
+    return _state_dtype_panels(
+        draw,
+        "arithmetic intensity [FLOP/byte]",
         "Fig. 21 — intensity grows with L and crosses each GPU's ridge point (d_qk = d_hv/2)\n"
-        f"{QKV_DTYPE} q/k/v and gates"
+        f"{QKV_DTYPE} q/k/v and gates",
     )
-    return fig
 
 
 def figure_roofline(context: FigureContext) -> Figure:
@@ -321,11 +337,10 @@ def figure_flops_per_s_and_flops(context: FigureContext) -> Figure:
 
 def figure_runtime_optimal_chunk_vs_head_dim(context: FigureContext) -> Figure:
     """Fig. 24: runtime-optimal chunk size of mLSTMsig vs head dim, fp32 and bf16 states (p_qk = 0.5)."""
-    fig = new_figure(12, 4.8)
-    axes = fig.subplots(1, 2, sharey=True)
     # A long sequence so that the [1, T] clipping never hides the sqrt(d_hv) law.
     seq_len = 2**20
-    for ax, state_bytes in zip(axes, (4, 2), strict=True):
+
+    def draw(ax: Axes, state_bytes: int) -> str:
         shapes = [
             MlstmShape("sig", seq_len, int(dhv) // 2, int(dhv), state_bytes=state_bytes)
             for dhv in HEAD_DIMS_V
@@ -349,17 +364,14 @@ def figure_runtime_optimal_chunk_vs_head_dim(context: FigureContext) -> Figure:
         ax.plot(HEAD_DIMS_V, flop_optima, "--", color="black", label="FLOP-optimal (any GPU)")
         _log2_x(ax, "head dim d_hv")
         _log2_y(ax)
-        ax.set_title(
-            f"state C in {'float32' if state_bytes == 4 else 'bfloat16'} ({state_bytes} bytes), p_qk=0.5"
-        )
-        _finish(ax)
-    axes[0].set_ylabel("runtime-optimal chunk size L [tokens] (no overlap)")
-    fig.legend(*axes[-1].get_legend_handles_labels(), fontsize=8, loc="outside right center")
-    fig.suptitle(
+        return ", p_qk=0.5"
+
+    return _state_dtype_panels(
+        draw,
+        "runtime-optimal chunk size L [tokens] (no overlap)",
         "Fig. 24 — runtime-optimal chunk size of mLSTMsig grows as sqrt(d_hv), far above the FLOP optimum\n"
-        f"{QKV_DTYPE} q/k/v and gates, T=2^20"
+        f"{QKV_DTYPE} q/k/v and gates, T=2^20",
     )
-    return fig
 
 
 def figure_runtime_optimal_chunk_vs_intensity(context: FigureContext) -> Figure:

@@ -19,6 +19,7 @@ matplotlib `Figure` from the context, or None when the run does not sweep its ax
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -48,6 +49,21 @@ SHORT_NAMES = {
     "head_dim_v": "Dv",
     "chunk_size": "L",
 }
+
+
+@dataclass(frozen=True)
+class Measure:
+    """What a panel draws on y: the measured column, its published column, the axis label and the
+    divisor from the column's unit to the axis's."""
+
+    column: str
+    published: str
+    label: str
+    scale: float = 1.0
+
+
+RUNTIME = Measure("median_ms", "published_ms", "median runtime [ms]")
+MEMORY = Measure("peak_memory_bytes", "published_peak_memory_bytes", "peak memory [GB]", GB)
 
 
 @dataclass
@@ -247,27 +263,11 @@ def series_panels(
         xs: list[float] = []
         ys: list[float] = []
         for series in drawable[mode]:
-            points = _ok_points(series.rows, x, y)
-            style = series.style
-            ax.plot(points[x], points[y] / y_scale, label=series.label, **style.line())
-            xs += list(points[x])
-            ys += list(points[y] / y_scale)
+            drawn_x, drawn_y, published = _draw_series(ax, series, x, y, published_y, y_scale)
+            xs += drawn_x
+            ys += drawn_y
             shown.add((series.kernel, mode))
-            if published_y is not None:
-                pub = _published_points(series.rows, x, published_y)
-                if len(pub):
-                    ax.plot(
-                        pub[x],
-                        pub[published_y] / y_scale,
-                        linestyle=PUBLISHED_LINESTYLE,
-                        marker=PUBLISHED_MARKER,
-                        color=style.color,
-                        alpha=0.8,
-                        label=published_label(series.label),
-                    )
-                    xs += list(pub[x])
-                    ys += list(pub[published_y] / y_scale)
-                    has_published = True
+            has_published |= published
         if log2_x:
             set_log2_x(ax, xs)
         positive = [v for v in ys if v > 0]
@@ -283,6 +283,31 @@ def series_panels(
     return fig
 
 
+def _draw_series(
+    ax: Axes, series: Series, x: str, y: str, published_y: str | None, scale: float
+) -> tuple[list[float], list[float], bool]:
+    """Draw a series' ok points along `x` in its look, and its published values (`published_y`, when
+    given) dotted with crosses in its colour; return the x and y values drawn and whether any of
+    them were published."""
+    points = _ok_points(series.rows, x, y)
+    ax.plot(points[x], points[y] / scale, label=series.label, **series.style.line())
+    xs, ys = list(points[x]), list(points[y] / scale)
+    pub = _published_points(series.rows, x, published_y) if published_y is not None else pd.DataFrame()
+    if len(pub):
+        ax.plot(
+            pub[x],
+            pub[published_y] / scale,
+            linestyle=PUBLISHED_LINESTYLE,
+            marker=PUBLISHED_MARKER,
+            color=series.style.color,
+            alpha=0.8,
+            label=published_label(series.label),
+        )
+        xs += list(pub[x])
+        ys += list(pub[published_y] / scale)
+    return xs, ys, bool(len(pub))
+
+
 def _title(run: Run, what: str, comparison: Comparison | None) -> str:
     title = f"{what}\n{run_subtitle(run)}"
     if comparison is not None:
@@ -296,55 +321,65 @@ def _const_token_fixed(rows: pd.DataFrame) -> list[str]:
     return ["num_heads", "head_dim_qk", "head_dim_v", "chunk_size", *([] if tokens == 1 else ["batch"])]
 
 
-def runtime_vs_seq_len_figure(context: FigureContext) -> Figure | None:
-    """Median runtime over the sequence length, fw and fwbw panels (paper Fig. 5)."""
+def _measure_panels(
+    context: FigureContext,
+    measure: Measure,
+    *,
+    x: str,
+    xlabel: str,
+    what: str,
+    fixed: Callable[[pd.DataFrame], list[str]],
+) -> Figure | None:
+    """`series_panels` of the run's `measure` along `x`, beside the published values when compared."""
     run, comparison = context.run, context.comparison
     rows = with_published(run, comparison)
     return series_panels(
         rows,
-        x="seq_len",
-        y="median_ms",
-        fixed=_const_token_fixed(rows),
-        xlabel="sequence length T",
-        ylabel="median runtime [ms]",
-        title=_title(run, "runtime vs sequence length", comparison),
-        published_y="published_ms" if comparison is not None else None,
+        x=x,
+        y=measure.column,
+        fixed=fixed(rows),
+        xlabel=xlabel,
+        ylabel=measure.label,
+        title=_title(run, what, comparison),
+        published_y=measure.published if comparison is not None else None,
         published_gpu=PUBLISHED_GPU_SHORT,
+        y_scale=measure.scale,
+    )
+
+
+def runtime_vs_seq_len_figure(context: FigureContext) -> Figure | None:
+    """Median runtime over the sequence length, fw and fwbw panels (paper Fig. 5)."""
+    return _measure_panels(
+        context,
+        RUNTIME,
+        x="seq_len",
+        xlabel="sequence length T",
+        what="runtime vs sequence length",
+        fixed=_const_token_fixed,
     )
 
 
 def memory_vs_seq_len_figure(context: FigureContext) -> Figure | None:
     """Peak memory over the sequence length, fw and fwbw panels (paper Fig. 15/16 right)."""
-    run, comparison = context.run, context.comparison
-    rows = with_published(run, comparison)
-    return series_panels(
-        rows,
+    return _measure_panels(
+        context,
+        MEMORY,
         x="seq_len",
-        y="peak_memory_bytes",
-        fixed=_const_token_fixed(rows),
         xlabel="sequence length T",
-        ylabel="peak memory [GB]",
-        title=_title(run, "peak memory vs sequence length", comparison),
-        published_y="published_peak_memory_bytes" if comparison is not None else None,
-        published_gpu=PUBLISHED_GPU_SHORT,
-        y_scale=GB,
+        what="peak memory vs sequence length",
+        fixed=_const_token_fixed,
     )
 
 
 def runtime_vs_head_dim_figure(context: FigureContext) -> Figure | None:
     """Median runtime over the value head dim at fixed batch and sequence length (paper Fig. 17)."""
-    run, comparison = context.run, context.comparison
-    rows = with_published(run, comparison)
-    return series_panels(
-        rows,
+    return _measure_panels(
+        context,
+        RUNTIME,
         x="head_dim_v",
-        y="median_ms",
-        fixed=["batch", "seq_len", "chunk_size"],
         xlabel="head dim Dv (heads = embedding / Dv)",
-        ylabel="median runtime [ms]",
-        title=_title(run, "runtime vs head dim", comparison),
-        published_y="published_ms" if comparison is not None else None,
-        published_gpu=PUBLISHED_GPU_SHORT,
+        what="runtime vs head dim",
+        fixed=lambda _rows: ["batch", "seq_len", "chunk_size"],
     )
 
 
@@ -384,39 +419,23 @@ def chunk_tradeoff_figure(context: FigureContext, shape: dict[str, Any]) -> Figu
     axes = fig.subplots(len(modes), 2, squeeze=False)
     shown: set[tuple[str, str]] = set()
     has_published = False
-    panels: list[tuple[str, str, str, float]] = [
-        ("median_ms", "published_ms", "median runtime [ms]", 1.0),
-        ("peak_memory_bytes", "published_peak_memory_bytes", "peak memory [GB]", GB),
-    ]
     for row_axes, mode in zip(axes, modes, strict=True):
         mode_rows = rows[rows["mode"] == mode]
-        for ax, (y, published_y, ylabel, scale) in zip(row_axes, panels, strict=True):
+        for ax, measure in zip(row_axes, (RUNTIME, MEMORY), strict=True):
             xs: list[float] = []
             for series in make_series(mode_rows, "chunk_size", []):
-                points = _ok_points(series.rows, "chunk_size", y)
-                if points.empty:
+                if _ok_points(series.rows, "chunk_size", measure.column).empty:
                     continue
-                style = series.style
-                ax.plot(points["chunk_size"], points[y] / scale, label=series.label, **style.line())
-                xs += list(points["chunk_size"])
+                drawn_x, _, published = _draw_series(
+                    ax, series, "chunk_size", measure.column, measure.published, measure.scale
+                )
+                xs += drawn_x
                 shown.add((series.kernel, mode))
-                pub = _published_points(series.rows, "chunk_size", published_y)
-                if len(pub):
-                    ax.plot(
-                        pub["chunk_size"],
-                        pub[published_y] / scale,
-                        linestyle=PUBLISHED_LINESTYLE,
-                        marker=PUBLISHED_MARKER,
-                        color=style.color,
-                        alpha=0.8,
-                        label=published_label(series.label),
-                    )
-                    xs += list(pub["chunk_size"])
-                    has_published = True
+                has_published |= published
             if xs:
                 set_log2_x(ax, xs)
             ax.set_xlabel("chunk size L")
-            ax.set_ylabel(ylabel)
+            ax.set_ylabel(measure.label)
             ax.set_title(MODE_TITLES.get(mode, mode))
             ax.grid(True, alpha=0.3)
     _legend(fig, list(axes.flat), has_published, PUBLISHED_GPU_SHORT)

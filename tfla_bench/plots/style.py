@@ -3,17 +3,21 @@ line style and marker, and the fixed look of each GPU in the model figures.
 
 The rules, so that a figure reads at a glance:
 
-- Each family has its own range of hues (mLSTM purple/red/magenta, attention blues, Mamba
-  oranges, GLA greens, LightningAttention browns); a kernel takes its hue from its base style.
+- A kernel takes its hue from its adapter's base style (`plot_style`); the adapters of one family
+  keep to one range of hues (mLSTM purple/red/magenta, attention blues, Mamba oranges, GLA greens,
+  LightningAttention browns).
 - Within one hue, our kernel and the official peer of the same gate differ by line style (ours
   solid with filled markers, the peer dashed) and by marker.
 - Params that change what is computed change the look: a non-causal run is a lighter tint of its
-  kernel's hue with hollow markers; any other non-default param a darker or lighter shade and its
-  own marker, picked by a stable hash, so the same params look the same in every figure.
-- A kernel without a base style takes a colour from its family's range by a stable hash of its name.
+  kernel's hue with hollow markers; any other param away from its adapter's default
+  (`param_defaults`) a darker or lighter shade and its own marker, picked by a stable hash, so the
+  same params look the same in every figure.
+- A kernel without a base style (a plug-in's, or one of an old run that is not installed here)
+  takes one of its family's hues, the base colours of the family's registered adapters, and a
+  marker by a stable hash of its name.
 
-`resolve_style(base, family, kernel, params)` applies these rules to an adapter's base style;
-`row_style(kernel, family, params)` finds the base style first.
+`resolve_style(base, family, kernel, params, defaults)` applies these rules to a base style;
+`row_style(kernel, family, params)` finds the adapter's base style and param defaults first.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from matplotlib.colors import to_hex, to_rgb
 from tfla_bench import registry
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
 from tfla_bench.registry import DASH_DOT, DASHED, DOTTED, SOLID, PlotStyle
+from tfla_bench.workloads import parse_bool
 
 
 @dataclass(frozen=True)
@@ -54,18 +59,11 @@ class LineStyle:
         return {"marker": self.marker, "facecolors": face, "edgecolors": self.color}
 
 
-FAMILY_PALETTES: dict[str, tuple[str, ...]] = {
-    "mlstm": ("#6a3d9a", "#d62728", "#e7298a", "#8e0152", "#b15928"),
-    "attention": ("#08306b", "#2171b5", "#17becf", "#6baed6", "#9ecae1"),
-    "mamba2": ("#e6550d", "#a63603", "#fdae6b"),
-    "gla": ("#238b45", "#74c476", "#00441b"),
-    "lightning": ("#8c510a", "#bf812d"),
-}
+# The hues of a family none of whose adapters is registered here.
 OTHER_PALETTE = ("#525252", "#969696", "#bcbd22", "#1b9e77")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 
-# Param values that leave the look alone (an unset param takes these defaults too).
-PARAM_DEFAULTS: dict[str, Any] = {"causal": True, "normalize": False}
+# Params that never change the look: a seed changes the inputs, not the computation.
 IGNORED_PARAMS = ("seed",)
 NON_CAUSAL_TINT = 0.5
 VARIANT_SHADES = (-0.35, 0.35, -0.55, 0.55)
@@ -77,25 +75,30 @@ def _stable_index(text: str, size: int) -> int:
 
 def _parse(value: Any) -> Any:
     # results.csv gives params back as text or floats; "true"/"false" compare as bools.
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
+    flag = parse_bool(value) if isinstance(value, str) else None
+    if flag is not None:
+        return flag
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 
 
-def param_variant(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+def param_variant(
+    params: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
+) -> tuple[tuple[str, Any], ...]:
     """The params that change a line's look: set, not ignored, and not at their default, sorted.
 
     Keys may carry the results.csv prefix `param_`; unset values (None, NaN, "") are dropped.
+    `defaults` are the adapter's `param_defaults`.
     """
+    defaults = defaults or {}
     variant = []
     for key, value in params.items():
         name = key.removeprefix("param_")
         if value is None or value == "" or (isinstance(value, float) and value != value):
             continue
         value = _parse(value)
-        if name in IGNORED_PARAMS or PARAM_DEFAULTS.get(name, object()) == value:
+        if name in IGNORED_PARAMS or defaults.get(name, object()) == value:
             continue
         variant.append((name, value))
     return tuple(sorted(variant, key=lambda item: item[0]))
@@ -108,26 +111,37 @@ def shade(color: str, amount: float) -> str:
     return to_hex(tuple(c + (target - c) * abs(amount) for c in rgb))
 
 
+def family_palette(family: str) -> tuple[str, ...]:
+    """The family's hues: the base colours of its registered adapters (`OTHER_PALETTE` for none)."""
+    colors = {a.plot_style.color for a in registry.adapters() if a.family == family and a.plot_style}
+    return tuple(sorted(colors)) or OTHER_PALETTE
+
+
 def family_color(family: str, kernel: str) -> str:
-    """A colour from the family's range for a kernel without a base style (stable by name)."""
-    palette = FAMILY_PALETTES.get(family, OTHER_PALETTE)
+    """A colour from the family's hues for a kernel without a base style (stable by name)."""
+    palette = family_palette(family)
     return palette[_stable_index(kernel, len(palette))]
 
 
 def resolve_style(
-    base: PlotStyle | None, family: str, kernel: str, params: Mapping[str, Any] | None = None
+    base: PlotStyle | None,
+    family: str,
+    kernel: str,
+    params: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> LineStyle:
     """The look of a kernel's series at its params, by the module's rules.
 
     Args:
-        base: the kernel's base style, or None to take one from its family's palette.
+        base: the kernel's base style, or None to take one from its family's hues.
         family: the kernel's family (`mlstm`, `attention`, ...).
         kernel: the adapter name (picks the fallback colour and marker).
         params: the series' params (with or without the `param_` prefix).
+        defaults: the adapter's `param_defaults` (a param at its default leaves the look alone).
     """
     if base is None:
         base = PlotStyle(family_color(family, kernel), SOLID, MARKERS[_stable_index(kernel, len(MARKERS))])
-    variant = param_variant(params or {})
+    variant = param_variant(params or {}, defaults)
     if not variant:
         return LineStyle(base.color, base.linestyle, base.marker)
     if variant == (("causal", False),):
@@ -151,8 +165,10 @@ def base_style(kernel: str) -> PlotStyle | None:
 
 
 def row_style(kernel: str, family: str, params: Mapping[str, Any] | None = None) -> LineStyle:
-    """`resolve_style` with the kernel's own base style."""
-    return resolve_style(base_style(kernel), family, kernel, params)
+    """`resolve_style` with the kernel's own base style and param defaults (none when not registered)."""
+    adapter = registry.find(kernel)
+    defaults = adapter.param_defaults if adapter is not None else None
+    return resolve_style(base_style(kernel), family, kernel, params, defaults)
 
 
 # In the order of the model's GPU table; no purple, red or magenta, so roofs never look like the
