@@ -418,21 +418,24 @@ def _fraction_intro(run: Run, accelerators: list[Accelerator]) -> str:
     return f"<p>Model lower-bound runtime / measured runtime on {html.escape(gpu)}.</p>"
 
 
-def write_report(run_dir: Path, published: str | None = None, out: Path | None = None) -> Path:
+def write_report(
+    run_dir: Path, published: str | None = None, out: Path | None = None, gpu: str | None = None
+) -> Path:
     """Write the run's report page.
 
     Args:
         run_dir: the run directory.
         published: the published data set; default the run's env.json `published` field;
             `"none"` for no comparison.
-        out: the HTML file; default `<run_dir>/report.html`.
+        out: the HTML file; default `<run_dir>/report.html` (`report-<gpu>.html` with `gpu`).
+        gpu: report the rows of this GPU, for a run that mixes GPUs (`compare.load_run`).
 
     Returns:
         The written file.
     """
-    run = load_run(run_dir)
+    run = load_run(run_dir, gpu)
     name = resolve_published_name(run, published)
-    out = out or Path(run_dir) / rundir.REPORT
+    out = out or Path(run_dir) / rundir.for_gpu(rundir.REPORT, gpu)
     out.parent.mkdir(parents=True, exist_ok=True)
     rundir.write_atomic(out, build_report(run, name))
     return out

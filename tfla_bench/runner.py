@@ -59,8 +59,9 @@ Robustness
 - The run directory and its files belong to `tfla_bench.rundir`: rows are appended to
   `results.csv` as they finish, one write and one fsync each; `env.json` is written before the
   first case runs; `spec.json` holds the spec for `--resume`; `timings.json` (`tfla_bench.phases`)
-  the wall time per phase and per adapter when the sweep ends. Ctrl-C kills the workers and keeps
-  every row already written. The caller holds the directory's lock (`rundir.RunLock`).
+  the wall time per phase and per adapter when the sweep ends. Every row names the node (`host`)
+  and, for a case a GPU measured, the GPU (`gpu_name`). Ctrl-C kills the workers and keeps every
+  row already written. The caller holds the directory's lock (`rundir.RunLock`).
 - `--resume DIR` keeps every finished row and runs only the other cases. Finished means any
   status except `unavailable`, `unsupported` and `failed_check`: those cost nothing to decide
   again and may change after an install or a fix, so their rows are replaced. A case that
@@ -79,6 +80,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -387,9 +389,10 @@ def run_sweep(
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
     )
+    host = socket.gethostname()
     try:
         for row in decided:
-            writer.write(row)
+            writer.write(dataclasses.replace(row, host=host))
         if kept:
             console.print(f"resuming {run_dir}: {len(kept)} finished row(s) kept")
         if decided:
@@ -408,7 +411,7 @@ def run_sweep(
             )
         try:
             with clock.phase("measuring"):
-                _dispatch(to_run, workers, spec, writer, console, clock)
+                _dispatch(to_run, workers, spec, writer, console, clock, host)
         finally:
             for worker in workers:
                 worker.stop()
@@ -548,8 +551,10 @@ def _dispatch(
     writer: rundir.RowWriter,
     console: Console,
     clock: PhaseClock,
+    host: str,
 ) -> None:
-    """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come."""
+    """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come,
+    each naming `host` and, for a case that ran on a GPU, the worker's GPU."""
     if not to_run:
         return
     lock = threading.Lock()
@@ -566,7 +571,7 @@ def _dispatch(
                     return
                 with lock:
                     progress.update(task, description=case_label(planned.case))
-                    row = crashes.verdict(planned)
+                    row = crashes.verdict(planned, host)
                 if row is None:
                     settings = spec.measurement_for(planned.adapter)
                     job = Job(planned.case, type(planned.adapter).__module__, settings)
@@ -574,7 +579,7 @@ def _dispatch(
                     measurement = worker.run(job)
                     if stop.is_set():
                         return  # interrupted: the worker was killed under us, this is not the kernel's fault
-                    row = _row(planned, measurement)
+                    row = _row(planned, measurement, host, _gpu_name(worker))
                     with lock:
                         crashes.record(row)
                         clock.add_case(planned.case.kernel, time.monotonic() - began)
@@ -623,7 +628,7 @@ class _CrashGuard:
     def __init__(self) -> None:
         self._last: dict[str, tuple[str, int]] = {}
 
-    def verdict(self, planned: _Planned) -> ResultRow | None:
+    def verdict(self, planned: _Planned, host: str) -> ResultRow | None:
         error, count = self._last.get(planned.case.kernel, ("", 0))
         if count < CRASH_REPEATS:
             return None
@@ -632,6 +637,7 @@ class _CrashGuard:
             family=planned.adapter.family,
             status="crashed",
             error=f"not run: the previous {count} cases of this kernel crashed the same way: {error}",
+            host=host,
         )
 
     def record(self, row: ResultRow) -> None:
@@ -644,7 +650,13 @@ class _CrashGuard:
         self._last[kernel] = (row.error or "", count + 1 if row.error == last_error else 1)
 
 
-def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
+def _gpu_name(worker: Worker) -> str:
+    """The name of the worker's GPU; empty on CPU."""
+    info = worker.info
+    return info.name if info is not None and info.device.startswith("cuda") else ""
+
+
+def _row(planned: _Planned, measurement: Measurement, host: str, gpu_name: str) -> ResultRow:
     median_s = measurement.median_ms / 1e3 if measurement.median_ms else None
     return ResultRow(
         case=planned.case,
@@ -670,6 +682,8 @@ def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
         stop=measurement.stop,
         host_gap_share=measurement.host_gap_share,
         library=planned.adapter.library(),
+        host=host,
+        gpu_name=gpu_name if measurement.device.startswith("cuda") else "",
         **{key: value for key, value in measurement.gpu_state.items() if value is not None},
     )
 
