@@ -164,6 +164,24 @@ def test_the_worker_imports_neither_the_gate_nor_precompile():
     assert not targets & {"tfla_bench.correctness", "tfla_bench.precompile"}
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_worker_and_a_job_import_no_module_that_submits_jobs():
+    graph = import_graph(ROOTS)
+    for module in ("tfla_bench.worker", "tfla_bench.shard"):
+        assert "tfla_bench.cluster" not in reachable(graph, module), module
+    assert "tfla_bench.shard" in graph["tfla_bench.cluster"]
+
+
 def write_package(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         path = root / name

@@ -11,6 +11,11 @@ A run directory (`results/runs/<spec>-<YYYYmmdd-HHMMSS>[-N]/`) holds:
 - `worker-<i>.log` and `precompile-<i>.log`: the output of the worker processes;
 - `profile.csv` and `ncu/<case>.csv`: what `profile` (or `sweep --ncu`) measured under Nsight Compute;
 - `sweep.lock`: present while a sweep, resume or profile writes into the directory;
+- a sweep through a job scheduler (`sweep --executor slurm|local`, `tfla_bench.cluster`):
+  `jobs.json` (the jobs of each submission: ids, shards, states, logs), `submitit/<round>/`
+  (submitit's scripts, pickles and the jobs' logs) and `shards/<round>-<index>/`, the run directory
+  of one job (its shard file `results.csv`, its node's `env.json`, its worker logs), whose rows the
+  sweep merges into `results.csv`;
 - what the analysis commands write beside the rows: `compare.csv`, `report.html`, `figures/`,
   `roofline/`.
 
@@ -86,6 +91,9 @@ PROFILE = "profile.csv"
 NCU = "ncu"
 TIMINGS = "timings.json"
 LOCK = "sweep.lock"
+JOBS = "jobs.json"
+SUBMITIT = "submitit"
+SHARDS = "shards"
 FAULT_ROW_ENV = "TFLA_BENCH_FAULT_ROW"
 
 
@@ -97,6 +105,17 @@ def worker_log(index: int) -> str:
 def precompile_log(index: int) -> str:
     """The log file of precompile process `index`."""
     return f"precompile-{index}.log"
+
+
+def shard_dir(round_number: int, index: int) -> str:
+    """The run directory of job `index` of submission `round_number`, relative to the run's."""
+    return f"{SHARDS}/{round_number}-{index}"
+
+
+def submitit_dir(round_number: int) -> str:
+    """submitit's folder for submission `round_number` (one per submission: local job ids are pids,
+    which a later submission may see again)."""
+    return f"{SUBMITIT}/{round_number}"
 
 
 def for_gpu(name: str, gpu: str | None) -> str:

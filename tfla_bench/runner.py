@@ -60,8 +60,9 @@ Robustness
   `results.csv` as they finish, one write and one fsync each; `env.json` is written before the
   first case runs; `spec.json` holds the spec for `--resume`; `timings.json` (`tfla_bench.phases`)
   the wall time per phase and per adapter when the sweep ends. Every row names the node (`host`)
-  and, for a case a GPU measured, the GPU (`gpu_name`). Ctrl-C kills the workers and keeps every
-  row already written. The caller holds the directory's lock (`rundir.RunLock`).
+  and, for a case a GPU measured, the GPU (`gpu_name`). Ctrl-C, or a job's preemption inside a
+  sweep through jobs (`tfla_bench.shard`), kills the workers and keeps every row already written.
+  The caller holds the directory's lock (`rundir.RunLock`), or a job its own shard directory.
 - `--resume DIR` keeps every finished row and runs only the other cases. Finished means any
   status except `unavailable`, `unsupported` and `failed_check`: those cost nothing to decide
   again and may change after an install or a fix, so their rows are replaced. A case that
@@ -215,6 +216,35 @@ def load_run_spec(run_dir: Path) -> Spec:
     return parse_spec(raw, str(path))
 
 
+def resume_plan(
+    cases: list[Case], csv_path: Path, retry: Iterable[str], console: Console
+) -> tuple[list[Case], list[ResultRow], list[str]]:
+    """What a resume runs and keeps: the cases without a finished row (or with a row of a status in
+    `retry`), the rows kept, and the header for both. A torn last row is dropped with a warning.
+
+    Args:
+        cases: the run's cases.
+        csv_path: its `results.csv`.
+        retry: statuses among `rundir.RERUNNABLE_STATUSES` to run again.
+        console: where the warning goes.
+    """
+    read = rundir.read_results(csv_path)
+    existing = read.for_resume()
+    if read.torn:
+        console.print(
+            f"[yellow]warning:[/] {csv_path} line {read.skipped[-1].line}: {read.skipped[-1].reason}; "
+            "dropped, that case runs again"
+        )
+    again = set(retry)
+    finished = {row.case.key for row in existing if row.finished and row.status not in again}
+    cases = [case for case in cases if case.key not in finished]
+    todo = {case.key for case in cases}
+    kept = [row for row in existing if row.case.key not in todo]
+    columns = rundir.columns_for([*(row.case for row in kept), *cases])
+    columns = [*dict.fromkeys([*read.header, *columns])] if read.header else columns
+    return cases, kept, columns
+
+
 def select_devices(gpus: str | None) -> list[str]:
     """Worker devices: every visible GPU, the first N (`--gpus N`), a list (`--gpus 0,2`), or `cpu`.
 
@@ -356,20 +386,7 @@ def run_sweep(
     kept: list[ResultRow] = []
     columns = rundir.columns_for(cases)
     if resume:
-        read = rundir.read_results(csv_path)
-        existing = read.for_resume()
-        if read.torn:
-            console.print(
-                f"[yellow]warning:[/] {csv_path} line {read.skipped[-1].line}: {read.skipped[-1].reason}; "
-                "dropped, that case runs again"
-            )
-        again = set(retry)
-        finished = {row.case.key for row in existing if row.finished and row.status not in again}
-        cases = [case for case in cases if case.key not in finished]
-        todo = {case.key for case in cases}
-        kept = [row for row in existing if row.case.key not in todo]
-        columns = rundir.columns_for([*(row.case for row in kept), *cases])
-        columns = [*dict.fromkeys([*read.header, *columns])] if read.header else columns
+        cases, kept, columns = resume_plan(cases, csv_path, retry, console)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         # A fresh run starts a fresh file (an earlier attempt may have left a header and no rows).
@@ -604,7 +621,8 @@ def _dispatch(
             while any(thread.is_alive() for thread in threads):
                 for thread in threads:
                     thread.join(0.2)
-        except KeyboardInterrupt:
+        # SystemExit: a job's preemption handler (`tfla_bench.shard`) exits from inside this wait.
+        except (KeyboardInterrupt, SystemExit):
             stop.set()
             for worker in workers:
                 worker.interrupt()
