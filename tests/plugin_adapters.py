@@ -69,6 +69,18 @@ class Sleep(_Tiny):
 
 
 @register
+class Slow(_Tiny):
+    """Takes a tenth of a second per call, so a sweep of a few cases lasts long enough to be stopped
+    halfway."""
+
+    name = "test_slow"
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        time.sleep(0.1)
+        return inputs["x"] * inputs["w"]
+
+
+@register
 class Unavailable(_Tiny):
     """Its library is missing."""
 
@@ -211,4 +223,4 @@ class Autotuned(_Tiny):
         return inputs["x"]
 
 
-ADAPTERS = (Abort, Sleep, Unavailable, Oom, OomOnce, Raise, Chunked, Counting, Autotuned)
+ADAPTERS = (Abort, Sleep, Slow, Unavailable, Oom, OomOnce, Raise, Chunked, Counting, Autotuned)

@@ -50,6 +50,9 @@ LAYERS = (
         "tfla_bench.roofs",
         "tfla_bench.console",
         "tfla_bench.runner",
+        "tfla_bench.shard",
+        "tfla_bench.jobs",
+        "tfla_bench.cluster",
         "tfla_bench.ncu",
         "tfla_bench.profiling",
         "tfla_bench.validation",
@@ -204,6 +207,24 @@ def test_every_module_has_a_layer():
 def test_the_worker_imports_neither_the_gate_nor_precompile():
     targets = import_graph(ROOTS)["tfla_bench.worker"]
     assert not targets & {"tfla_bench.correctness", "tfla_bench.precompile"}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_worker_and_a_job_import_no_module_that_submits_jobs():
+    graph = import_graph(ROOTS)
+    for module in ("tfla_bench.worker", "tfla_bench.shard"):
+        assert "tfla_bench.cluster" not in reachable(graph, module), module
+    assert "tfla_bench.shard" in graph["tfla_bench.cluster"]
 
 
 def write_package(root: Path, files: dict[str, str]) -> None:

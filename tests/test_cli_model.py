@@ -188,8 +188,8 @@ def test_roofline_custom_gpu_and_measured_run(capsys, monkeypatch, tmp_path):
         calls["figures"] = [a.name for a in accelerators]
         return [out_dir / "model.png"]
 
-    def fake_measured(run_dir, out_dir, accelerators):
-        calls["measured"] = (run_dir, out_dir, [a.name for a in accelerators])
+    def fake_measured(run_dir, out_dir, accelerators, gpu):
+        calls["measured"] = (run_dir, out_dir, [a.name for a in accelerators], gpu)
         return [out_dir / "measured.png"]
 
     monkeypatch.setattr(catalog, "write_model_figures", fake_write)
@@ -199,8 +199,9 @@ def test_roofline_custom_gpu_and_measured_run(capsys, monkeypatch, tmp_path):
     code, out, err = run(
         capsys, "roofline", "--gpu", "h100,a100", "--gpu", "h200", "--peak-flops", "798e12",
         "--bandwidth", "3.0e12", "--out", str(tmp_path), "--measured", str(run_dir),
+        "--measured-gpu", "GPU X",
     )  # fmt: skip
     assert code == 0, err
     assert calls["figures"] == ["h100", "a100", "h200", "custom"]
-    assert calls["measured"] == (run_dir, tmp_path, ["h100", "a100", "h200", "custom"])
+    assert calls["measured"] == (run_dir, tmp_path, ["h100", "a100", "h200", "custom"], "GPU X")
     assert "measured.png" in out and "custom" in out

@@ -87,18 +87,22 @@ def param_columns(df: pd.DataFrame) -> list[str]:
     return sorted(c for c in df.columns if c.startswith("param_"))
 
 
-def load_run(run_dir: Path | str) -> Run:
-    """Read a run directory's `results.csv` and `env.json` (through `tfla_bench.rundir`).
+def load_run(run_dir: Path | str, gpu: str | None = None, flag: str = "--gpu") -> Run:
+    """Read a run directory's `results.csv` and `env.json` (through `tfla_bench.rundir`), as the view
+    of one GPU (`rundir.on_one_gpu`): rows measured on different GPUs never meet in one table.
 
     Rows that cannot be read (a torn last line, garbage) are left out, and one warning line on
     stderr says how many and why.
 
     Args:
         run_dir: a directory written by `tfla-bench sweep` / `run`.
+        gpu: keep the rows of this GPU (and the rows of no GPU); None for a run of one GPU.
+        flag: the option that picks the GPU, for messages.
 
     Raises:
         UserError: the directory, `results.csv` or `env.json` is missing, the CSV has no readable
-            rows or a header that is not a results header, or env.json is not JSON.
+            rows or a header that is not a results header, env.json is not JSON, or the run mixes
+            GPUs and `gpu` picks none of them.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -120,6 +124,7 @@ def load_run(run_dir: Path | str) -> Run:
     if skipped:
         print(f"warning: {skipped}", file=sys.stderr)
     rows = list({row.case.key: row for row in read.rows}.values())
+    rows, env = rundir.on_one_gpu(rows, env, gpu, where=run_dir, flag=flag)
     results = pd.DataFrame.from_records([row.values() for row in rows])
     results["chunk_size"] = pd.to_numeric(results["chunk_size"], errors="coerce").astype("Int64")
     for column in ("median_ms", "peak_memory_bytes", "flops", "bytes"):

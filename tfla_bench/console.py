@@ -24,6 +24,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tfla_bench.jobs import JobRecord, JobsRecord, Round
 from tfla_bench.rundir import ResultRow
 from tfla_bench.workloads import Case
 
@@ -42,6 +43,8 @@ STATUS_STYLE = {
     "unavailable": "dim",
     "unsupported": "dim",
 }
+# Job states (`tfla_bench.jobs`); any other state that ended is a failure.
+JOB_STATE_STYLE = {"COMPLETED": "green", "RUNNING": "yellow", "PENDING": "dim", "SUBMITTED": "dim"}
 
 
 def make_console(*, stderr: bool = False, width: int = LOG_WIDTH) -> Console:
@@ -166,3 +169,33 @@ def print_frame(console: Console, df: pd.DataFrame, title: str) -> None:
     for row in df.itertuples(index=False):
         table.add_row(*(_cell(v) for v in row))
     console.print(table)
+
+
+def job_line(one: Round, job: JobRecord) -> str:
+    """One line for a job: its id, shard and cases, its state, its node, and the error of a failure."""
+    where = f" on {job.host}" if job.host else ""
+    error = f": {job.error}" if job.error else ""
+    return f"job {job.job_id} ({one.shard(job)}, {job.cases} cases) {job.state}{where}{error}"
+
+
+def jobs_table(record: JobsRecord, shard_rows: Mapping[str, int]) -> Table:
+    """Every job of a run: round, shard, id, state, node, cases, rows written, and its error log."""
+    table = Table(title=f"{record.executor} jobs")
+    for column in ("shard", "job id", "state", "node"):
+        table.add_column(column, no_wrap=True)
+    for column in ("cases", "rows"):
+        table.add_column(column, justify="right")
+    table.add_column("error log / error", overflow="fold")
+    for one, job in record.jobs():
+        style = JOB_STATE_STYLE.get(job.state, "yellow" if not job.ended else "red")
+        detail = job.stderr + (f": {job.error}" if job.error else "")
+        table.add_row(
+            one.shard(job),
+            job.job_id,
+            f"[{style}]{job.state}[/]",
+            job.host,
+            str(job.cases),
+            str(shard_rows.get(one.shard(job), 0)),
+            detail,
+        )
+    return table

@@ -99,8 +99,9 @@ class RunDiff:
         }
 
 
-def load(run_dir: Path) -> tuple[list[ResultRow], dict[str, Any]]:
-    """A run directory's rows and env.json (an empty env when it has none)."""
+def load(run_dir: Path, gpu: str | None = None) -> tuple[list[ResultRow], dict[str, Any]]:
+    """A run directory's rows and env.json (an empty env when it has none), as the view of one GPU
+    (`rundir.on_one_gpu`: `gpu`, or the run's only one)."""
     run_dir = Path(run_dir)
     path = run_dir / rundir.RESULTS
     if not path.is_file():
@@ -113,7 +114,7 @@ def load(run_dir: Path) -> tuple[list[ResultRow], dict[str, Any]]:
         env = rundir.read_env(run_dir)
     except UserError:
         env = {}
-    return rows, env
+    return rundir.on_one_gpu(rows, env, gpu, where=run_dir)
 
 
 def noise(row: ResultRow) -> float:
@@ -132,10 +133,11 @@ def verdict(ratio: float, noise_rel: float) -> str:
     return "faster" if ratio < 1 else "slower"
 
 
-def diff_runs(run_a: Path, run_b: Path) -> RunDiff:
-    """Compare run B with run A; a `UserError` when no case is in both."""
-    rows_a, env_a = load(run_a)
-    rows_b, env_b = load(run_b)
+def diff_runs(run_a: Path, run_b: Path, gpu: str | None = None) -> RunDiff:
+    """Compare run B with run A (the rows of `gpu` in each, for runs that mix GPUs); a `UserError`
+    when no case is in both."""
+    rows_a, env_a = load(run_a, gpu)
+    rows_b, env_b = load(run_b, gpu)
     by_key_a = {row.case.key: row for row in rows_a}
     by_key_b = {row.case.key: row for row in rows_b}
     common = [key for key in by_key_a if key in by_key_b]

@@ -1,8 +1,9 @@
 """One self-contained HTML page per run (`tfla-bench report RUN_DIR`), laid out like a paper's
 results section.
 
-The page holds the environment (env.json, nested keys flattened to one row each), the correctness
-gate when the sweep ran with `--check` (check.json), the sweep's wall time per phase and adapter
+The page holds the environment (env.json, nested keys flattened to one row each), the jobs of a
+sweep through a job scheduler (jobs.json, with links to the logs of the jobs that failed), the
+correctness gate when the sweep ran with `--check` (check.json), the sweep's wall time per phase and adapter
 (timings.json), a status summary, every result row, the rows that did not run grouped by their
 reason (one row per reason, naming the rows it affected), the comparison with the published data
 set (per mode, plain and roofline-normalized where the run's GPU is known, plus both sides'
@@ -21,6 +22,7 @@ import base64
 import html
 import io
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tfla_bench import phases, rundir
+from tfla_bench import jobs, phases, rundir
 from tfla_bench.compare import (
     Comparison,
     Run,
@@ -48,6 +50,8 @@ from tfla_bench.roofs import from_env, versus_datasheet
 from tfla_bench.rundir import CASE_COLUMNS
 
 DEFAULT_ACCELERATORS = ("h100", "h200")
+# The facts of each node of a sweep through jobs that the environment section lists.
+NODE_FACTS = ("shard", "job_id", "host", "gpu_name", "gpu_count", "driver", "cuda", "torch", "triton")
 # The columns that name a row in the failure and run-only tables (a case without its dtype).
 ROW_SHAPE = [c for c in CASE_COLUMNS if c != "dtype"]
 RESULT_COLUMNS = (
@@ -143,9 +147,13 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
 
 
 def _env_tables(env: dict[str, Any]) -> str:
-    scalars = {k: v for k, v in env.items() if not isinstance(v, dict)}
+    scalars = {k: v for k, v in env.items() if not isinstance(v, dict) and k != "nodes"}
     flat = flatten(scalars)
     parts = [frame_html(pd.DataFrame({"key": list(flat), "value": list(flat.values())}), "env")]
+    if env.get("nodes"):
+        # A sweep through jobs keeps each node's whole record; one line per node says what differs.
+        nodes = pd.DataFrame([{key: node.get(key) for key in NODE_FACTS} for node in env["nodes"]])
+        parts.append("<h3>nodes</h3>" + frame_html(nodes, "env-nodes"))
     for key, value in env.items():
         if isinstance(value, dict):
             flat = flatten(value)
@@ -163,6 +171,32 @@ def gate_table(run_dir: Path) -> tuple[str, pd.DataFrame] | None:
     columns = ["name", "status", "max_rel_error", "tolerance", "passed", "reason"]
     table = pd.DataFrame(gate["results"], columns=columns).rename(columns={"name": "kernel"})
     return str(gate.get("device", "?")), table
+
+
+def jobs_section(record: jobs.JobsRecord, run_dir: Path, links_from: Path) -> str:
+    """The jobs of a sweep through a job scheduler, one row each, with links to the logs of those that
+    failed (relative to `links_from`, the page's folder)."""
+
+    def link(path: str) -> str:
+        target = os.path.relpath((run_dir / path).resolve(), links_from.resolve())
+        return f'<a href="{html.escape(target)}">{html.escape(Path(path).name)}</a>'
+
+    every = record.jobs()
+    failed = sum(job.failed for _, job in every)
+    body = []
+    for one, job in every:
+        cells = (one.shard(job), job.job_id, job.state, job.host, str(job.cases), job.error)
+        logs = f"{link(job.stdout)} {link(job.stderr)}" if job.failed else ""
+        body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + f"<td>{logs}</td></tr>")
+    head = "".join(
+        f"<th>{name}</th>" for name in ("shard", "job id", "state", "node", "cases", "error", "logs")
+    )
+    return (
+        f"<p>{len(every)} {html.escape(record.executor)} job(s) in {len(record.rounds)} submission(s); "
+        f"{failed} failed (their logs are linked).</p>"
+        f'<div class="scroll"><table class="data" id="jobs"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def _gate_section(device: str, table: pd.DataFrame) -> str:
@@ -326,13 +360,20 @@ def _accelerators(run: Run) -> list[Accelerator]:
     return accelerators
 
 
-def build_report(run: Run, published: str | None, accelerators: list[Accelerator] | None = None) -> str:
+def build_report(
+    run: Run,
+    published: str | None,
+    accelerators: list[Accelerator] | None = None,
+    links_from: Path | None = None,
+) -> str:
     """The report page of a run as an HTML string.
 
     Args:
         run: from `load_run`.
         published: the published data set to compare with, or None for none.
         accelerators: roofs for the measured roofline figures; default H100, H200 and the run's GPU.
+        links_from: the folder of the page, which links to job logs are relative to; default the
+            run directory.
     """
     accelerators = _accelerators(run) if accelerators is None else accelerators
     comparison: Comparison | None = compare_run(run, published) if published else None
@@ -341,6 +382,10 @@ def build_report(run: Run, published: str | None, accelerators: list[Accelerator
     sections: list[tuple[str, str, Callable[[], str]]] = [
         ("environment", "Environment", lambda: _env_tables(run.env)),
     ]
+    record = jobs.read(run.run_dir)
+    if record is not None:
+        where = links_from or run.run_dir
+        sections.append(("jobs", "Jobs", lambda: jobs_section(record, run.run_dir, where)))
     gate = gate_table(run.run_dir)
     if gate is not None:
         sections.append(("gate", "Correctness gate", lambda: _gate_section(*gate)))
@@ -418,21 +463,24 @@ def _fraction_intro(run: Run, accelerators: list[Accelerator]) -> str:
     return f"<p>Model lower-bound runtime / measured runtime on {html.escape(gpu)}.</p>"
 
 
-def write_report(run_dir: Path, published: str | None = None, out: Path | None = None) -> Path:
+def write_report(
+    run_dir: Path, published: str | None = None, out: Path | None = None, gpu: str | None = None
+) -> Path:
     """Write the run's report page.
 
     Args:
         run_dir: the run directory.
         published: the published data set; default the run's env.json `published` field;
             `"none"` for no comparison.
-        out: the HTML file; default `<run_dir>/report.html`.
+        out: the HTML file; default `<run_dir>/report.html` (`report-<gpu>.html` with `gpu`).
+        gpu: report the rows of this GPU, for a run that mixes GPUs (`compare.load_run`).
 
     Returns:
         The written file.
     """
-    run = load_run(run_dir)
+    run = load_run(run_dir, gpu)
     name = resolve_published_name(run, published)
-    out = out or Path(run_dir) / rundir.REPORT
+    out = out or Path(run_dir) / rundir.for_gpu(rundir.REPORT, gpu)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rundir.write_atomic(out, build_report(run, name))
+    rundir.write_atomic(out, build_report(run, name, links_from=out.parent))
     return out

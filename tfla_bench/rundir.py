@@ -11,6 +11,11 @@ A run directory (`results/runs/<spec>-<YYYYmmdd-HHMMSS>[-N]/`) holds:
 - `worker-<i>.log` and `precompile-<i>.log`: the output of the worker processes;
 - `profile.csv` and `ncu/<case>.csv`: what `profile` (or `sweep --ncu`) measured under Nsight Compute;
 - `sweep.lock`: present while a sweep, resume or profile writes into the directory;
+- a sweep through a job scheduler (`sweep --executor slurm|local`, `tfla_bench.cluster`):
+  `jobs.json` (the jobs of each submission: ids, shards, states, logs), `submitit/<round>/`
+  (submitit's scripts, pickles and the jobs' logs) and `shards/<round>-<index>/`, the run directory
+  of one job (its shard file `results.csv`, its node's `env.json`, its worker logs), whose rows the
+  sweep merges into `results.csv`;
 - what the analysis commands write beside the rows: `compare.csv`, `report.html`, `figures/`,
   `roofline/` (its figures and `roofline_fraction.csv`, every ok row's fraction of its bound).
 
@@ -57,6 +62,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import socket
 import threading
@@ -86,6 +92,9 @@ PROFILE = "profile.csv"
 NCU = "ncu"
 TIMINGS = "timings.json"
 LOCK = "sweep.lock"
+JOBS = "jobs.json"
+SUBMITIT = "submitit"
+SHARDS = "shards"
 FAULT_ROW_ENV = "TFLA_BENCH_FAULT_ROW"
 
 
@@ -97,6 +106,28 @@ def worker_log(index: int) -> str:
 def precompile_log(index: int) -> str:
     """The log file of precompile process `index`."""
     return f"precompile-{index}.log"
+
+
+def shard_dir(round_number: int, index: int) -> str:
+    """The run directory of job `index` of submission `round_number`, relative to the run's."""
+    return f"{SHARDS}/{round_number}-{index}"
+
+
+def submitit_dir(round_number: int) -> str:
+    """submitit's folder for submission `round_number` (one per submission: local job ids are pids,
+    which a later submission may see again)."""
+    return f"{SUBMITIT}/{round_number}"
+
+
+def for_gpu(name: str, gpu: str | None) -> str:
+    """An output's default file or folder name, with the GPU's name in it when one GPU is picked
+    (`report.html` -> `report-nvidia-h100-80gb-hbm3.html`), so the views of one run never overwrite
+    each other."""
+    if gpu is None:
+        return name
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "gpu"
+    stem, dot, suffix = name.partition(".")
+    return f"{stem}-{slug}{dot}{suffix}"
 
 
 CASE_COLUMNS = (
@@ -146,6 +177,8 @@ class ResultRow:
         host_gap_share: share of timed calls during which the GPU may have waited for the host.
         sm_mhz_before ... throttle_after, throttled: the GPU's state (`tfla_bench.gpustate`).
         library: the installed versions of the adapter's packages, e.g. `fla-core 0.6.0`.
+        host: the node that ran or decided the case.
+        gpu_name: the name of the GPU that measured it (empty on CPU and for a case not run).
     """
 
     case: Case
@@ -182,6 +215,8 @@ class ResultRow:
     throttle_after: str = ""
     throttled: bool | None = None
     library: str = ""
+    host: str = ""
+    gpu_name: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -598,6 +633,54 @@ def run_gpu(env: dict[str, Any]) -> RunGpu:
     recorded = env.get("gpu_name")
     name = str(recorded or "unknown GPU")
     return RunGpu(name, detect_accelerator(name), cpu=not recorded)
+
+
+def gpu_counts(rows: list[ResultRow], env: dict[str, Any]) -> dict[str, int]:
+    """The GPUs that measured a run's rows, with their row counts. The rows of a run written before
+    rows named their GPU count as measured on the GPU of its `env.json`."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.gpu_name:
+            counts[row.gpu_name] = counts.get(row.gpu_name, 0) + 1
+    if not counts and env.get("gpu_name"):
+        counts[str(env["gpu_name"])] = len(rows)
+    return counts
+
+
+def on_one_gpu(
+    rows: list[ResultRow], env: dict[str, Any], gpu: str | None, *, where: Path, flag: str = "--gpu"
+) -> tuple[list[ResultRow], dict[str, Any]]:
+    """One GPU's view of a run, so that no table or figure sets rows of two GPUs side by side or
+    averages them.
+
+    Args:
+        rows: the run's rows.
+        env: its `env.json`.
+        gpu: the GPU picked (`--gpu NAME`), or None: then the run must hold rows of one GPU at most.
+        where: the run directory, for messages.
+        flag: the option that picks a GPU, for messages.
+
+    Returns:
+        The rows measured on `gpu` with those measured on none (not run, or run on a CPU), and the
+        environment of a node with that GPU (from `nodes`, written by a sweep through jobs), else
+        `env` naming that GPU.
+
+    Raises:
+        UserError: the run mixes GPUs and none is picked, or none of its rows is of the GPU picked.
+    """
+    counts = gpu_counts(rows, env)
+    listing = ", ".join(f"{name} ({count} rows)" for name, count in counts.items())
+    if gpu is None:
+        if len(counts) > 1:
+            raise UserError(
+                f"{where} holds rows of {len(counts)} GPUs: {listing}; pick one with {flag} NAME "
+                "(rows of different GPUs are never set side by side)"
+            )
+        return rows, env
+    if gpu not in counts:
+        raise UserError(f"{flag} {gpu}: no row of {where} was measured on it (its GPUs: {listing or 'none'})")
+    node = next((node for node in env.get("nodes", []) if node.get("gpu_name") == gpu), {})
+    return [row for row in rows if row.gpu_name in ("", gpu)], {**env, **node, "gpu_name": gpu}
 
 
 def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:

@@ -59,8 +59,10 @@ Robustness
 - The run directory and its files belong to `tfla_bench.rundir`: rows are appended to
   `results.csv` as they finish, one write and one fsync each; `env.json` is written before the
   first case runs; `spec.json` holds the spec for `--resume`; `timings.json` (`tfla_bench.phases`)
-  the wall time per phase and per adapter when the sweep ends. Ctrl-C kills the workers and keeps
-  every row already written. The caller holds the directory's lock (`rundir.RunLock`).
+  the wall time per phase and per adapter when the sweep ends. Every row names the node (`host`)
+  and, for a case a GPU measured, the GPU (`gpu_name`). Ctrl-C, or a job's preemption inside a
+  sweep through jobs (`tfla_bench.shard`), kills the workers and keeps every row already written.
+  The caller holds the directory's lock (`rundir.RunLock`), or a job its own shard directory.
 - `--resume DIR` keeps every finished row and runs only the other cases. Finished means any
   status except `unavailable`, `unsupported` and `failed_check`: those cost nothing to decide
   again and may change after an install or a fix, so their rows are replaced. A case that
@@ -79,6 +81,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -211,6 +214,35 @@ def load_run_spec(run_dir: Path) -> Spec:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     return parse_spec(raw, str(path))
+
+
+def resume_plan(
+    cases: list[Case], csv_path: Path, retry: Iterable[str], console: Console
+) -> tuple[list[Case], list[ResultRow], list[str]]:
+    """What a resume runs and keeps: the cases without a finished row (or with a row of a status in
+    `retry`), the rows kept, and the header for both. A torn last row is dropped with a warning.
+
+    Args:
+        cases: the run's cases.
+        csv_path: its `results.csv`.
+        retry: statuses among `rundir.RERUNNABLE_STATUSES` to run again.
+        console: where the warning goes.
+    """
+    read = rundir.read_results(csv_path)
+    existing = read.for_resume()
+    if read.torn:
+        console.print(
+            f"[yellow]warning:[/] {csv_path} line {read.skipped[-1].line}: {read.skipped[-1].reason}; "
+            "dropped, that case runs again"
+        )
+    again = set(retry)
+    finished = {row.case.key for row in existing if row.finished and row.status not in again}
+    cases = [case for case in cases if case.key not in finished]
+    todo = {case.key for case in cases}
+    kept = [row for row in existing if row.case.key not in todo]
+    columns = rundir.columns_for([*(row.case for row in kept), *cases])
+    columns = [*dict.fromkeys([*read.header, *columns])] if read.header else columns
+    return cases, kept, columns
 
 
 def select_devices(gpus: str | None) -> list[str]:
@@ -354,20 +386,7 @@ def run_sweep(
     kept: list[ResultRow] = []
     columns = rundir.columns_for(cases)
     if resume:
-        read = rundir.read_results(csv_path)
-        existing = read.for_resume()
-        if read.torn:
-            console.print(
-                f"[yellow]warning:[/] {csv_path} line {read.skipped[-1].line}: {read.skipped[-1].reason}; "
-                "dropped, that case runs again"
-            )
-        again = set(retry)
-        finished = {row.case.key for row in existing if row.finished and row.status not in again}
-        cases = [case for case in cases if case.key not in finished]
-        todo = {case.key for case in cases}
-        kept = [row for row in existing if row.case.key not in todo]
-        columns = rundir.columns_for([*(row.case for row in kept), *cases])
-        columns = [*dict.fromkeys([*read.header, *columns])] if read.header else columns
+        cases, kept, columns = resume_plan(cases, csv_path, retry, console)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         # A fresh run starts a fresh file (an earlier attempt may have left a header and no rows).
@@ -387,9 +406,10 @@ def run_sweep(
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
     )
+    host = socket.gethostname()
     try:
         for row in decided:
-            writer.write(row)
+            writer.write(dataclasses.replace(row, host=host))
         if kept:
             console.print(f"resuming {run_dir}: {len(kept)} finished row(s) kept")
         if decided:
@@ -408,7 +428,7 @@ def run_sweep(
             )
         try:
             with clock.phase("measuring"):
-                _dispatch(to_run, workers, spec, writer, console, clock)
+                _dispatch(to_run, workers, spec, writer, console, clock, host)
         finally:
             for worker in workers:
                 worker.stop()
@@ -548,8 +568,10 @@ def _dispatch(
     writer: rundir.RowWriter,
     console: Console,
     clock: PhaseClock,
+    host: str,
 ) -> None:
-    """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come."""
+    """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come,
+    each naming `host` and, for a case that ran on a GPU, the worker's GPU."""
     if not to_run:
         return
     lock = threading.Lock()
@@ -566,7 +588,7 @@ def _dispatch(
                     return
                 with lock:
                     progress.update(task, description=case_label(planned.case))
-                    row = crashes.verdict(planned)
+                    row = crashes.verdict(planned, host)
                 if row is None:
                     settings = spec.measurement_for(planned.adapter)
                     job = Job(planned.case, type(planned.adapter).__module__, settings)
@@ -574,7 +596,7 @@ def _dispatch(
                     measurement = worker.run(job)
                     if stop.is_set():
                         return  # interrupted: the worker was killed under us, this is not the kernel's fault
-                    row = _row(planned, measurement)
+                    row = _row(planned, measurement, host, _gpu_name(worker))
                     with lock:
                         crashes.record(row)
                         clock.add_case(planned.case.kernel, time.monotonic() - began)
@@ -603,7 +625,8 @@ def _dispatch(
             while any(thread.is_alive() for thread in threads):
                 for thread in threads:
                     thread.join(0.2)
-        except KeyboardInterrupt:
+        # SystemExit: a job's preemption handler (`tfla_bench.shard`) exits from inside this wait.
+        except (KeyboardInterrupt, SystemExit):
             stop.set()
             for worker in workers:
                 worker.interrupt()
@@ -627,7 +650,7 @@ class _CrashGuard:
     def __init__(self) -> None:
         self._last: dict[str, tuple[str, int]] = {}
 
-    def verdict(self, planned: _Planned) -> ResultRow | None:
+    def verdict(self, planned: _Planned, host: str) -> ResultRow | None:
         error, count = self._last.get(planned.case.kernel, ("", 0))
         if count < CRASH_REPEATS:
             return None
@@ -636,6 +659,7 @@ class _CrashGuard:
             family=planned.adapter.family,
             status="crashed",
             error=f"not run: the previous {count} cases of this kernel crashed the same way: {error}",
+            host=host,
         )
 
     def record(self, row: ResultRow) -> None:
@@ -648,9 +672,16 @@ class _CrashGuard:
         self._last[kernel] = (row.error or "", count + 1 if row.error == last_error else 1)
 
 
-def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
+def _gpu_name(worker: Worker) -> str:
+    """The name of the worker's GPU; empty on CPU."""
+    info = worker.info
+    return info.name if info is not None and info.device.startswith("cuda") else ""
+
+
+def _row(planned: _Planned, measurement: Measurement, host: str, gpu_name: str) -> ResultRow:
     """The result row of a measured case: every field of the measurement that is a column of the row
-    (same name), the GPU state cells, and what the parent knows (counts, rates, the library)."""
+    (same name), the GPU state cells, and what the parent knows (counts, rates, the library, the node
+    and GPU that measured it)."""
     measured = {
         field.name: getattr(measurement, field.name)
         for field in dataclasses.fields(measurement)
@@ -666,6 +697,8 @@ def _row(planned: _Planned, measurement: Measurement) -> ResultRow:
         gbps=planned.bytes / median_s / 1e9 if median_s else None,
         library=planned.adapter.library(),
         **measured,
+        host=host,
+        gpu_name=gpu_name if measurement.device.startswith("cuda") else "",
         **{key: value for key, value in measurement.gpu_state.items() if value is not None},
     )
 

@@ -2,7 +2,9 @@
 
 Each takes a run directory (`results/runs/<spec>-<timestamp>/`). `--published NAME` picks the
 published data set (a `figure` value of `results/published/*.csv`); by default the one named in
-the run's env.json, and `--published none` turns the comparison off.
+the run's env.json, and `--published none` turns the comparison off. A run whose rows were measured
+on several GPUs (a sweep over a mixed partition) is refused unless `--gpu NAME` picks one: rows of
+different GPUs are never set side by side or averaged.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ FiguresOutOption = Annotated[
 ReportOutOption = Annotated[
     Path | None, typer.Option("--out", help="The HTML file; default RUN_DIR/report.html.")
 ]
+GpuOption = Annotated[
+    str | None,
+    typer.Option("--gpu", help="The rows of this GPU, for a run that mixes GPUs (its name as in the rows)."),
+]
 
 
 def _console() -> Console:
@@ -91,6 +97,7 @@ def compare(
     normalize: NormalizeOption = "none",
     json_out: JsonOption = None,
     csv_out: CsvOption = None,
+    gpu: GpuOption = None,
 ) -> None:
     """Compare a run with the paper's published numbers: runtime and peak-memory ratios per mode."""
     if normalize not in NORMALIZE_CHOICES:
@@ -98,7 +105,7 @@ def compare(
     for path, flag in ((json_out, "--json"), (csv_out, "--csv")):
         if path is not None:
             output_file(path, flag, keep=_inputs(run_dir))
-    run = load_run(run_dir)
+    run = load_run(run_dir, gpu)
     name = _require_published(resolve_published_name(run, published), published)
     comparison = compare_run(run, name, normalize)
     console = _console()
@@ -133,12 +140,18 @@ def compare(
         console.print(f"wrote {csv_out}")
 
 
-def plot(run_dir: RunDirArgument, published: PublishedOption = None, out: FiguresOutOption = None) -> None:
+def plot(
+    run_dir: RunDirArgument,
+    published: PublishedOption = None,
+    out: FiguresOutOption = None,
+    gpu: GpuOption = None,
+) -> None:
     """Write the run's paper-style figures (runtime and memory vs seq_len, chunk trade-off, head dim)."""
     from tfla_bench.plots.catalog import plot_run
 
-    out = output_dir(out or run_dir / rundir.FIGURES, "--out" if out else "figures folder")
-    paths = plot_run(run_dir, out, published)
+    default = run_dir / rundir.for_gpu(rundir.FIGURES, gpu)
+    out = output_dir(out or default, "--out" if out else "figures folder")
+    paths = plot_run(run_dir, out, published, gpu)
     console = _console()
     if not paths:
         console.print("no figure: the run sweeps neither seq_len, head dim nor chunk size")
@@ -146,12 +159,18 @@ def plot(run_dir: RunDirArgument, published: PublishedOption = None, out: Figure
         console.print(f"wrote {path}")
 
 
-def report(run_dir: RunDirArgument, published: PublishedOption = None, out: ReportOutOption = None) -> None:
+def report(
+    run_dir: RunDirArgument,
+    published: PublishedOption = None,
+    out: ReportOutOption = None,
+    gpu: GpuOption = None,
+) -> None:
     """Write one self-contained HTML page with the run's environment, tables and figures."""
     from tfla_bench.report import write_report
 
-    out = output_file(out or run_dir / rundir.REPORT, "--out" if out else "report", keep=_inputs(run_dir))
-    path = write_report(run_dir, published, out)
+    default = run_dir / rundir.for_gpu(rundir.REPORT, gpu)
+    out = output_file(out or default, "--out" if out else "report", keep=_inputs(run_dir))
+    path = write_report(run_dir, published, out, gpu)
     _console().print(f"wrote {path}")
 
 

@@ -8,9 +8,12 @@ Examples::
     tfla-bench sweep experiments/sdpa_h100.toml --kernel sdpa_cudnn --dry-run
     tfla-bench sweep experiments/smoke.toml --out /tmp/smoke-run
     tfla-bench sweep --resume results/runs/smoke-20250101-120000 --retry crashed,timeout
+    tfla-bench sweep experiments/fig5_consttoken.toml --executor slurm --partition gpu --nodes 4 \\
+        --gpus-per-node 8 --time 4:00:00 --precompile 14
 
 A sweep or resume holds the run directory's lock (`tfla_bench.rundir`) from before the correctness
-gate to its last row.
+gate to its last row. With `--executor slurm` or `local` the cases run in jobs (`tfla_bench.cluster`)
+and the lock is held while the sweep follows them (with `--no-wait`, while it submits them).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tfla_bench import correctness, registry, rundir, runner, specs
+from tfla_bench import cluster, correctness, jobs, registry, rundir, runner, specs
+from tfla_bench.cluster import ClusterFlags
 from tfla_bench.commands import check as check_command
 from tfla_bench.commands.options import _ints, _names
 from tfla_bench.console import cases_table, make_console, summary_table
@@ -37,6 +41,7 @@ from tfla_bench.errors import UserError
 from tfla_bench.paths import output_dir
 from tfla_bench.phases import PhaseClock
 from tfla_bench.specs import Spec
+from tfla_bench.workloads import Case
 
 KernelOption = Annotated[
     list[str] | None,
@@ -44,6 +49,38 @@ KernelOption = Annotated[
 ]
 OutOption = Annotated[
     Path | None, typer.Option("--out", help="run directory (default results/runs/SPEC-TIMESTAMP)")
+]
+ExecutorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--executor",
+        metavar="none|slurm|local",
+        help="none: in this process (default); slurm: jobs through submitit; local: submitit's jobs on "
+        "this machine. A resumed run keeps its own",
+    ),
+]
+NodesOption = Annotated[
+    int | None, typer.Option("--nodes", help="split the cases over N jobs of one node each (default 1)")
+]
+GpusPerNodeOption = Annotated[
+    int | None, typer.Option("--gpus-per-node", help="GPUs of each job (default 1; local: 1, or 0 on CPU)")
+]
+TimeOption = Annotated[
+    str | None,
+    typer.Option("--time", help="each job's time limit: minutes or [D-]HH:MM:SS (default 60 minutes)"),
+]
+PartitionOption = Annotated[str | None, typer.Option("--partition", help="Slurm partition")]
+AccountOption = Annotated[str | None, typer.Option("--account", help="Slurm account")]
+ConstraintOption = Annotated[
+    str | None, typer.Option("--constraint", help="Slurm node constraint, e.g. a GPU type")
+]
+SlurmArgOption = Annotated[
+    list[str] | None,
+    typer.Option("--slurm-arg", metavar="KEY=VALUE", help="any other sbatch option, e.g. qos=high (repeat)"),
+]
+NoWaitOption = Annotated[
+    bool,
+    typer.Option("--no-wait", help="submit the jobs and return; `tfla-bench status RUN_DIR` merges the rows"),
 ]
 
 
@@ -295,9 +332,19 @@ def sweep(
         str | None,
         typer.Option("--seq-len", help="filter the spec's cases to these sequence lengths, e.g. 8192"),
     ] = None,
+    executor: ExecutorOption = None,
+    nodes: NodesOption = None,
+    gpus_per_node: GpusPerNodeOption = None,
+    time: TimeOption = None,
+    partition: PartitionOption = None,
+    account: AccountOption = None,
+    constraint: ConstraintOption = None,
+    slurm_arg: SlurmArgOption = None,
+    no_wait: NoWaitOption = False,
     flags: _Flags = _Flags(),
 ) -> None:
-    """Run every case of a spec, each in an isolated worker; rows go to results.csv in the run directory."""
+    """Run every case of a spec, each in an isolated worker; rows go to results.csv in the run directory.
+    With --executor slurm or local the cases are split over jobs of one node each."""
     if spec_path is not None:
         spec = specs.load_spec(spec_path)
     elif resume is not None:
@@ -308,7 +355,10 @@ def sweep(
         raise UserError(f"{'--retry' if retry is not None else '--force'} needs --resume DIR")
     lengths = _ints("--seq-len", seq_len) if seq_len else None
     only_lengths = None if lengths is None else lengths if isinstance(lengths, list) else [lengths]
-    _execute(spec, _names(kernel), out, resume, flags, _statuses(retry), force, only_lengths)
+    scheduler = ClusterFlags(
+        executor, nodes, gpus_per_node, time, partition, account, constraint, tuple(slurm_arg or ()), no_wait
+    )
+    _execute(spec, _names(kernel), out, resume, flags, _statuses(retry), force, only_lengths, scheduler)
 
 
 def _execute(
@@ -320,9 +370,11 @@ def _execute(
     retry: frozenset[str] = frozenset(),
     force: bool = False,
     seq_lens: list[int] | None = None,
+    scheduler: ClusterFlags | None = None,
 ) -> None:
     """Apply measurement flags, expand (keeping the kernels `only` and lengths `seq_lens` when given),
-    and either print the cases or run them (holding the run directory's lock) and print the summary."""
+    and either print the cases or run them (holding the run directory's lock), in this process or in
+    jobs as `scheduler` says, and print the summary."""
     clock = PhaseClock()
     if flags.grad is not None and flags.grad not in specs.GRAD_MODES:
         raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {flags.grad!r}")
@@ -355,6 +407,12 @@ def _execute(
                 f"--seq-len: {missing[0]} is not a sequence length of spec {spec.name!r} ({known})"
             )
         cases = [case for case in cases if case.seq_len in seq_lens]
+    options = cluster.resolve(scheduler or ClusterFlags(), jobs.read(resume) if resume is not None else None)
+    if options is not None:
+        for flag, given in (("--gpus", flags.gpus), ("--check", flags.check), ("--ncu", flags.ncu)):
+            if given:
+                raise UserError(f"{flag} is not available with --executor {options.executor}")
+        cluster.require_submitit(options.executor)
     if flags.ncu:
         from tfla_bench import ncu
 
@@ -362,14 +420,21 @@ def _execute(
     stdout = make_console()
     if flags.dry_run:
         stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
+        if options is not None:
+            stdout.print(f"would submit {cluster.describe(options, len(cases))}")
         return
-    devices = runner.select_devices(flags.gpus)
+    devices = runner.select_devices(flags.gpus) if options is None else []
     for path, flag in ((out, "--out"), (resume, "--resume")):
         if path is not None:
             output_dir(path, flag)
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
     with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
         forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)
+        if resuming:
+            cluster.settle(run_dir)
+        if options is not None:
+            _execute_in_jobs(spec, cases, run_dir, options, resuming, retry, forced, flags, clock, stdout)
+            return
         kernels = sorted({case.kernel for case in cases})
         failed_check = {}
         if flags.check:
@@ -404,6 +469,40 @@ def _execute(
             with clock.phase("profile"):
                 profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
             clock.write(run_dir)
+
+
+def _execute_in_jobs(
+    spec: Spec,
+    cases: list[Case],
+    run_dir: Path,
+    options: cluster.ClusterOptions,
+    resuming: bool,
+    retry: frozenset[str],
+    forced: str | None,
+    flags: _Flags,
+    clock: PhaseClock,
+    stdout: Console,
+) -> None:
+    """Submit the cases as jobs (`tfla_bench.cluster`) and, when it follows them, print the summary."""
+    rows = cluster.sweep(
+        spec,
+        cases,
+        run_dir,
+        options,
+        resume=resuming,
+        retry=retry,
+        forced=forced,
+        precompile=flags.precompile,
+        roofs=flags.roofs,
+        console=stdout,
+    )
+    if rows is None:
+        return
+    stdout.print(summary_table(rows))
+    stdout.print(
+        f"{len(rows)} row(s) of {len(cases)} case(s); {clock.to_dict()['wall_s']:.1f} s; "
+        f"results in {run_dir / rundir.RESULTS}"
+    )
 
 
 def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dict[str, str]:

@@ -43,6 +43,9 @@ def diff(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Draw B/A per case into this image file.")
     ] = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="Compare the rows of this GPU (runs that mix GPUs).")
+    ] = None,
 ) -> None:
     """Compare run B with run A: B/A per case, faster/slower/same beyond the runs' noise, geometric means."""
     if threshold is not None and threshold < 0:
@@ -51,7 +54,7 @@ def diff(
     for path, flag in ((as_json, "--json"), (as_csv, "--csv"), (plot, "--plot")):
         if path is not None:
             output_file(path, flag, keep=inputs)
-    result = diff_runs(run_a, run_b)
+    result = diff_runs(run_a, run_b, gpu)
     console = make_console()
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/] {warning}")

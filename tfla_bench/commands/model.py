@@ -394,6 +394,12 @@ def roofline(
         Path | None,
         typer.Option("--measured", help="a run directory whose measurements to place on the roofline"),
     ] = None,
+    measured_gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--measured-gpu", help="with --measured: place the rows of this GPU (runs that mix GPUs)"
+        ),
+    ] = None,
 ) -> None:
     """Write the model figures (paper Figs. 18-25) as PNG and SVG; print the optimal chunk sizes per GPU."""
     accelerators = _roofline_accelerators(gpu, peak_flops, bandwidth)
@@ -404,7 +410,7 @@ def roofline(
 
     written = catalog.write_model_figures(out, accelerators)
     if measured is not None:
-        written += catalog.plot_measured_roofline(measured, out, accelerators)
+        written += catalog.plot_measured_roofline(measured, out, accelerators, measured_gpu)
     console = make_console()
     console.print(_summary_table(accelerators))
     # Plain print: rich would wrap long paths, and a path should be copyable as one line.

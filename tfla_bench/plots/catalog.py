@@ -59,22 +59,26 @@ def run_context(
     return FigureContext(run=run, comparison=comparison, roofs=roofs)
 
 
-def plot_run(run_dir: Path, out_dir: Path | None = None, published: str | None = None) -> list[Path]:
+def plot_run(
+    run_dir: Path, out_dir: Path | None = None, published: str | None = None, gpu: str | None = None
+) -> list[Path]:
     """Write the run group of a run as PNG.
 
     Args:
         run_dir: the run directory.
-        out_dir: where to write; default `<run_dir>/figures`.
+        out_dir: where to write; default `<run_dir>/figures` (`figures-<gpu>` with `gpu`).
         published: the published data set drawn dotted; default the run's env.json `published`
             field; `"none"` for none.
+        gpu: draw the rows of this GPU, for a run that mixes GPUs (`compare.load_run`).
 
     Returns:
         The written files.
     """
-    run = load_run(run_dir)
+    run = load_run(run_dir, gpu)
     name = resolve_published_name(run, published)
     context = run_context(run, compare_run(run, name) if name else None)
-    return save(render(plots(context, ["run"]), context), out_dir or Path(run_dir) / rundir.FIGURES)
+    out_dir = out_dir or Path(run_dir) / rundir.for_gpu(rundir.FIGURES, gpu)
+    return save(render(plots(context, ["run"]), context), out_dir)
 
 
 def write_model_figures(out_dir: Path, accelerators: Sequence[Accelerator]) -> list[Path]:
@@ -83,7 +87,9 @@ def write_model_figures(out_dir: Path, accelerators: Sequence[Accelerator]) -> l
     return save(render(plots(context, ["model"]), context), out_dir, svg=True, dpi=MODEL_DPI)
 
 
-def plot_measured_roofline(run_dir: Path, out_dir: Path, accelerators: Sequence[Accelerator]) -> list[Path]:
+def plot_measured_roofline(
+    run_dir: Path, out_dir: Path, accelerators: Sequence[Accelerator], gpu: str | None = None
+) -> list[Path]:
     """Write the measured group of a run as PNG, and every ok row's fraction of its bound as CSV.
 
     Args:
@@ -92,13 +98,14 @@ def plot_measured_roofline(run_dir: Path, out_dir: Path, accelerators: Sequence[
         accelerators: the roofs to draw (e.g. H100 and H200); the fraction of the bound is taken
             on the run's own GPU, or on the first of these if the model does not know it. A CPU
             run is drawn against none.
+        gpu: place the rows of this GPU, for a run that mixes GPUs (`roofline --measured-gpu`).
 
     Returns:
         The written files.
     """
     if not accelerators:
         raise ValueError("plot_measured_roofline needs at least one accelerator")
-    run = load_run(run_dir)
+    run = load_run(run_dir, gpu, flag="--measured-gpu")
     context = run_context(run, None, accelerators)
     paths = save(render(plots(context, ["measured"]), context), out_dir)
     csv_path = out_dir / rundir.ROOFLINE_FRACTION

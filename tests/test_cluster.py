@@ -1,0 +1,469 @@
+"""Sweeps through a job scheduler (`sweep --executor local|slurm`, `tfla_bench.cluster`).
+
+Local jobs (submitit's `LocalExecutor`, real processes on this machine) measure a tiny CPU spec and
+must give the cases of the in-process sweep; a killed job leaves its missing cases, and only those,
+to `--resume`; a preempted job is requeued and keeps its rows. The merge of shard files is checked
+under concurrent writers. Slurm is stood in for by small `srun`, `sbatch` and `sacct` scripts on
+PATH, so the sbatch script submitit writes for the flags is checked without a cluster. Analysis of a
+run whose rows come from two GPUs is refused unless `--gpu` picks one.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from plugin_support import registered_test_adapters
+from synthetic_run import H100_NAME, headdim_rows, write_run
+
+from tfla_bench import cluster, jobs, registry, rundir, specs
+from tfla_bench.cli import main
+from tfla_bench.compare import load_run
+from tfla_bench.console import make_console
+from tfla_bench.jobs import JobRecord, JobsRecord, Round
+from tfla_bench.rundir import ResultRow
+from tfla_bench.shard import ShardJob
+from tfla_bench.workloads import Case
+
+TESTS = Path(__file__).resolve().parent
+WAIT_S = 120.0
+# 12 cases: sdpa_math and mlstm_torch (both gates), fw and fwbw, two sequence lengths.
+SPEC = """
+name = "tiny"
+kernels = ["sdpa_math", "mlstm_torch"]
+modes = ["fw", "fwbw"]
+dtype = "float32"
+warmup = 1
+reps = 3
+timeout_s = 120
+[shape]
+tokens = 64
+seq_len = [16, 32]
+num_heads = 2
+head_dim_qk = 8
+head_dim_v = 8
+chunk_size = 8
+[override.mlstm_torch]
+params = { gate = ["exp", "sig"] }
+"""
+# 12 cases, the first 6 taking about half a second each, so a job can be stopped halfway.
+SLOW_SPEC = """
+name = "slow"
+kernels = ["test_slow", "sdpa_math"]
+modes = ["fw", "fwbw"]
+dtype = "float32"
+warmup = 1
+reps = 3
+timeout_s = 120
+[shape]
+tokens = 64
+seq_len = [8, 16, 32]
+num_heads = 2
+head_dim_qk = 8
+head_dim_v = 8
+"""
+A100_NAME = "NVIDIA A100-SXM4-80GB"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def with_test_adapters():
+    with registered_test_adapters():
+        yield
+
+
+@pytest.fixture
+def job_env(monkeypatch):
+    """Local jobs inherit this process's environment: they find the test adapters as a user's
+    unpackaged module."""
+    monkeypatch.setenv(registry.PLUGINS_ENV, "plugin_adapters")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    )
+
+
+def spec_file(tmp_path: Path, text: str = SPEC) -> str:
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def rows_of(run_dir: Path) -> list[ResultRow]:
+    return rundir.read_results(run_dir / rundir.RESULTS).rows
+
+
+def keys(rows: list[ResultRow]) -> list[str]:
+    return sorted(row.case.key for row in rows)
+
+
+def wait_for(ready, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not ready():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {WAIT_S:g} s")
+        time.sleep(0.05)
+
+
+def all_ended(run_dir: Path) -> bool:
+    record, _, _ = cluster.status(run_dir, make_console())
+    return all(job.ended for _, job in record.jobs())
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def task_of(job_id: str) -> int:
+    """The process a local job runs its work in: the child of its controller (the job id)."""
+    wait_for(lambda: children(int(job_id)), f"the task of local job {job_id}")
+    return children(int(job_id))[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Local jobs
+
+
+def test_local_jobs_give_the_cases_of_the_in_process_sweep(tmp_path, capsys):
+    spec = spec_file(tmp_path)
+    here, there = tmp_path / "in-process", tmp_path / "in-jobs"
+    assert main(["sweep", spec, "--out", str(here)]) == 0
+    assert main(["sweep", spec, "--out", str(there), "--executor", "local", "--nodes", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "submitted 12 case(s) in 2 local job(s)" in printed and "COMPLETED" in printed
+
+    measured, sharded = rows_of(here), rows_of(there)
+    assert len(measured) == len(sharded) == 12 and keys(measured) == keys(sharded)
+    assert {row.case.key: row.status for row in measured} == {row.case.key: row.status for row in sharded}
+    for row in [*measured, *sharded]:
+        assert row.host == socket.gethostname() and row.gpu_name == ""  # a CPU measured them
+
+    record = jobs.read(there)
+    assert record is not None and record.executor == "local" and len(record.rounds) == 1
+    (submitted,) = record.rounds
+    assert submitted.closed and [job.state for job in submitted.jobs] == ["COMPLETED", "COMPLETED"]
+    assert sum(job.cases for job in submitted.jobs) == 12
+    for job in submitted.jobs:
+        assert (there / job.stderr).is_file() and len(rows_of(there / submitted.shard(job))) == job.cases
+    env = rundir.read_env(there)
+    assert env["executor"] == "local" and [node["shard"] for node in env["nodes"]] == [
+        "shards/1-0",
+        "shards/1-1",
+    ]
+
+    assert main(["status", str(there)]) == 0
+    printed = capsys.readouterr().out
+    assert "12 row(s) merged into" in printed and printed.count("COMPLETED") == 2
+
+
+def test_a_killed_job_then_resume_submits_only_its_missing_cases(tmp_path, job_env):
+    spec = spec_file(tmp_path, SLOW_SPEC)
+    run = tmp_path / "run"
+    assert main(["sweep", spec, "--out", str(run), "--executor", "local", "--nodes", "2", "--no-wait"]) == 0
+    killed = jobs.read(run).rounds[0].jobs[0]
+    wait_for(lambda: rows_of(run / "shards/1-0"), "a first row of job 0")
+    tree, index = [int(killed.job_id)], 0
+    while index < len(tree):
+        tree += children(tree[index])
+        index += 1
+    for pid in tree:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: all_ended(run), "the end of both jobs")
+
+    record = jobs.read(run)
+    assert [job.state for job in record.rounds[0].jobs] == ["INTERRUPTED", "COMPLETED"]
+    before = {row.case.key: row for row in rows_of(run)}
+    every = [case.key for case in specs.expand(specs.load_spec(Path(spec)))]
+    missing = sorted(set(every) - set(before))
+    assert missing and set(missing) <= set(every[0::2])  # job 0's cases only: the shards are round-robin
+
+    assert main(["sweep", "--resume", str(run)]) == 0  # the run's own executor: local
+    record = jobs.read(run)
+    again = record.rounds[1]
+    assert again.closed and sum(job.cases for job in again.jobs) == len(missing)
+    assert keys([row for job in again.jobs for row in rows_of(run / again.shard(job))]) == missing
+    after = rows_of(run)
+    assert keys(after) == sorted(every)
+    assert all(row == before[row.case.key] for row in after if row.case.key in before)
+
+
+def test_a_preempted_job_is_requeued_and_keeps_its_rows(tmp_path, job_env):
+    spec = spec_file(tmp_path, SLOW_SPEC)
+    run = tmp_path / "run"
+    assert main(["sweep", spec, "--out", str(run), "--executor", "local", "--no-wait"]) == 0
+    (job,) = jobs.read(run).rounds[0].jobs
+    shard = run / "shards/1-0"
+    wait_for(lambda: rows_of(shard), "a first row")
+    os.kill(task_of(job.job_id), signal.SIGUSR2)  # what Slurm sends before preempting the job
+    first = rows_of(shard)
+    wait_for(lambda: all_ended(run), "the end of the job")
+
+    (job,) = jobs.read(run).rounds[0].jobs
+    assert job.state == "COMPLETED"
+    log = (run / job.stdout).read_text() + (run / job.stderr).read_text()
+    assert "Requeued job" in log and "finished row(s) kept" in log
+    rows = rows_of(run)
+    assert len(rows) == 12 and len(set(keys(rows))) == 12
+    kept = {row.case.key: row for row in rows}
+    assert all(kept[row.case.key] == row for row in first)
+
+
+def test_a_job_is_requeued_once(tmp_path):
+    spec = specs.load_spec(Path(spec_file(tmp_path)))
+    case = specs.expand(spec)[0]
+    job = ShardJob(tmp_path, 1, 0, spec, (case,), precompile=4)
+    requeued = job.checkpoint()
+    assert requeued.function == ShardJob(tmp_path, 1, 0, spec, (case,), precompile=4, requeued=1)
+    assert requeued.function.directory == tmp_path / "shards" / "1-0"
+    assert requeued.function.checkpoint() is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Merging
+
+
+def _write_shard(path: Path, rows: list[ResultRow], columns: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = rundir.RowWriter(path, columns)
+    for row in rows:
+        writer.write(row)
+        time.sleep(0.005)
+    writer.close()
+
+
+def test_shard_files_merge_without_duplicates_under_concurrent_writers(tmp_path):
+    shards = [
+        [
+            Case("sdpa_math", "fw", "float32", 1, 8 * (25 * shard + i + 1), 2, 8, 8, None, {})
+            for i in range(25)
+        ]
+        for shard in range(4)
+    ]
+    every = [case for shard in shards for case in shard]
+    columns = rundir.columns_for(every)
+    # A row a resume retries: the old crashed row is in results.csv, the shard writes its new one.
+    retried = ResultRow(case=shards[0][0], family="attention", status="crashed", error="old")
+    rundir.rewrite_results(tmp_path / rundir.RESULTS, [retried], columns)
+    record = JobsRecord("local", {}, [Round(1, "now", [JobRecord(i, str(i), 25) for i in range(4)])])
+    context = multiprocessing.get_context("fork")
+    writers = [
+        context.Process(
+            target=_write_shard,
+            args=(
+                tmp_path / rundir.shard_dir(1, index) / rundir.RESULTS,
+                [ResultRow(case=case, family="attention", status="ok", median_ms=1.0) for case in shard],
+                columns,
+            ),
+        )
+        for index, shard in enumerate(shards)
+    ]
+    for writer in writers:
+        writer.start()
+    merges = 0
+    while any(writer.is_alive() for writer in writers) or merges < 3:
+        merged = cluster.merge(tmp_path, record)
+        read = rundir.read_results(tmp_path / rundir.RESULTS)
+        assert not read.skipped and len(keys(read.rows)) == len(set(keys(read.rows)))
+        assert keys(read.rows) == keys(merged.rows)
+        merges += 1
+    for writer in writers:
+        writer.join()
+        assert writer.exitcode == 0
+    merged = cluster.merge(tmp_path, record)
+    assert keys(merged.rows) == sorted(case.key for case in every) and merges > 3
+    assert {row.status for row in merged.rows} == {"ok"}
+    assert merged.shard_rows == {rundir.shard_dir(1, index): 25 for index in range(4)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Slurm, stood in for
+
+
+def stand_in(folder: Path, name: str, script: str) -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def slurm(tmp_path, monkeypatch):
+    """A folder on PATH with an `srun` (how submitit tells a Slurm cluster) and an `sbatch` that
+    accepts every submission as job 4242; returns the folder."""
+    folder = tmp_path / "slurm-bin"
+    folder.mkdir()
+    stand_in(folder, "srun", "exit 0")
+    stand_in(folder, "sbatch", 'echo "Submitted batch job 4242"')
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    return folder
+
+
+def test_the_sbatch_script_for_the_flags(tmp_path, capsys, slurm):
+    run = tmp_path / "run"
+    flags = ["--executor", "slurm", "--nodes", "2", "--gpus-per-node", "4", "--time", "1:30:00"]
+    flags += ["--partition", "gpu", "--account", "proj", "--constraint", "h100", "--precompile", "3"]
+    flags += ["--slurm-arg", "qos=high", "--slurm-arg", "exclusive", "--no-wait"]
+    assert main(["sweep", spec_file(tmp_path), "--out", str(run), *flags]) == 0
+    assert "job id(s) 4242_0, 4242_1" in capsys.readouterr().out
+
+    folder = (run / rundir.submitit_dir(1)).resolve()
+    script = (folder / "4242_submission.sh").read_text()
+    options = {line for line in script.splitlines() if line.startswith("#SBATCH")}
+    assert options >= {
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj",
+        "#SBATCH --constraint=h100",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --time=90",
+        "#SBATCH --qos=high",
+        "#SBATCH --exclusive",
+        "#SBATCH --array=0-1%2",
+        "#SBATCH --job-name=tfla-bench-tiny",
+        f"#SBATCH --signal=USR2@{cluster.SIGNAL_DELAY_S}",
+        f"#SBATCH --output={folder}/%A_%a_0_log.out",
+        f"#SBATCH --error={folder}/%A_%a_0_log.err",
+    }
+    assert script.rstrip().splitlines()[-1].endswith(f"-m submitit.core._submit {folder}")
+
+    record = jobs.read(run)
+    assert [(job.job_id, job.cases, job.state) for job in record.rounds[0].jobs] == [
+        ("4242_0", 6, "SUBMITTED"),
+        ("4242_1", 6, "SUBMITTED"),
+    ]
+    assert record.options["slurm_args"] == {"qos": "high", "exclusive": True}
+    from submitit.core.utils import DelayedSubmission
+
+    shards = [DelayedSubmission.load(folder / f"4242_{index}_submitted.pkl").function for index in (0, 1)]
+    assert all(shard.precompile == 3 and shard.run_dir == run.resolve() for shard in shards)
+    assert len({case.key for shard in shards for case in shard.cases}) == 12
+
+    stand_in(slurm, "sacct", "printf 'JobID|State|NodeList\\n4242_0|RUNNING|n1\\n4242_1|PENDING|None\\n'")
+    assert main(["status", str(run)]) == 0
+    printed = capsys.readouterr().out
+    assert "RUNNING" in printed and "PENDING" in printed and "2 job(s) not ended yet" in printed
+    assert main(["sweep", "--resume", str(run)]) == 2
+    assert "2 job(s) of" in capsys.readouterr().err
+
+
+def test_a_refused_submission_shows_sbatchs_message(tmp_path, capsys, slurm):
+    stand_in(slurm, "sbatch", 'echo "sbatch: error: invalid partition specified: nope" >&2\nexit 1')
+    args = ["sweep", spec_file(tmp_path), "--out", str(tmp_path / "run"), "--executor", "slurm"]
+    assert main([*args, "--partition", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == "error: the slurm submission was refused: sbatch: error: invalid partition specified: nope\n"
+    )
+    assert jobs.read(tmp_path / "run") is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--partition", "gpu"], "--partition needs --executor slurm or local"),
+        (["--no-wait"], "--no-wait needs --executor slurm or local"),
+        (["--executor", "pbs"], "--executor: expected one of none, slurm, local, got 'pbs'"),
+        (["--executor", "local", "--account", "proj"], "--account needs --executor slurm"),
+        (["--executor", "local", "--nodes", "0"], "--nodes: expected a number of jobs >= 1, got 0"),
+        (["--executor", "local", "--gpus-per-node", "64"], "need 64 GPU(s); this machine has"),
+        (["--executor", "local", "--check"], "--check is not available with --executor local"),
+        (["--executor", "local", "--gpus", "1"], "--gpus is not available with --executor local"),
+        (["--executor", "slurm", "--time", "1:xx"], "--time: expected minutes or D-HH:MM:SS, got '1:xx'"),
+        (["--executor", "slurm", "--time", "0"], "--time: expected a positive time"),
+        (["--executor", "slurm", "--partition", "a b"], "--partition: expected one word"),
+        (["--executor", "slurm", "--slurm-arg", "time=10"], "--slurm-arg time: give it as --time"),
+        (["--executor", "slurm", "--slurm-arg", "output=x"], "--slurm-arg output: set by tfla-bench"),
+        (["--executor", "slurm", "--slurm-arg", "=3"], "--slurm-arg: expected KEY=VALUE"),
+        (["--executor", "slurm", "--slurm-arg", "qos="], "--slurm-arg: expected KEY=VALUE"),
+    ],
+)
+def test_bad_cluster_flags_are_one_line_and_exit_2(tmp_path, capsys, slurm, flags, expected):
+    out = tmp_path / "run"
+    assert main(["sweep", spec_file(tmp_path), "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_without_slurm_or_submitit_the_executor_is_one_line(tmp_path, capsys, monkeypatch):
+    args = ["sweep", spec_file(tmp_path), "--out", str(tmp_path / "run")]
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun
+    assert main([*args, "--executor", "slurm"]) == 2
+    assert "no srun on PATH" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "submitit", None)  # `import submitit` fails
+    assert main([*args, "--executor", "local"]) == 2
+    assert (
+        capsys.readouterr().err == "error: --executor local needs submitit: pip install tfla-bench[cluster]\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "minutes"),
+    [
+        ("90", 90),
+        ("30:00", 30),
+        ("0:30", 1),
+        ("1:30:00", 90),
+        ("2-00", 2880),
+        ("1-2:03", 1563),
+        ("1-0:0:1", 1441),
+    ],
+)
+def test_slurm_time_formats(text, minutes):
+    assert cluster.parse_time(text) == minutes
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows of several GPUs
+
+
+@pytest.fixture
+def mixed_run(tmp_path):
+    """A run whose tfla_sig rows were measured on an H100 and its tfla_exp rows on an A100."""
+    rows = headdim_rows()
+    for row in rows:
+        row["gpu_name"] = H100_NAME if row["kernel"] == "tfla_sig" else A100_NAME
+    run = write_run(tmp_path / "mixed", rows, published="none")
+    env = json.loads((run / rundir.ENV).read_text())
+    env["nodes"] = [
+        {"shard": "shards/1-0", "gpu_name": H100_NAME, "driver": "580.00"},
+        {"shard": "shards/1-1", "gpu_name": A100_NAME, "driver": "550.00", "sm_count": 108},
+    ]
+    (run / rundir.ENV).write_text(json.dumps(env))
+    return run
+
+
+@pytest.mark.parametrize("command", [["compare"], ["plot"], ["report"], ["diff", "RUN"]])
+def test_a_run_of_two_gpus_is_refused_without_gpu(capsys, mixed_run, command):
+    argv = [command[0], str(mixed_run), *[str(mixed_run) for _ in command[1:]]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds rows of 2 GPUs" in err and "--gpu NAME" in err
+    assert H100_NAME in err and A100_NAME in err
+
+
+def test_gpu_picks_one_gpus_rows_and_its_node(capsys, mixed_run):
+    run = load_run(mixed_run, A100_NAME)
+    assert set(run.results["kernel"]) == {"tfla_exp"} and set(run.results["gpu_name"]) == {A100_NAME}
+    assert (run.gpu_name, run.env["driver"], run.env["sm_count"]) == (A100_NAME, "550.00", 108)
+    assert main(["report", str(mixed_run), "--gpu", H100_NAME, "--published", "none"]) == 0
+    page = (mixed_run / "report-nvidia-h100-80gb-hbm3.html").read_text()
+    assert "<td>tfla_sig</td>" in page and "<td>tfla_exp</td>" not in page  # table cells, not the mapping
+    assert main(["diff", str(mixed_run), str(mixed_run), "--gpu", A100_NAME]) == 0
+    assert main(["compare", str(mixed_run), "--gpu", "NVIDIA B200"]) == 2
+    assert "--gpu NVIDIA B200: no row of" in capsys.readouterr().err
