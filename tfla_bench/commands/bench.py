@@ -35,7 +35,7 @@ from rich.table import Table
 from tfla_bench import cluster, correctness, jobs, registry, rundir, runner, specs
 from tfla_bench.cluster import ClusterFlags
 from tfla_bench.commands import check as check_command
-from tfla_bench.commands.options import _ints, _names
+from tfla_bench.commands.options import _int_list, _ints, _names
 from tfla_bench.console import cases_table, make_console, summary_table
 from tfla_bench.errors import UserError
 from tfla_bench.paths import output_dir
@@ -353,8 +353,7 @@ def sweep(
         raise UserError("sweep needs a SPEC file (or --resume DIR)")
     if resume is None and (retry is not None or force):
         raise UserError(f"{'--retry' if retry is not None else '--force'} needs --resume DIR")
-    lengths = _ints("--seq-len", seq_len) if seq_len else None
-    only_lengths = None if lengths is None else lengths if isinstance(lengths, list) else [lengths]
+    only_lengths = _int_list("--seq-len", seq_len) if seq_len else None
     scheduler = ClusterFlags(
         executor, nodes, gpus_per_node, time, partition, account, constraint, tuple(slurm_arg or ()), no_wait
     )

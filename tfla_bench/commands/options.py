@@ -13,6 +13,12 @@ def _names(values: list[str] | None) -> list[str]:
 
 def _ints(flag: str, text: str) -> int | list[int]:
     """`2048` -> 2048, `2048,8192` -> [2048, 8192]; a `UserError` naming the flag otherwise."""
+    values = _int_list(flag, text)
+    return values[0] if len(values) == 1 else values
+
+
+def _int_list(flag: str, text: str) -> list[int]:
+    """`2048` -> [2048], `2048,8192` -> [2048, 8192]; a `UserError` naming the flag otherwise."""
     parts = [part.strip() for part in text.split(",") if part.strip()]
     try:
         values = [int(part) for part in parts]
@@ -20,4 +26,4 @@ def _ints(flag: str, text: str) -> int | list[int]:
         raise UserError(f"{flag}: expected an integer or a comma list of integers, got {text!r}") from exc
     if not values or any(value <= 0 for value in values):
         raise UserError(f"{flag}: expected positive integers, got {text!r}")
-    return values[0] if len(values) == 1 else values
+    return values

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from tfla_bench import profiling, registry, roofs, rundir, runner
-from tfla_bench.commands.options import _ints, _names
+from tfla_bench.commands.options import _int_list, _names
 from tfla_bench.console import make_console
 from tfla_bench.errors import UserError
 from tfla_bench.paths import output_dir
@@ -52,8 +52,7 @@ def profile(
     if read.skipped:
         print(f"warning: {read.warning()}", file=sys.stderr)
     rows = read.rows
-    lengths = _ints("--seq-len", seq_len) if seq_len else []
-    seq_lens = lengths if isinstance(lengths, list) else [lengths]
+    seq_lens = _int_list("--seq-len", seq_len) if seq_len else []
     modes = _names([mode] if mode else [])
     if bad := [m for m in modes if m not in ("fw", "fwbw")]:
         raise UserError(f"--mode: expected fw or fwbw, got {', '.join(bad)}")
