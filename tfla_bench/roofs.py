@@ -5,7 +5,7 @@ Three numbers, each the best over a few configurations of the median of timed ca
 - dense bf16 matmul FLOP/s: `torch.matmul` of two random square matrices (random, not zeros: the
   tensor cores draw less power on zeros and clock higher), 2 n^3 FLOPs per call, n in `MATMUL_SIZES`;
 - HBM bandwidth: a device-to-device copy of `HBM_COPY_BYTES`, far above any L2, read plus write
-  counted (2 x bytes per copy);
+  counted (2 x bytes per copy), the better of a memcpy and an elementwise kernel (`COPY_METHODS`);
 - L2 bandwidth: copies within a working set of half the L2 (source and destination a quarter each),
   `L2_COPIES` of them captured in one CUDA graph so launch gaps stay small; read plus write counted.
   Gaps between the graph's kernels still count, so this is a lower bound of the L2's bandwidth.
@@ -37,6 +37,10 @@ ROOFS_FILE_ENV = "TFLA_BENCH_ROOFS_FILE"
 MATMUL_SIZES = (4096, 8192, 16384)
 HBM_COPY_BYTES = 1 << 30
 L2_COPIES = 64
+# A copy captured in a CUDA graph as a memcpy node may run on a copy engine rather than the SMs, which
+# moved 2.43 TB/s on an H100 where kernels reach more (results/runs/fig5_consttoken_8192-20261125-184719):
+# both a memcpy and an elementwise kernel (`torch.neg`, one read and one write per element) are timed.
+COPY_METHODS = ("memcpy", "kernel")
 TIMED_CALLS = 20
 WARMUP_CALLS = 3
 # Seconds the sweep waits for the child that measures the roofs (CUDA start-up and three benchmarks).
@@ -254,22 +258,34 @@ def _matmul_flops_per_s(n: int, device: str) -> float:
 
 
 def _copy_bytes_per_s(size_bytes: int, copies: int, device: str) -> float:
-    """Bandwidth of `copies` back-to-back copies of `size_bytes` in one CUDA graph, read plus write."""
+    """Bandwidth of `copies` back-to-back copies of `size_bytes` in one CUDA graph, read plus write: the
+    better of `COPY_METHODS`."""
+    return max(_graph_copy_bytes_per_s(size_bytes, copies, device, method) for method in COPY_METHODS)
+
+
+def _graph_copy_bytes_per_s(size_bytes: int, copies: int, device: str, method: str) -> float:
     import torch
 
-    source = torch.randint(0, 127, (size_bytes,), dtype=torch.int8, device=device)
+    source = torch.randn(size_bytes // 4, dtype=torch.float32, device=device)
     target = torch.empty_like(source)
+
+    def copy() -> None:
+        if method == "memcpy":
+            target.copy_(source)
+        else:
+            torch.neg(source, out=target)
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        target.copy_(source)
+        copy()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(copies):
-            target.copy_(source)
+            copy()
     median_ms = _median_ms(graph.replay, device)
-    return 2 * size_bytes * copies / (median_ms * 1e-3)
+    return 2 * source.numel() * 4 * copies / (median_ms * 1e-3)
 
 
 def for_sweep(device: str) -> dict[str, Any]:
