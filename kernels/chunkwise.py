@@ -26,6 +26,7 @@ import torch
 from tfla_bench.kernels.common import bwd_kernel_dstates, fwd_kernel_states
 from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_name, is_pow2
 from tfla_bench.kernels.gates import GATES, ChunkGates, chunk_gates
+from tfla_bench.kernels.reference import state_names
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_CHUNK, MAX_CHUNK = 16, 4096
@@ -59,6 +60,12 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def pointer_or(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
+    """`x`, or for an absent tensor `stand_in`: the kernels skip the loads and stores of absent tensors
+    (constexpr flags), so any pointer fills the slot."""
+    return stand_in if x is None else x
+
+
 def states_forward(k, v, gates: ChunkGates, log_i, C0, n0, m0, s: Settings, with_n: bool):
     """Run `fwd_kernel_states`: the states before every chunk and the final one, float32."""
     bh, seq_len, dqk = k.shape
@@ -74,9 +81,8 @@ def states_forward(k, v, gates: ChunkGates, log_i, C0, n0, m0, s: Settings, with
     if s.use_max_state:
         m = torch.empty(bh, nc + 1, dtype=torch.float32, device=k.device)
         m[:, 0] = float("-inf") if m0 is None else m0.reshape(bh)
-    # The kernel skips the loads of absent tensors (constexpr flags); any pointer fills the slot.
     fwd_kernel_states[(bh * (dqk // cfg.state_qk) * (dv // cfg.state_v),)](
-        k, v, gates.b, log_i, gates.g, gates.a_max, C, n if with_n else C, m if m is not None else C,
+        k, v, gates.b, log_i, gates.g, gates.a_max, C, pointer_or(n, C), pointer_or(m, C),
         seq_len, nc,
         DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_T=cfg.state_seq, BLOCK_DQK=cfg.state_qk, BLOCK_DV=cfg.state_v,
         USE_MAX_STATE=s.use_max_state, HAS_N=with_n, ONE_TILE=cfg.state_one_tile,
@@ -86,18 +92,19 @@ def states_forward(k, v, gates: ChunkGates, log_i, C0, n0, m0, s: Settings, with
     return C, n, m
 
 
-def states_backward(q, dh, gates: ChunkGates, m, m_row, denom, C, dC, s: Settings) -> torch.Tensor:
-    """Run `bwd_kernel_dstates` into `dC` (whose index `NC` holds the final state's gradient; `dC` may be
-    `C`); returns each chunk's gate-sum gradient `g_bar_k sum(C_{k-1} * dC_k)`, `[BH, NC]`."""
+def states_backward(q, dh, gates: ChunkGates, m, m_row, denom, C, dC, dC_final, s: Settings) -> torch.Tensor:
+    """Run `bwd_kernel_dstates` into `dC` (`dC` may be `C`) from the final state's gradient `dC_final`
+    (None: zero); returns each chunk's gate-sum gradient `g_bar_k sum(C_{k-1} * dC_k)`, `[BH, NC]`."""
     bh, seq_len, dqk = q.shape
     dv = dh.shape[-1]
     nc = gates.g.shape[-1]
     cfg = s.config
+    dC[:, nc] = 0.0 if dC_final is None else dC_final.reshape(bh, dqk, dv)
     n_state_blocks = (dqk // cfg.state_qk) * (dv // cfg.state_v)
     dg = torch.empty(n_state_blocks, bh, nc, dtype=torch.float32, device=q.device)
     bwd_kernel_dstates[(bh * n_state_blocks,)](
-        q, dh, gates.b, gates.g, m_row if m_row is not None else gates.b,
-        denom if denom is not None else gates.b, m if m is not None else gates.g, C, dC, dg,
+        q, dh, gates.b, gates.g, pointer_or(m_row, gates.b), pointer_or(denom, gates.b),
+        pointer_or(m, gates.g), C, dC, dg,
         seq_len, nc, bh, dqk**-0.5,
         DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_T=cfg.state_seq, BLOCK_DQK=cfg.state_qk, BLOCK_DV=cfg.state_v,
         USE_MAX_STATE=s.use_max_state, HAS_DENOM=s.has_n, ONE_TILE=cfg.state_one_tile,
@@ -233,7 +240,7 @@ def check_state(initial_state, gate, normalize, q, dv) -> dict[str, torch.Tensor
     """The initial state by name (`C`, `n`, `m`); raise ValueError unless it fits the gate and `q`."""
     batch, heads, _, dqk = q.shape
     shapes = {"C": (batch, heads, dqk, dv), "n": (batch, heads, dqk), "m": (batch, heads)}
-    names = ("C", "n", "m") if gate == "exp" else (("C", "n") if normalize else ("C",))
+    names = state_names(gate, normalize)
     if isinstance(initial_state, torch.Tensor) and names == ("C",):
         initial_state = (initial_state,)
     if not isinstance(initial_state, tuple | list) or len(initial_state) != len(names):

@@ -43,6 +43,13 @@ import torch.nn.functional as F
 GATES = ("exp", "sig")
 
 
+def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    """float64 if any of `tensors` is float64, else float32 (None entries are skipped)."""
+    return (
+        torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+    )
+
+
 def log_gates(i: torch.Tensor, f: torch.Tensor, gate: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Log input and log forget gates from pre-activations (differentiable).
 
@@ -60,7 +67,7 @@ def log_gates(i: torch.Tensor, f: torch.Tensor, gate: str) -> tuple[torch.Tensor
     """
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
-    dtype = torch.float64 if torch.float64 in (i.dtype, f.dtype) else torch.float32
+    dtype = compute_dtype(i, f)
     log_f = F.logsigmoid(f.to(dtype))
     log_i = i.to(dtype) if gate == "exp" else F.logsigmoid(i.to(dtype))
     return log_i, log_f

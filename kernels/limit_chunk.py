@@ -290,8 +290,7 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, s: Settin
     cfg = s.config
     nc = gates.g.shape[-1]
     dC = torch.empty_like(C)
-    dC[:, nc] = 0.0 if dC_final is None else dC_final.reshape(bh, dqk, dv_dim)
-    dg = states_backward(q, dh, gates, m, m_row, denom, C, dC, s)
+    dg = states_backward(q, dh, gates, m, m_row, denom, C, dC, dC_final, s)
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q_dq = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device)

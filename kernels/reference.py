@@ -38,15 +38,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from tfla_bench.kernels.gates import chunk_gates, log_gates, num_chunks
+from tfla_bench.kernels.gates import chunk_gates, compute_dtype, log_gates, num_chunks
 
 State = tuple[torch.Tensor, ...]
-
-
-def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
-    return (
-        torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
-    )
 
 
 def state_names(gate: str, normalize: bool) -> tuple[str, ...]:
@@ -77,7 +71,7 @@ def zero_state(
 
 def _prepare(q, k, v, i, f, gate, initial_state, normalize):
     """Inputs in the compute dtype, log gates, and the initial `(C, n, m)` with `n`/`m` possibly None."""
-    dtype = _compute_dtype(q, k, v, i, f, *(initial_state or ()))
+    dtype = compute_dtype(q, k, v, i, f, *(initial_state or ()))
     q, k, v = (x.to(dtype) for x in (q, k, v))
     log_i, log_f = log_gates(i.to(dtype), f.to(dtype), gate)
     batch, heads, _, dqk = q.shape
@@ -97,6 +91,25 @@ def _pack(gate: str, C: torch.Tensor, n: torch.Tensor | None, m: torch.Tensor | 
     if gate == "exp":
         return (C, n, m)
     return (C,) if n is None else (C, n)
+
+
+def _log_gate_matrix(cum_log_f: torch.Tensor, log_i: torch.Tensor) -> torch.Tensor:
+    """`log D~_tj = F_t - F_j + log_i_j` for `j <= t`, `-inf` above the diagonal, with `F` the cumulative
+    log forget gate over the last dim (appendix B.1: `D~ = log F + I~`; within a chunk `F` is `b`, B.2)."""
+    seq_len = cum_log_f.shape[-1]
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=cum_log_f.device).tril()
+    log_d = cum_log_f[..., :, None] - cum_log_f[..., None, :] + log_i[..., None, :]
+    return log_d.masked_fill(~causal, -math.inf)
+
+
+def _stabilized(gate: str, log_w: torch.Tensor, log_w0: torch.Tensor):
+    """`(m, exp(log_w - m), exp(log_w0 - m))` for weights `log_w` over the last dim and one more weight
+    `log_w0` (the initial state's), with mLSTMexp's max state `m` over both (B.1); mLSTMsig has no max
+    state (`m` None, the weights unscaled)."""
+    if gate != "exp":
+        return None, torch.exp(log_w), torch.exp(log_w0)
+    m = torch.maximum(log_w.amax(-1), log_w0)
+    return m, torch.exp(log_w - m[..., None]), torch.exp(log_w0 - m)
 
 
 def _denominator(nq: torch.Tensor, m: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -184,19 +197,12 @@ def mlstm_parallel(
         >>> h, (C,) = mlstm_parallel(q, k, v, i, f, gate="sig")
     """
     q, k, v, log_i, log_f, C0, n0, m0 = _prepare(q, k, v, i, f, gate, initial_state, normalize)
-    seq_len = q.shape[2]
     scale = q.shape[-1] ** -0.5
     cum_f = log_f.cumsum(-1)  # F_t = sum_{s <= t} log_f[s]
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
-    # log D~_tj = F_t - F_j + log_i_j for j <= t (appendix B.1: D~ = log F + I~)
-    log_d = (cum_f[..., :, None] - cum_f[..., None, :] + log_i[..., None, :]).masked_fill(~causal, -math.inf)
+    log_d = _log_gate_matrix(cum_f, log_i)
     log_init = cum_f + (m0[..., None] if m0 is not None else 0.0)  # log weight of C_0 in row t
-    if gate == "exp":
-        m = torch.maximum(log_d.amax(-1), log_init)  # row max of D~ (B.1), extended by the C_0 column
-        gate_matrix, init_weight = torch.exp(log_d - m[..., None]), torch.exp(log_init - m)
-    else:
-        m = None
-        gate_matrix, init_weight = torch.exp(log_d), torch.exp(log_init)
+    # mLSTMexp: m is the row max of D~ (B.1), extended by the C_0 column
+    m, gate_matrix, init_weight = _stabilized(gate, log_d, log_init)
     s_bar = (q @ k.transpose(-1, -2)) * scale * gate_matrix  # S and S_bar = S * D (B.1)
     q_init = q * scale * init_weight[..., None]
     h = s_bar @ v + q_init @ C0
@@ -206,13 +212,7 @@ def mlstm_parallel(
 
     # Final state: every step's weight in C_T, and C_0's.
     log_w = cum_f[..., -1:] - cum_f + log_i
-    log_w0 = log_init[..., -1]
-    if gate == "exp":
-        m_T = torch.maximum(log_w.amax(-1), log_w0)
-        w, w0 = torch.exp(log_w - m_T[..., None]), torch.exp(log_w0 - m_T)
-    else:
-        m_T = None
-        w, w0 = torch.exp(log_w), torch.exp(log_w0)
+    m_T, w, w0 = _stabilized(gate, log_w, log_init[..., -1])
     C_T = w0[..., None, None] * C0 + (k * w[..., None]).transpose(-1, -2) @ v
     n_T = None if n0 is None else w0[..., None] * n0 + (k * w[..., None]).sum(-2)
     return h, _pack(gate, C_T, n_T, m_T)
@@ -248,11 +248,9 @@ def mlstm_chunkwise(
     for c in range(num_chunks(seq_len, chunk_size)):
         span = slice(c * chunk_size, min((c + 1) * chunk_size, seq_len))
         q_c, k_c, v_c = q[:, :, span] * scale, k[:, :, span], v[:, :, span]
-        b, a, li = gates.b[..., span], gates.a[..., span], log_i[..., span]
-        length = b.shape[-1]
-        causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        b, a = gates.b[..., span], gates.a[..., span]
         # Intra-chunk part (B.2): D~ = b - b^T + log_i^T, stabilized by its row max m_intra
-        log_d = (b[..., :, None] - b[..., None, :] + li[..., None, :]).masked_fill(~causal, -math.inf)
+        log_d = _log_gate_matrix(b, log_i[..., span])
         if gate == "exp":
             m_intra = log_d.amax(-1)
             m_comb = torch.maximum(b + m[..., None], m_intra)  # m_combine (B.2)

@@ -36,6 +36,7 @@ from tfla_bench.kernels.chunkwise import (
     check_inputs,
     check_state,
     dot_precision,
+    pointer_or,
     resolve_config,
     states_backward,
 )
@@ -51,10 +52,9 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     """The output kernel, one program per (d_hv block, L_hq tile, chunk, batch*head)."""
     bh, seq_len, dqk = q.shape
     dv, nc, cfg = v.shape[-1], gates.g.shape[-1], s.config
-    # The kernel skips the loads and stores of absent tensors (constexpr flags); any pointer fills the slot.
     tfla_fwd_kernel_h[(bh * nc * (s.chunk_size // cfg.seq_q) * (dv // cfg.v),)](
-        q, k, v, gates.b, log_i, C, n if n is not None else C, m if m is not None else C, h,
-        m_row if m_row is not None else h, denom if denom is not None else h, seq_len, nc, dqk**-0.5, s.eps,
+        q, k, v, gates.b, log_i, C, pointer_or(n, C), pointer_or(m, C), h,
+        pointer_or(m_row, h), pointer_or(denom, h), seq_len, nc, dqk**-0.5, s.eps,
         DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_LQ=cfg.seq_q, BLOCK_LKV=cfg.seq_kv, BLOCK_DQK=cfg.qk,
         BLOCK_DV=cfg.v, USE_MAX_STATE=s.use_max_state, HAS_N=s.has_n, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -71,14 +71,13 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, s: Settin
     cfg = s.config
     nc = gates.g.shape[-1]
     scale = dqk**-0.5
-    # The kernels skip the loads of absent tensors (constexpr flags); any pointer fills the slot.
     gate_args = (
         gates.b,
         log_i,
         gates.g,
-        m_row if m_row is not None else gates.b,
-        denom if denom is not None else gates.b,
-        m if m is not None else gates.g,
+        pointer_or(m_row, gates.b),
+        pointer_or(denom, gates.b),
+        pointer_or(m, gates.g),
     )
     settings = dict(
         DQK=dqk, DV=dv_dim, L=s.chunk_size, BLOCK_LQ=cfg.bwd_seq_q, BLOCK_LKV=cfg.bwd_seq_kv,
@@ -98,9 +97,8 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, s: Settin
 
     # The state gradients take the place of the forward states (read for the last time by the
     # dstates kernel, just before it overwrites them).
-    C[:, nc] = 0.0 if dC_final is None else dC_final.reshape(bh, dqk, dv_dim)
     dC = C
-    dg = states_backward(q, dh, gates, m, m_row, denom, C, dC, s)
+    dg = states_backward(q, dh, gates, m, m_row, denom, C, dC, dC_final, s)
 
     dk = torch.empty_like(k)
     kdk = torch.empty(2, n_qk_blocks, bh, seq_len, dtype=torch.float32, device=q.device)
