@@ -416,6 +416,29 @@ def test_a_resumed_run_keeps_the_earlier_timings(tmp_path):
     assert phases.read(tmp_path / "missing") is None
 
 
+def test_the_timings_table_of_a_resumed_run_shows_every_attempt_and_their_total():
+    first = {
+        "wall_s": 300.0,
+        "phases_s": {"measuring": 290.0},
+        "adapters": {"k": {"seconds": 290.0, "cases": 3}},
+    }
+    second = {
+        "wall_s": 100.0,
+        "phases_s": {"measuring": 90.0},
+        "adapters": {"k": {"seconds": 90.0, "cases": 1}},
+    }
+    table = phases.rows({**second, "earlier": [first]})
+    assert [row["attempt"] for row in table] == [1, 1, 1, 2, 2, 2, "all"]
+    assert table[1] == {
+        "attempt": 1,
+        "part": "adapter k",
+        "seconds": 290.0,
+        "cases": 3,
+        "share": 290.0 / 300.0,
+    }
+    assert table[-1] == {"attempt": "all", "part": "wall", "seconds": 400.0, "cases": None, "share": 1.0}
+
+
 @pytest.mark.gpu
 def test_a_gpu_row_records_host_gaps_and_the_gpu_state(tmp_path):
     spec = specs.parse_spec(

@@ -85,7 +85,25 @@ def read(run_dir: Path) -> dict[str, Any] | None:
 
 
 def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per phase, then per adapter (seconds, cases and share of the wall time), then the total."""
+    """One row per phase, then per adapter (seconds, cases and share of the wall time), then the total.
+
+    A resumed run has one such block per attempt, oldest first, each row naming its `attempt`, and a
+    last row with the wall time of all attempts together.
+    """
+    attempts = [*record.get("earlier", []), record]
+    if len(attempts) == 1:
+        return _attempt_rows(record)
+    table = [
+        {"attempt": number, **row}
+        for number, attempt in enumerate(attempts, start=1)
+        for row in _attempt_rows(attempt)
+    ]
+    total = sum(attempt["wall_s"] for attempt in attempts)
+    table.append({"attempt": "all", "part": "wall", "seconds": round(total, 3), "cases": None, "share": 1.0})
+    return table
+
+
+def _attempt_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     wall = record["wall_s"] or 1.0
     table = [
         {"part": f"phase {name}", "seconds": seconds, "cases": None, "share": seconds / wall}
