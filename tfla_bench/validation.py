@@ -11,7 +11,9 @@ adaptive reps) beside:
 - for ops far above the L2 size, one CUDA graph of `GRAPH_CALLS` back-to-back calls, replayed and
   timed, divided by `GRAPH_CALLS` (no launch gaps, and the L2 cannot hold the data anyway).
 
-Two more rows show the method's limits: an in-L2 copy timed with and without the flush (the
+Copies up to `CLEAN_FLUSH_MAX_MB` are timed once more with a flush that reads its buffer instead of
+zeroing it (`timing.L2Flush(clean=True)`), beside the same ncu time. Two more rows show the method's
+limits: an in-L2 copy timed with and without the flush (the
 flush must make it slower), and a call made of many tiny kernels launched from Python, timed
 with and without the spin that lets the host run ahead (`host_gap_share` says which calls the
 GPU waited in). `experiments/validate_timing.py` prints the markdown table and writes it to a file.
@@ -29,6 +31,9 @@ from tfla_bench import ncu
 
 COPY_SIZES_MB = (1, 4, 16, 64, 256, 1024)
 GEMM_SIZES = (4096, 8192)
+# Copies up to this size are timed a second time with the flush that leaves clean lines: these are
+# the sizes where the zeroing flush's dirty lines are a visible share of the copy's time.
+CLEAN_FLUSH_MAX_MB = 64
 # The op's data must exceed this many L2 sizes for the back-to-back graph to be a cold-cache clock.
 GRAPH_MIN_L2 = 2
 GRAPH_CALLS = 100
@@ -129,13 +134,16 @@ def make_op(op: str, size: int, device: str) -> tuple[Callable[[], None], int]:
     raise ValueError(f"unknown op {op!r}")
 
 
-def suite_time(fn: Callable[[], None], device: str, *, flush: bool = True, spin: bool = True):
-    """The suite's measurement of `fn`, as the worker does it (`TimingStats`)."""
+def suite_time(
+    fn: Callable[[], None], device: str, *, flush: bool = True, spin: bool = True, clean_flush: bool = False
+):
+    """The suite's measurement of `fn`, as the worker does it (`TimingStats`); `clean_flush` reads the
+    flush buffer instead of zeroing it (`timing.L2Flush`)."""
     from tfla_bench import timing
 
     timing.time_first_call(fn, device)
     _, queue_s = timing.warm_up(fn, device, calls=None, seconds=0.025)
-    l2 = timing.L2Flush(device) if flush else None
+    l2 = timing.L2Flush(device, clean=clean_flush) if flush else None
     return timing.time_calls(
         fn,
         rule=timing.StopRule(),
@@ -219,6 +227,12 @@ def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
             except ncu.NcuError as exc:
                 check.note = f"ncu {exc.status}: {exc.reason}"
         checks.append(check)
+        if op == "copy" and size <= CLEAN_FLUSH_MAX_MB << 20:
+            stats = suite_time(fn, device, clean_flush=True)
+            note = "flush reads its buffer (clean L2 lines)"
+            checks.append(
+                Check(op, label, stats.median_ms, stats.ci_rel, stats.host_gap_share, check.ncu_ms, note=note)
+            )
     in_l2 = 4 << 20
     fn, _ = make_op("copy", in_l2, device)
     for flush in (True, False):
