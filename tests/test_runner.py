@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from worker_jobs import EnvironmentJob
 
-from tfla_bench import phases, registry, rundir, runner, specs, timing
+from tfla_bench import phases, registry, rundir, runner, specs, timing, worker
 from tfla_bench.errors import UserError
 from tfla_bench.specs import MeasureSettings
 from tfla_bench.worker import measure_case
@@ -121,6 +122,7 @@ def test_csv_schema_and_env_json(sweep):
     assert ENV_KEYS <= set(env)
     assert env["spec"] == "runner-test" and env["published"] == "nothing"
     assert env["measurement"]["reps"] == 2 and env["measurement"]["clock"] == "time.perf_counter"
+    assert env["measurement"]["autotune_cache"] == worker.autotune_cache_setting()
     assert env["torch"] == torch.__version__ and env["gpu_count"] == 0
     assert "torch" in env["packages"] and "fla-core" in env["packages"]
     assert (report.run_dir / "worker-0.log").exists()
@@ -462,3 +464,20 @@ def test_a_gpu_row_records_host_gaps_and_the_gpu_state(tmp_path):
         assert "not installed" in env["nvml"]["note"] and row.sm_mhz_before is None
     else:
         assert env["nvml"]["max_sm_mhz"] > 0 and row.sm_mhz_before > 0 and row.throttled in (True, False)
+
+
+@pytest.mark.parametrize(("environment", "expected"), [(None, "1"), ("0", "0")])
+def test_workers_keep_autotuner_choices_on_disk_unless_the_environment_says_otherwise(
+    environment, expected, tmp_path, monkeypatch
+):
+    if environment is None:
+        monkeypatch.delenv(worker.AUTOTUNE_CACHE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(worker.AUTOTUNE_CACHE_ENV, environment)
+    (case,) = specs.expand(tiny_spec(["sdpa_math"], ["fw"], seq_len=[16]))
+    process = worker.Worker("cpu", tmp_path / "worker.log")
+    try:
+        assert process.call(EnvironmentJob(case, worker.AUTOTUNE_CACHE_ENV), timeout_s=120) == expected
+    finally:
+        process.stop()
+    assert worker.autotune_cache_setting() == expected

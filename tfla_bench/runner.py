@@ -10,7 +10,10 @@ Each case runs in a worker process that owns one device (`tfla_bench.worker`):
    `first_call_s`. It contains Triton compilation and autotuning, cuDNN plan building and lazy
    imports, which is why it is kept apart from the runtime. After `--precompile N`
    (`tfla_bench.precompile`) the kernels are already compiled, so it should hold mostly the
-   autotuner's timing runs.
+   autotuner's timing runs. Those are kept in Triton's cache directory
+   (`worker.AUTOTUNE_CACHE_ENV`, recorded as `autotune_cache` in env.json): a case whose
+   autotuners were timed before, in this sweep or an earlier one with the same cache, reuses
+   their choice and its first call holds neither.
 3. Warmup: untimed calls for `warmup_s` (25 ms, at least one), or exactly `warmup` calls when the
    spec fixes them (paper: 10). They also measure the host's time to queue one call.
 4. Peak memory (CUDA): `torch.cuda.reset_peak_memory_stats`, one call, `max_memory_allocated` is
@@ -99,7 +102,7 @@ from tfla_bench.phases import PhaseClock
 from tfla_bench.precompile import PrecompileResult, PrecompileSummary, precompile
 from tfla_bench.rundir import ResultRow
 from tfla_bench.specs import Spec, parse_spec
-from tfla_bench.worker import Job, Measurement, Worker
+from tfla_bench.worker import Job, Measurement, Worker, autotune_cache_setting
 from tfla_bench.workloads import Case
 
 RUNS_DIR = Path("results") / "runs"
@@ -544,6 +547,7 @@ def _start_workers(
         "clock": "cuda_events" if cuda else "time.perf_counter",
         "memory": "torch.cuda.max_memory_allocated" if cuda else "not measured on CPU",
         "flush_bytes": info.flush_bytes if info and spec.measurement.l2_flush else None,
+        "autotune_cache": autotune_cache_setting(),
     }
     env = envinfo.collect(spec, devices, info, measurement)
     if precompiled is not None:

@@ -13,8 +13,9 @@ the last lines of the log when the worker dies.
 Outcomes: Python exceptions are caught inside the worker (`oom` for CUDA out-of-memory, after
 which the cache is emptied and the worker goes on; `error` for anything else, with the message's
 last line). A worker that dies or does not answer within the case timeout is killed by the parent
-and replaced before the next case (`crashed` / `timeout`). A CUDA error that poisons the context
-(illegal memory access, device-side assert) retires the worker after its row.
+and replaced before the next case (`crashed` / `timeout`); autotuners keep their choices on disk
+(`AUTOTUNE_CACHE_ENV`), so a replaced worker does not time them again. A CUDA error that poisons
+the context (illegal memory access, device-side assert) retires the worker after its row.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ MAX_ERROR_CHARS = 1500
 STARTUP_TIMEOUT_S = 600.0
 # How long an interrupted sweep waits for a killed worker to be reaped.
 INTERRUPT_JOIN_S = 10.0
+# Triton's switch that keeps every autotuner's timings in its cache directory, keyed by the kernel, the
+# GPU architecture and the tuning key, and reuses them in later processes. Workers turn it on unless
+# the environment says otherwise, so a worker replaced after a crash, a second GPU's worker and a
+# later sweep with the same cache do not time the same configs again (fla's kernels do this anyway).
+AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
 
 
 class WorkerJob(Protocol):
@@ -336,8 +342,14 @@ def _adapter_for(job: WorkerJob) -> Any:
         return registry.get(job.case.kernel)
 
 
+def autotune_cache_setting() -> str:
+    """The value of `AUTOTUNE_CACHE_ENV` that the workers run with: the environment's, else "1"."""
+    return os.environ.get(AUTOTUNE_CACHE_ENV, "1")
+
+
 def worker_main(conn: Connection, device: str, log_path: str) -> None:
     """Entry point of the worker process: redirect output to the log, then serve jobs until told to stop."""
+    os.environ[AUTOTUNE_CACHE_ENV] = autotune_cache_setting()
     # Stays open for the process's lifetime: it backs file descriptors 1 and 2.
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)

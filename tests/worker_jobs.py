@@ -1,0 +1,18 @@
+"""Jobs that ask a spawned worker about its own process (`tfla_bench.worker.WorkerJob`)."""
+
+import os
+from dataclasses import dataclass
+
+from tfla_bench.workloads import Case
+
+
+@dataclass(frozen=True)
+class EnvironmentJob:
+    """Answers the worker's value of the environment variable `name` (None when unset)."""
+
+    case: Case
+    name: str
+    adapter_module: str = "tfla_bench.baselines.sdpa_math"
+
+    def run(self, adapter: object, device: str) -> str | None:
+        return os.environ.get(self.name)
