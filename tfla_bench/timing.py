@@ -309,7 +309,7 @@ class L2Flush:
     def __init__(self, device: str, clean: bool = False) -> None:
         l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
         self.size_bytes = max(2 * l2_bytes, MIN_FLUSH_BYTES)
-        self.buffer = torch.zeros(self.size_bytes, dtype=torch.int8, device=device)
+        self.buffer = torch.empty(self.size_bytes, dtype=torch.int8, device=device)
         self.clean = clean
         self._words = self.buffer[: self.size_bytes // 4 * 4].view(torch.int32)
         self._sum = torch.zeros((), dtype=torch.int64, device=device)

@@ -13,10 +13,10 @@ adaptive reps) beside:
 
 Copies up to `CLEAN_FLUSH_MAX_MB` are timed once more with a flush that reads its buffer instead of
 zeroing it (`timing.L2Flush(clean=True)`), beside the same ncu time. Two more rows show the method's
-limits: an in-L2 copy timed with and without the flush (the
-flush must make it slower), and a call made of many tiny kernels launched from Python, timed
-with and without the spin that lets the host run ahead (`host_gap_share` says which calls the
-GPU waited in). `experiments/validate_timing.py` prints the markdown table and writes it to a file.
+limits: an in-L2 copy timed with and without the flush (the flush must make it slower), and a call
+made of many tiny kernels launched from Python, timed with and without the spin that lets the host
+run ahead (`host_gap_share` says which calls the GPU waited in). `experiments/validate_timing.py`
+prints the markdown table and writes it to a file.
 """
 
 from __future__ import annotations
