@@ -179,9 +179,10 @@ def test_sweep_times_adaptively_when_the_spec_fixes_no_reps(capsys, plugins, spe
     spec_file.write_text(SPEC.replace("warmup = 1\nreps = 2\n", ""))
     out_dir = tmp_path / "run"
     args = ["sweep", str(spec_file), "--out", str(out_dir), "--kernel", "sdpa_math"]
-    assert main([*args, "--budget", "0.05", "--rel-ci", "0.02"]) == 0
+    assert main([*args, "--budget", "0.05", "--rel-ci", "0.02", "--autotune-ms", "50"]) == 0
     measurement = json.loads((out_dir / "env.json").read_text())["measurement"]
     assert (measurement["budget_s"], measurement["rel_ci"], measurement["reps"]) == (0.05, 0.02, None)
+    assert measurement["autotune_ms"] == 50
     for row in rundir.read_results(out_dir / "results.csv").rows:
         assert row.status == "ok" and row.stop in ("ci", "budget", "max") and row.reps >= 5
         assert row.warmup >= 1
@@ -192,7 +193,7 @@ def test_sweep_times_adaptively_when_the_spec_fixes_no_reps(capsys, plugins, spe
     assert " reps, " in captured.err  # each row's line says how many calls it took and why it stopped
 
 
-@pytest.mark.parametrize("flag", ["--rel-ci", "--budget"])
+@pytest.mark.parametrize("flag", ["--rel-ci", "--budget", "--autotune-ms"])
 def test_adaptive_flags_must_be_positive(capsys, spec_file, tmp_path, flag):
     assert main(["sweep", str(spec_file), "--out", str(tmp_path / "run"), flag, "0"]) == 2
     assert capsys.readouterr().err.strip() == f"error: {flag}: expected a positive number, got 0"

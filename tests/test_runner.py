@@ -399,9 +399,26 @@ def test_timings_json_says_where_the_time_went(sweep):
     assert record["adapters"]["test_sleep"]["seconds"] >= TIMEOUT_S
     seconds = [entry["seconds"] for entry in record["adapters"].values()]
     assert seconds == sorted(seconds, reverse=True)
+    assert all(0 <= entry["first_call_s"] <= entry["seconds"] for entry in record["adapters"].values())
     assert sum(entry["cases"] for entry in record["adapters"].values()) == report.dispatched
     table = phases.rows(record)
     assert table[-1] == {"part": "wall", "seconds": record["wall_s"], "cases": None, "share": 1.0}
+
+
+def test_timings_split_an_adapters_time_into_first_calls_and_precompile_runs():
+    clock = phases.PhaseClock()
+    clock.add_precompile("k", 3.0)
+    clock.add_precompile("k", 4.0)
+    clock.add_case("k", 2.0, first_call_s=1.5)
+    clock.add_case("k", 1.0, first_call_s=None)  # a crashed case has no first call
+    clock.add_case("j", 0.5, first_call_s=0.25)
+    record = clock.to_dict()
+    assert record["adapters"] == {
+        "k": {"seconds": 3.0, "cases": 2, "first_call_s": 1.5, "precompile_s": 7.0},
+        "j": {"seconds": 0.5, "cases": 1, "first_call_s": 0.25, "precompile_s": 0.0},
+    }
+    row = phases.rows(record)[0]
+    assert (row["part"], row["first_call_s"], row["precompile_s"]) == ("adapter k", 1.5, 7.0)
 
 
 def test_a_resumed_run_keeps_the_earlier_timings(tmp_path):
@@ -413,7 +430,7 @@ def test_a_resumed_run_keeps_the_earlier_timings(tmp_path):
     again.write(tmp_path)
     record = phases.read(tmp_path)
     assert record["phases_s"] == {} and record["earlier"][0]["adapters"] == {
-        "k": {"seconds": 0.5, "cases": 1}
+        "k": {"seconds": 0.5, "cases": 1, "first_call_s": 0.0, "precompile_s": 0.0}
     }
     assert phases.read(tmp_path / "missing") is None
 
@@ -437,6 +454,8 @@ def test_the_timings_table_of_a_resumed_run_shows_every_attempt_and_their_total(
         "seconds": 290.0,
         "cases": 3,
         "share": 290.0 / 300.0,
+        "first_call_s": None,  # a record written before first calls were counted
+        "precompile_s": None,
     }
     assert table[-1] == {"attempt": "all", "part": "wall", "seconds": 400.0, "cases": None, "share": 1.0}
 

@@ -136,6 +136,7 @@ def test_to_dict_round_trips_and_measurement_overrides(tmp_path):
         (BASE.replace('name = "t"', 'name = "t"\nreps = 0'), "key 'reps': expected an integer >= 1"),
         (BASE.replace('name = "t"', 'name = "t"\nrel_ci = 0'), "key 'rel_ci': expected a positive number"),
         (BASE.replace('name = "t"', 'name = "t"\nbudget_s = "1s"'), "key 'budget_s': expected a positive"),
+        (BASE.replace('name = "t"', 'name = "t"\nautotune_ms = 0'), "key 'autotune_ms': expected a positive"),
         (BASE.replace('name = "t"', 'name = "t"\nwarmup_s = -1'), "key 'warmup_s': expected a number >= 0"),
         (
             BASE.replace('name = "t"', 'name = "t"\nmin_reps = 10\nmax_reps = 5'),
@@ -214,5 +215,8 @@ def test_a_spec_without_reps_times_adaptively_and_round_trips(tmp_path):
     settings = spec.measurement
     assert (settings.warmup, settings.reps, settings.rel_ci, settings.budget_s) == (None, None, 0.02, 3.0)
     assert (settings.min_reps, settings.max_reps, settings.warmup_s) == (5, 2000, 0.025)
+    assert (
+        settings.autotune_ms == 20.0 and spec.with_measurement(autotune_ms=100).measurement.autotune_ms == 100
+    )
     assert "reps" not in spec.to_dict() and specs.parse_spec(spec.to_dict(), spec.source) == spec
     assert spec.with_measurement(reps=30).measurement.reps == 30

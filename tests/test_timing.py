@@ -83,3 +83,26 @@ def test_warm_up_by_time_and_by_count():
     assert count == 1
     count, _ = timing.warm_up(lambda: None, "cpu", calls=None, seconds=0.02)
     assert count > 1
+
+
+def test_the_autotuning_budget_shortens_library_autotuners_and_restores_triton():
+    import triton
+    import triton.language as tl
+    from triton.runtime.autotuner import Autotuner
+
+    configs = [triton.Config({"BLOCK": 16})]
+
+    @triton.jit
+    def body(out_ptr, BLOCK: tl.constexpr):
+        tl.store(out_ptr + tl.arange(0, BLOCK), BLOCK)
+
+    library = triton.autotune(configs=configs, key=[])(body)
+    own = triton.autotune(configs=configs, key=[], do_bench=lambda fn, quantiles: [1.0])(body)
+    original = Autotuner.__dict__["do_bench"]
+    with timing.autotuning_budget(40.0):
+        bench = library.do_bench
+        assert bench.func is triton.testing.do_bench and bench.keywords == {"warmup": 10.0, "rep": 40.0}
+        assert own.do_bench([], quantiles=None) == [1.0]  # a library's own benchmark is kept
+    assert Autotuner.__dict__["do_bench"] is original
+    with timing.autotuning_budget(None):
+        assert Autotuner.__dict__["do_bench"] is original

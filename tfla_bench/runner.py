@@ -10,7 +10,8 @@ Each case runs in a worker process that owns one device (`tfla_bench.worker`):
    `first_call_s`. It contains Triton compilation and autotuning, cuDNN plan building and lazy
    imports, which is why it is kept apart from the runtime. After `--precompile N`
    (`tfla_bench.precompile`) the kernels are already compiled, so it should hold mostly the
-   autotuner's timing runs. Those are kept in Triton's cache directory
+   autotuner's timing runs, each config timed for `autotune_ms` (20 ms; Triton's own 100 ms,
+   `timing.autotuning_budget`). Those are kept in Triton's cache directory
    (`worker.AUTOTUNE_CACHE_ENV`, recorded as `autotune_cache` in env.json): a case whose
    autotuners were timed before, in this sweep or an earlier one with the same cache, reuses
    their choice and its first call holds neither.
@@ -424,7 +425,9 @@ def run_sweep(
         precompiled = None
         if precompile_processes > 0 and to_run:
             with clock.phase("precompile"):
-                precompiled = _precompile(to_run, precompile_processes, devices, run_dir, spec, console)
+                precompiled = _precompile(
+                    to_run, precompile_processes, devices, run_dir, spec, console, clock
+                )
         with clock.phase("workers"):
             workers = _start_workers(
                 devices, to_run, run_dir, spec, cuda, console, precompiled, measured_roofs, forced
@@ -451,13 +454,21 @@ def run_sweep(
 
 
 def _precompile(
-    to_run: list[_Planned], processes: int, devices: list[str], run_dir: Path, spec: Spec, console: Console
+    to_run: list[_Planned],
+    processes: int,
+    devices: list[str],
+    run_dir: Path,
+    spec: Spec,
+    console: Console,
+    clock: PhaseClock,
 ) -> PrecompileSummary:
-    """`precompile.precompile` on the cases about to run, with a progress bar; failures get one line."""
+    """`precompile.precompile` on the cases about to run, with a progress bar; failures get one line;
+    each run's seconds go to `clock` under its adapter."""
     progress = progress_bar(console, transient=True)
     task = progress.add_task(f"precompile ({processes} processes)", total=None)
 
     def done(result: PrecompileResult) -> None:
+        clock.add_precompile(result.job.case.kernel, result.seconds)
         if result.status != "ok" and not result.retried:
             shard = f" shard {result.job.shard + 1}/{result.job.shards}" if result.job.shards > 1 else ""
             progress.console.print(
@@ -603,7 +614,9 @@ def _dispatch(
                     row = _row(planned, measurement, host, _gpu_name(worker))
                     with lock:
                         crashes.record(row)
-                        clock.add_case(planned.case.kernel, time.monotonic() - began)
+                        clock.add_case(
+                            planned.case.kernel, time.monotonic() - began, measurement.first_call_s
+                        )
                 with lock:
                     # Before the row, so a run stopped right after a row has that row's time too;
                     # timings.json is secondary: failing to write it must not stop the sweep.

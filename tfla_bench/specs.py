@@ -13,7 +13,8 @@ or per override) become `Case.params`; a list value there is expanded like a sha
 
 Timing: `warmup` and `reps` fix the number of untimed and timed calls (the paper's method); a spec
 without `reps` times adaptively (`rel_ci`, `budget_s`, `min_reps`, `max_reps`; see
-`tfla_bench.timing`), and one without `warmup` warms up for `warmup_s` seconds.
+`tfla_bench.timing`), and one without `warmup` warms up for `warmup_s` seconds. `autotune_ms`
+sets how long a library's Triton autotuner times each config in a case's first call.
 
 `chunk_size` is dropped (None) for adapters whose `uses_chunk_size` is false, and duplicate cases
 are removed.
@@ -65,6 +66,7 @@ TOP_KEYS = (
     "cuda_graph",
     "grad",
     "timeout_s",
+    "autotune_ms",
     "params",
     "shape",
     "override",
@@ -100,6 +102,8 @@ class MeasureSettings:
         cuda_graph: capture one call in a CUDA graph and time its replays (GPU only).
         grad: upstream gradient in fwbw: `fixed` (one `randn_like(out)` made once) or `sum` (`out.sum()`).
         timeout_s: wall-clock limit per case, first call (compile/autotune) included.
+        autotune_ms: timed milliseconds per config when a library's Triton autotuner tunes in the
+            first call (`tfla_bench.timing.autotuning_budget`); Triton's own is 100.
     """
 
     warmup: int | None = None
@@ -113,6 +117,7 @@ class MeasureSettings:
     cuda_graph: bool = False
     grad: str = "fixed"
     timeout_s: float = 900.0
+    autotune_ms: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -275,6 +280,7 @@ def parse_spec(raw: dict[str, Any], source: str) -> Spec:
         cuda_graph=where.boolean(given("cuda_graph"), "cuda_graph"),
         grad=where.choice(given("grad"), "grad", GRAD_MODES),
         timeout_s=where.positive_number(given("timeout_s"), "timeout_s"),
+        autotune_ms=where.positive_number(given("autotune_ms"), "autotune_ms"),
     )
     if measurement.max_reps < measurement.min_reps:
         raise UserError(

@@ -21,13 +21,24 @@ end event the host asks whether the GPU has already passed the start event: if i
 may have waited for the host inside the window, and the call counts towards `host_gap_share`.
 The events are read after one synchronize per batch of calls. On CPU the marks are host
 timestamps, as CPU ops return when they are done.
+
+Library autotuners
+------------------
+A Triton autotuner (fla, Mamba 2, LightningAttention-2, the official mLSTM kernels) times every
+config on its first call at a new tuning key with `triton.testing.do_bench`: 25 ms of warm-up and
+100 ms of timed calls per config, the L2 cleared before each. `autotuning_budget` shortens that
+for the autotuners that bring no benchmark of their own (`autotune_ms` of the spec): they still
+time every config at the case's own shape on an otherwise idle GPU, over `autotune_ms` ms after
+`autotune_ms / 4` ms of warm-up, at least one call each.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,6 +271,31 @@ def time_calls(
         else:
             times_ms += [(end - start) * 1e3 for start, end in marks]
     return summarize(times_ms, stop, gaps / len(times_ms) if cuda else None)
+
+
+@contextmanager
+def autotuning_budget(rep_ms: float | None) -> Iterator[None]:
+    """Within the block, every Triton autotuner without its own benchmark times each config for
+    `rep_ms` ms after `rep_ms / 4` ms of warm-up (Triton's own: 100 and 25). None changes nothing;
+    so does a machine without Triton. Restores Triton on exit.
+    """
+    try:
+        from triton import testing
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:
+        yield
+        return
+    if rep_ms is None:
+        yield
+        return
+    original = Autotuner.__dict__["do_bench"]
+    bench = functools.partial(testing.do_bench, warmup=rep_ms / 4, rep=rep_ms)
+    # A property is a data descriptor, so it also wins over a benchmark cached on an instance.
+    Autotuner.do_bench = property(lambda self: self._do_bench or bench)
+    try:
+        yield
+    finally:
+        Autotuner.do_bench = original
 
 
 def _mark(cuda: bool) -> Any:

@@ -162,10 +162,11 @@ def measure_case(adapter: Any, case: Case, settings: MeasureSettings, device: st
     Returns:
         `ok` with timings and memory, `oom`, or `error` with the exception's last line.
     """
-    from tfla_bench import memory
+    from tfla_bench import memory, timing
 
     try:
-        result = _measure(adapter, case, settings, device)
+        with timing.autotuning_budget(settings.autotune_ms):
+            result = _measure(adapter, case, settings, device)
     except Exception as exc:  # every kernel failure becomes a row; the sweep goes on
         traceback.print_exc()
         result = failure_of(exc, device)

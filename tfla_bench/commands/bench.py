@@ -112,6 +112,13 @@ class _Flags:
     timeout: Annotated[
         float | None, typer.Option("--timeout", help="seconds per case, first call included (default 900)")
     ] = None
+    autotune_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--autotune-ms",
+            help="timed ms per config of a library's Triton autotuner in a first call (20; Triton: 100)",
+        ),
+    ] = None
     l2_flush: Annotated[
         bool | None,
         typer.Option("--l2-flush/--no-l2-flush", help="zero a 2x-L2 buffer before each timed call"),
@@ -380,7 +387,11 @@ def _execute(
     for flag, value, minimum in (("--warmup", flags.warmup, 0), ("--reps", flags.reps, 1)):
         if value is not None and value < minimum:
             raise UserError(f"{flag}: expected an integer >= {minimum}, got {value}")
-    for flag, value in (("--rel-ci", flags.rel_ci), ("--budget", flags.budget)):
+    for flag, value in (
+        ("--rel-ci", flags.rel_ci),
+        ("--budget", flags.budget),
+        ("--autotune-ms", flags.autotune_ms),
+    ):
         if value is not None and value <= 0:
             raise UserError(f"{flag}: expected a positive number, got {value:g}")
     if flags.timeout is not None and flags.timeout <= 0:
@@ -393,6 +404,7 @@ def _execute(
         rel_ci=flags.rel_ci,
         budget_s=flags.budget,
         timeout_s=flags.timeout,
+        autotune_ms=flags.autotune_ms,
         l2_flush=flags.l2_flush,
         cuda_graph=flags.cuda_graph,
         grad=flags.grad,
