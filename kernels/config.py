@@ -37,8 +37,12 @@ themselves never hit the limit (the kernels loop over them), so for 16-bit input
 `L x L` tiles alone; for float32 inputs the largest chunk is 64.
 """
 
+import dataclasses
+import json
+import os
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -258,9 +262,12 @@ def default_config(
     raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
 
 
-# Tuned configs by (GPU name, kernel, Dqk, Dv, L, dtype, gate): filled by an offline tuning run through
-# `register_tuned`, never inside a timed call.
+# Tuned configs by (GPU name, kernel, Dqk, Dv, L, dtype, gate): filled by an offline tuning run
+# (`tfla_bench.tuning`) through `register_tuned`, never inside a timed call; `TUNED_FILE` (or the file
+# that `TUNED_FILE_ENV` names) is loaded on import.
 TUNED_CONFIGS: dict[tuple[str, str, int, int, int, torch.dtype, str], KernelConfig] = {}
+TUNED_FILE = Path(__file__).with_name("tuned_configs.json")
+TUNED_FILE_ENV = "TFLA_BENCH_TUNED_CONFIGS"
 
 
 def register_tuned(
@@ -330,3 +337,59 @@ def check_config(
             raise ValueError(f"config.{field.name} must be a power of two, got {value}")
         if field.name.endswith("num_stages") and value < 1:
             raise ValueError(f"config.{field.name} must be at least 1, got {value}")
+
+
+def tuned_entry(
+    gpu: str,
+    kernel: str,
+    head_dim_qk: int,
+    head_dim_v: int,
+    chunk_size: int,
+    dtype: torch.dtype,
+    gate: str,
+    config: KernelConfig,
+    **facts: object,
+) -> dict:
+    """One entry of a tuned-config file: the key of `register_tuned`, the config, and `facts` (timings,
+    versions) kept for the reader."""
+    return {
+        "gpu": gpu, "kernel": kernel, "head_dim_qk": head_dim_qk, "head_dim_v": head_dim_v,
+        "chunk_size": chunk_size, "dtype": str(dtype).removeprefix("torch."), "gate": gate,
+        "config": dataclasses.asdict(config), **facts,
+    }  # fmt: skip
+
+
+def load_tuned(path: Path) -> int:
+    """Register every entry of a tuned-config file (a JSON list of `tuned_entry`); returns how many.
+
+    Raises:
+        ValueError: the file is not such a list, or an entry's config does not run its shape.
+    """
+    try:
+        entries = json.loads(Path(path).read_text())
+        for entry in entries:
+            register_tuned(
+                entry["gpu"], entry["kernel"], entry["head_dim_qk"], entry["head_dim_v"], entry["chunk_size"],
+                getattr(torch, entry["dtype"]), entry["gate"], KernelConfig(**entry["config"]),
+            )  # fmt: skip
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a tuned-config file ({exc})") from None
+    return len(entries)
+
+
+def tuned_file() -> Path | None:
+    """The tuned-config file loaded on import: `$TFLA_BENCH_TUNED_CONFIGS`, else `TUNED_FILE` if it exists."""
+    override = os.environ.get(TUNED_FILE_ENV)
+    if override:
+        return Path(override)
+    return TUNED_FILE if TUNED_FILE.exists() else None
+
+
+def tuned_source() -> dict:
+    """For env.json: the tuned-config file loaded on import (None: defaults only), configs registered."""
+    path = tuned_file()
+    return {"file": str(path) if path is not None else None, "entries": len(TUNED_CONFIGS)}
+
+
+if tuned_file() is not None:
+    load_tuned(tuned_file())

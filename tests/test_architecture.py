@@ -56,6 +56,7 @@ LAYERS = (
         "tfla_bench.ncu",
         "tfla_bench.profiling",
         "tfla_bench.validation",
+        "tfla_bench.tuning",
     ),
     # analysing
     (

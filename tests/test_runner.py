@@ -14,6 +14,7 @@ from worker_jobs import EnvironmentJob
 
 from tfla_bench import phases, registry, rundir, runner, specs, timing, worker
 from tfla_bench.errors import UserError
+from tfla_bench.kernels import config as kernel_config
 from tfla_bench.specs import MeasureSettings
 from tfla_bench.worker import measure_case
 from tfla_bench.workloads import Case
@@ -123,6 +124,7 @@ def test_csv_schema_and_env_json(sweep):
     assert env["spec"] == "runner-test" and env["published"] == "nothing"
     assert env["measurement"]["reps"] == 2 and env["measurement"]["clock"] == "time.perf_counter"
     assert env["measurement"]["autotune_cache"] == worker.autotune_cache_setting()
+    assert env["measurement"]["kernel_configs"]["entries"] == len(kernel_config.TUNED_CONFIGS)
     assert env["torch"] == torch.__version__ and env["gpu_count"] == 0
     assert "torch" in env["packages"] and "fla-core" in env["packages"]
     assert (report.run_dir / "worker-0.log").exists()

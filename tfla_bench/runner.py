@@ -99,6 +99,7 @@ from rich.console import Console
 from tfla_bench import envinfo, registry, rundir
 from tfla_bench.console import case_label, make_console, progress_bar, row_line
 from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.kernels import config as kernel_config
 from tfla_bench.phases import PhaseClock
 from tfla_bench.precompile import PrecompileResult, PrecompileSummary, precompile
 from tfla_bench.rundir import ResultRow
@@ -559,6 +560,7 @@ def _start_workers(
         "memory": "torch.cuda.max_memory_allocated" if cuda else "not measured on CPU",
         "flush_bytes": info.flush_bytes if info and spec.measurement.l2_flush else None,
         "autotune_cache": autotune_cache_setting(),
+        "kernel_configs": kernel_config.tuned_source(),
     }
     env = envinfo.collect(spec, devices, info, measurement)
     if precompiled is not None:

@@ -1,0 +1,158 @@
+"""The host's share of one call: how long Python takes to queue it, and what that costs when calls
+are timed one at a time.
+
+python experiments/launch_overhead.py [OUT]   (default: results/kernels/launch_overhead.md)
+
+For each kernel at the Fig. 5 shape of its family (B8, 16 heads, Dqk 128, Dv 256, T 8192; chunk 128,
+limit_chunk 64), fw and fwbw, on one CUDA GPU:
+- `kernels`: GPU kernels one call launches (torch.profiler), torch's own ops included;
+- `queue us`: median host time to queue one call while the GPU is busy with an earlier spin, so the
+  host never waits for the GPU (a call that synchronizes inside shows its GPU time here);
+- `gpu ms`: the suite's median (CUDA events, cold L2, spin ahead of the call);
+- `sync ms`: median wall time of a call between two synchronizations, as a script that times each
+  call with `time.perf_counter` sees it;
+- `sync - gpu`: what the host adds when every call starts from an idle GPU.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tfla_bench import registry, timing
+from tfla_bench.worker import make_step
+from tfla_bench.workloads import Case
+
+DEFAULT_OUT = Path("results/kernels/launch_overhead.md")
+KERNELS = {
+    "tfla_sig": 128,
+    "tfla_exp": 128,
+    "limit_chunk": 64,
+    "mlstm_kernels_sig": 128,
+    "mlstm_kernels_limit": 64,
+}
+SPIN_CYCLES = 50_000_000  # tens of milliseconds of GPU spin: the host never waits inside a call
+CALLS = 30
+
+
+def kernels_per_call(step) -> int:
+    """GPU kernels launched by one call, counted by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(event.device_type == torch.autograd.DeviceType.CUDA for event in prof.events())
+
+
+def queue_us(step, reset) -> float:
+    """Median host time (us) to queue one call while the GPU is still busy with a spin."""
+    times = []
+    for _ in range(CALLS):
+        reset()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SPIN_CYCLES)
+        began = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - began) * 1e6)
+        torch.cuda.synchronize()
+    return timing.percentile(times, 50)
+
+
+def sync_ms(step, reset, flush) -> float:
+    """Median wall time (ms) of a call between two synchronizations, the L2 flushed before it."""
+    times = []
+    for _ in range(CALLS):
+        reset()
+        flush()
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - began) * 1e3)
+    return timing.percentile(times, 50)
+
+
+def measure(name: str, chunk: int, mode: str) -> dict:
+    adapter = registry.get(name)
+    reason = adapter.available()
+    if reason:
+        return {"kernel": name, "mode": mode, "note": reason}
+    case = Case(name, mode, "bfloat16", 8, 8192, 16, 128, 256, chunk)
+    torch.manual_seed(0)
+    inputs = adapter.make_inputs(case, "cuda")
+    leaves = [value for value in inputs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
+
+    def reset() -> None:
+        for leaf in leaves:
+            leaf.grad = None
+
+    step = make_step(adapter, inputs, mode, "sum")
+    flush = timing.L2Flush("cuda")
+    for _ in range(3):  # compile, autotune, warm up
+        reset()
+        step()
+    torch.cuda.synchronize()
+    _, queue_s = timing.warm_up(step, "cuda", calls=5, seconds=0.0, before_each=reset)
+
+    def before_each() -> None:
+        reset()
+        flush()
+
+    gpu = timing.time_calls(
+        step,
+        rule=timing.StopRule(),
+        device="cuda",
+        before_each=before_each,
+        spin=timing.Spin("cuda", queue_s),
+    )
+    row = {
+        "kernel": name,
+        "mode": mode,
+        "kernels": kernels_per_call(lambda: (reset(), step())),
+        "queue us": queue_us(step, reset),
+        "gpu ms": gpu.median_ms,
+        "sync ms": sync_ms(step, reset, flush),
+    }
+    row["sync - gpu us"] = (row["sync ms"] - row["gpu ms"]) * 1e3
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ["kernel", "mode", "kernels", "queue us", "gpu ms", "sync ms", "sync - gpu us"]
+    lines = [
+        f"Host launch path on {torch.cuda.get_device_name()} (bf16, B8 NH16 T8192 Dqk128 Dv256; "
+        f"torch {torch.__version__})",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for row in rows:
+        if "note" in row:
+            lines.append(f"| {row['kernel']} | {row['mode']} | {row['note']} |")
+            continue
+        cells = [row["kernel"], row["mode"], str(row["kernels"])]
+        cells += [f"{row['queue us']:.0f}", f"{row['gpu ms']:.3f}", f"{row['sync ms']:.3f}"]
+        cells.append(f"{row['sync - gpu us']:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if not torch.cuda.is_available():
+        print("error: the launch-overhead measurement needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = Path(argv[0]) if argv else DEFAULT_OUT
+    rows = [measure(name, chunk, mode) for name, chunk in KERNELS.items() for mode in ("fw", "fwbw")]
+    table = markdown(rows)
+    print(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
