@@ -30,13 +30,13 @@ def parse_shape(text: str) -> tuning.Shape:
         batch, heads, seq_len, dqk, dv = (int(x) for x in dims.split(","))
         shape = tuning.Shape(kernel, gate, batch, heads, seq_len, dqk, dv, int(chunk))
     except ValueError:
-        raise SystemExit(f"error: shape {text!r}: expected KERNEL:GATE:B,NH,T,DQK,DV:L") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KERNEL:GATE:B,NH,T,DQK,DV:L") from None
     if (
         kernel not in tuning.KERNELS
         or gate not in ("exp", "sig")
         or (kernel == "limit_chunk" and gate != "exp")
     ):
-        raise SystemExit(f"error: shape {text!r}: kernel tfla (gate exp or sig) or limit_chunk (gate exp)")
+        raise argparse.ArgumentTypeError(f"{text!r}: kernel tfla (gate exp or sig) or limit_chunk (gate exp)")
     return shape
 
 

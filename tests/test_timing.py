@@ -106,3 +106,20 @@ def test_the_autotuning_budget_shortens_library_autotuners_and_restores_triton()
     assert Autotuner.__dict__["do_bench"] is original
     with timing.autotuning_budget(None):
         assert Autotuner.__dict__["do_bench"] is original
+
+
+def test_both_flushes_run_and_touch_their_whole_buffer(monkeypatch):
+    import torch
+
+    class Properties:
+        L2_cache_size = 50 * 1024 * 1024
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    dirty, clean = timing.L2Flush("cpu"), timing.L2Flush("cpu", clean=True)
+    assert dirty.size_bytes == clean.size_bytes == timing.MIN_FLUSH_BYTES  # > 2 x 50 MiB
+    clean.buffer.fill_(1)
+    clean()  # reads every word: the sum of 4-byte words of 0x01010101
+    assert int(clean._sum) == (clean.size_bytes // 4) * 0x01010101
+    dirty.buffer.fill_(1)
+    dirty()
+    assert int(dirty.buffer.abs().sum()) == 0

@@ -352,7 +352,7 @@ class L2Flush:
 
     def __call__(self) -> None:
         if self.clean:
-            torch.sum(self._words, dtype=torch.int64, out=self._sum)
+            torch.sum(self._words, dim=0, dtype=torch.int64, out=self._sum)
         else:
             self.buffer.zero_()
 

@@ -33,7 +33,7 @@ COPY_SIZES_MB = (1, 4, 16, 64, 256, 1024)
 GEMM_SIZES = (4096, 8192)
 # Copies up to this size are timed a second time with the flush that leaves clean lines: these are
 # the sizes where the zeroing flush's dirty lines are a visible share of the copy's time.
-CLEAN_FLUSH_MAX_MB = 64
+CLEAN_FLUSH_MAX_MB = 256
 # The op's data must exceed this many L2 sizes for the back-to-back graph to be a cold-cache clock.
 GRAPH_MIN_L2 = 2
 GRAPH_CALLS = 100
