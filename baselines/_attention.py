@@ -151,7 +151,10 @@ class FlashAttentionAdapter(AttentionAdapter):
         module, reason = try_import(self.module)
         if module is not None and not hasattr(module, "flash_attn_func"):
             # FlashAttention-4's wheel installs flash_attn.cute alone, a `flash_attn` without FA2.
-            return f"{self.module} has no flash_attn_func: only another package's part of it is installed"
+            return (
+                f"{self.module} has no flash_attn_func: only another package's part of it is installed; "
+                f"{self.missing}"
+            )
         return reason
 
     def check(self, case: Case) -> str | None:

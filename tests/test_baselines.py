@@ -12,6 +12,7 @@ import torch
 
 from tfla_bench import registry
 from tfla_bench.adapter_support import CUDA_MISSING
+from tfla_bench.baselines import _attention as attention
 from tfla_bench.baselines import _mamba, gla, lightning2, simple_gla
 from tfla_bench.model.counts import mlstm_flops
 from tfla_bench.workloads import Case
@@ -459,3 +460,14 @@ class TestSimpleGlaBackwardRefusal:
     def test_forward_is_never_refused(self, flags):
         flags()
         assert registry.get("simple_gla").check(make_case("simple_gla", mode="fw")) is None
+
+
+def test_fa2_beside_fa4_alone_names_the_build_command(monkeypatch):
+    # FlashAttention-4's wheel installs flash_attn/cute only: a `flash_attn` without flash_attn_func.
+    fake_installed(monkeypatch, "flash_attn")
+    monkeypatch.setattr(attention, "cuda_reason", lambda: None)
+    adapter = registry.get("fa2")
+    monkeypatch.setattr(type(adapter), "device_reason", lambda self: None)
+    reason = adapter.available()
+    assert "flash_attn has no flash_attn_func" in reason
+    assert "make cuda-wheels CUDA_WHEELS=flash-attn" in reason
