@@ -1,7 +1,7 @@
 """The host's share of one call: how long Python takes to queue it, and what that costs when calls
 are timed one at a time.
 
-python experiments/launch_overhead.py [OUT]   (default: results/kernels/launch_overhead.md)
+python experiments/launch_overhead.py OUT   (the markdown table; the H100's is in results/kernels/)
 
 For each kernel at the Fig. 5 shape of its family (B8, 16 heads, Dqk 128, Dv 256, T 8192; chunk 128,
 limit_chunk 64), fw and fwbw, on one CUDA GPU:
@@ -26,7 +26,6 @@ from tfla_bench import registry, timing
 from tfla_bench.worker import make_step
 from tfla_bench.workloads import Case
 
-DEFAULT_OUT = Path("results/kernels/launch_overhead.md")
 KERNELS = {
     "tfla_sig": 128,
     "tfla_exp": 128,
@@ -142,10 +141,13 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python experiments/launch_overhead.py OUT", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: the launch-overhead measurement needs a CUDA GPU", file=sys.stderr)
         return 2
-    out = Path(argv[0]) if argv else DEFAULT_OUT
+    out = Path(argv[0])
     rows = [measure(name, chunk, mode) for name, chunk in KERNELS.items() for mode in ("fw", "fwbw")]
     table = markdown(rows)
     print(table)

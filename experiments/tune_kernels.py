@@ -21,8 +21,6 @@ import torch
 from tfla_bench import timing, tuning
 from tfla_bench.kernels import config as kconfig
 
-KEY = ("gpu", "kernel", "head_dim_qk", "head_dim_v", "chunk_size", "dtype", "gate")
-
 
 def parse_shape(text: str) -> tuning.Shape:
     try:
@@ -73,11 +71,10 @@ def main(argv: list[str]) -> int:
                 facts[f"{name}_{mode}_ms"] = round(tuning.time_call(call, "cuda", rule), 4)
         facts.update(torch=torch.__version__, triton=__import__("triton").__version__)
         print(f"  -> {tuning.changed_fields(best, base)}: {facts}", flush=True)
-        entry = kconfig.tuned_entry(
-            gpu, shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate,
-            best, batch=shape.batch, heads=shape.heads, seq_len=shape.seq_len, **facts,
-        )  # fmt: skip
-        entries = [e for e in entries if [e.get(name) for name in KEY] != [entry[name] for name in KEY]]
+        facts.update(batch=shape.batch, heads=shape.heads, seq_len=shape.seq_len)
+        entry = kconfig.tuned_entry(shape.config_key(gpu), best, **facts)
+        key = [entry[name] for name in kconfig.KEY_FIELDS]
+        entries = [e for e in entries if [e.get(name) for name in kconfig.KEY_FIELDS] != key]
         entries.append(entry)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(entries, indent=1) + "\n")

@@ -266,6 +266,7 @@ def default_config(
 # (`tfla_bench.tuning`) through `register_tuned`, never inside a timed call; `TUNED_FILE` (or the file
 # that `TUNED_FILE_ENV` names) is loaded on import.
 TUNED_CONFIGS: dict[tuple[str, str, int, int, int, torch.dtype, str], KernelConfig] = {}
+KEY_FIELDS = ("gpu", "kernel", "head_dim_qk", "head_dim_v", "chunk_size", "dtype", "gate")
 TUNED_FILE = Path(__file__).with_name("tuned_configs.json")
 TUNED_FILE_ENV = "TFLA_BENCH_TUNED_CONFIGS"
 
@@ -339,24 +340,12 @@ def check_config(
             raise ValueError(f"config.{field.name} must be at least 1, got {value}")
 
 
-def tuned_entry(
-    gpu: str,
-    kernel: str,
-    head_dim_qk: int,
-    head_dim_v: int,
-    chunk_size: int,
-    dtype: torch.dtype,
-    gate: str,
-    config: KernelConfig,
-    **facts: object,
-) -> dict:
-    """One entry of a tuned-config file: the key of `register_tuned`, the config, and `facts` (timings,
-    versions) kept for the reader."""
-    return {
-        "gpu": gpu, "kernel": kernel, "head_dim_qk": head_dim_qk, "head_dim_v": head_dim_v,
-        "chunk_size": chunk_size, "dtype": str(dtype).removeprefix("torch."), "gate": gate,
-        "config": dataclasses.asdict(config), **facts,
-    }  # fmt: skip
+def tuned_entry(key: tuple, config: KernelConfig, **facts: object) -> dict:
+    """One entry of a tuned-config file: `key` (a key of `TUNED_CONFIGS`, in the order of `KEY_FIELDS`),
+    the config, and `facts` (timings, versions) kept for the reader."""
+    entry = dict(zip(KEY_FIELDS, key, strict=True))
+    entry["dtype"] = str(entry["dtype"]).removeprefix("torch.")
+    return {**entry, "config": dataclasses.asdict(config), **facts}
 
 
 def load_tuned(path: Path) -> int:
@@ -368,10 +357,8 @@ def load_tuned(path: Path) -> int:
     try:
         entries = json.loads(Path(path).read_text())
         for entry in entries:
-            register_tuned(
-                entry["gpu"], entry["kernel"], entry["head_dim_qk"], entry["head_dim_v"], entry["chunk_size"],
-                getattr(torch, entry["dtype"]), entry["gate"], KernelConfig(**entry["config"]),
-            )  # fmt: skip
+            key = [getattr(torch, entry[name]) if name == "dtype" else entry[name] for name in KEY_FIELDS]
+            register_tuned(*key, KernelConfig(**entry["config"]))
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a tuned-config file ({exc})") from None
     return len(entries)

@@ -83,7 +83,8 @@ def test_a_tuned_file_is_looked_up_by_gpu_and_shape(monkeypatch, tmp_path):
     kconfig.config_for.cache_clear()
     base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
     tuned = kconfig.KernelConfig(**{**base.__dict__, "bwd_num_warps": 8})
-    entry = kconfig.tuned_entry("GPU X", "tfla", 128, 256, 128, torch.bfloat16, "sig", tuned, fwbw_ms=1.0)
+    entry = kconfig.tuned_entry(shape(128).config_key("GPU X"), tuned, fwbw_ms=1.0)
+    assert entry["dtype"] == "bfloat16" and entry["fwbw_ms"] == 1.0
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps([entry]))
     assert kconfig.load_tuned(path) == 1
@@ -102,7 +103,7 @@ def test_a_broken_tuned_file_is_one_clear_error(tmp_path):
         kconfig.load_tuned(path)
     base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
     too_big = kconfig.KernelConfig(**{**base.__dict__, "seq_q": 256})
-    bad = kconfig.tuned_entry("GPU X", "tfla", 128, 256, 128, torch.bfloat16, "sig", too_big)
+    bad = kconfig.tuned_entry(("GPU X", "tfla", 128, 256, 128, torch.bfloat16, "sig"), too_big)
     path.write_text(json.dumps([bad]))
     with pytest.raises(ValueError, match="seq_q"):
         kconfig.load_tuned(path)

@@ -67,6 +67,10 @@ class Shape:
         """The compile shape: one sequence of `SMALL_CHUNKS` chunks, 16 heads."""
         return dataclasses.replace(self, batch=1, heads=16, seq_len=SMALL_CHUNKS * self.chunk_size)
 
+    def config_key(self, gpu: str) -> tuple:
+        """The key of `config.TUNED_CONFIGS` for this shape on GPUs named `gpu`."""
+        return (gpu, self.kernel, self.head_dim_qk, self.head_dim_v, self.chunk_size, self.dtype, self.gate)
+
     def label(self) -> str:
         return (
             f"{self.kernel} {self.gate} B{self.batch} NH{self.heads} T{self.seq_len} "
