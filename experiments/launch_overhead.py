@@ -94,20 +94,7 @@ def measure(name: str, chunk: int, mode: str) -> dict:
     for _ in range(3):  # compile, autotune, warm up
         reset()
         step()
-    torch.cuda.synchronize()
-    _, queue_s = timing.warm_up(step, "cuda", calls=5, seconds=0.0, before_each=reset)
-
-    def before_each() -> None:
-        reset()
-        flush()
-
-    gpu = timing.time_calls(
-        step,
-        rule=timing.StopRule(),
-        device="cuda",
-        before_each=before_each,
-        spin=timing.Spin("cuda", queue_s),
-    )
+    gpu = timing.time_standalone(step, "cuda", warmup_calls=5, warmup_s=0.0, reset=reset)
     row = {
         "kernel": name,
         "mode": mode,

@@ -61,8 +61,8 @@ def main(argv: list[str]) -> int:
             ms = f"{trial.median_ms:.3f} ms" if trial.median_ms is not None else trial.error[:100]
             print(f"  {trial.group:5s} {tuning.changed_fields(trial.config, base)}: {ms}", flush=True)
 
-        best, trials = tuning.tune(shape, processes=args.processes, on_trial=show)
         inputs = tuning.make_inputs(shape, "cuda")
+        best, trials = tuning.tune(shape, processes=args.processes, on_trial=show, inputs=inputs)
         rule = timing.StopRule(rel_ci=0.005, budget_s=2.0, min_reps=20)
         facts = {}
         for mode in ("fw", "fwbw"):

@@ -378,5 +378,6 @@ def tuned_source() -> dict:
     return {"file": str(path) if path is not None else None, "entries": len(TUNED_CONFIGS)}
 
 
-if tuned_file() is not None:
-    load_tuned(tuned_file())
+_loaded = tuned_file()
+if _loaded is not None:
+    load_tuned(_loaded)

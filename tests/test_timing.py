@@ -123,3 +123,12 @@ def test_both_flushes_run_and_touch_their_whole_buffer(monkeypatch):
     dirty.buffer.fill_(1)
     dirty()
     assert int(dirty.buffer.abs().sum()) == 0
+
+
+def test_standalone_timing_resets_before_every_call_on_cpu():
+    calls, resets = [], []
+    stats = timing.time_standalone(
+        lambda: calls.append(1), "cpu", rule=StopRule(reps=7), warmup_calls=2, reset=lambda: resets.append(1)
+    )
+    assert (stats.reps, stats.stop, len(calls), len(resets)) == (7, "fixed", 9, 9)
+    assert stats.host_gap_share is None  # no flush, spin or events on CPU

@@ -273,6 +273,50 @@ def time_calls(
     return summarize(times_ms, stop, gaps / len(times_ms) if cuda else None)
 
 
+def time_standalone(
+    fn: Callable[[], Any],
+    device: str,
+    *,
+    rule: StopRule | None = None,
+    warmup_calls: int | None = None,
+    warmup_s: float = 0.025,
+    flush: bool = True,
+    clean_flush: bool = False,
+    spin: bool = True,
+    reset: Callable[[], None] | None = None,
+) -> TimingStats:
+    """The suite's timing of `fn` outside a sweep's worker (the validation, the config search, the
+    launch-overhead table): warm-up (`warm_up`), then `time_calls` with `reset` and, on CUDA with
+    `flush`, the L2 flush (`L2Flush`, `clean_flush`) before each call and the spin ahead of it.
+
+    Args:
+        fn: the call to time.
+        device: `cpu` or a CUDA device.
+        rule: when to stop (default: the adaptive `StopRule()`).
+        warmup_calls, warmup_s: `warm_up`'s count, or its seconds when the count is None.
+        flush, clean_flush: flush the L2 before each call (CUDA), reading the buffer with `clean_flush`.
+        spin: queue the spin ahead of each call (CUDA).
+        reset: state reset before each call (gradients to None), warm-up included.
+    """
+    cuda = is_cuda(device)
+    _, queue_s = warm_up(fn, device, calls=warmup_calls, seconds=warmup_s, before_each=reset)
+    l2 = L2Flush(device, clean=clean_flush) if flush and cuda else None
+
+    def before_each() -> None:
+        if reset is not None:
+            reset()
+        if l2 is not None:
+            l2()
+
+    return time_calls(
+        fn,
+        rule=rule or StopRule(),
+        device=device,
+        before_each=before_each,
+        spin=Spin(device, queue_s) if spin and cuda else None,
+    )
+
+
 @contextmanager
 def autotuning_budget(rep_ms: float | None) -> Iterator[None]:
     """Within the block, every Triton autotuner without its own benchmark times each config for

@@ -137,20 +137,12 @@ def make_op(op: str, size: int, device: str) -> tuple[Callable[[], None], int]:
 def suite_time(
     fn: Callable[[], None], device: str, *, flush: bool = True, spin: bool = True, clean_flush: bool = False
 ):
-    """The suite's measurement of `fn`, as the worker does it (`TimingStats`); `clean_flush` reads the
-    flush buffer instead of zeroing it (`timing.L2Flush`)."""
+    """The suite's measurement of `fn`, as the worker does it (`TimingStats`): a first call, then
+    `timing.time_standalone`; `clean_flush` reads the flush buffer instead of zeroing it."""
     from tfla_bench import timing
 
     timing.time_first_call(fn, device)
-    _, queue_s = timing.warm_up(fn, device, calls=None, seconds=0.025)
-    l2 = timing.L2Flush(device, clean=clean_flush) if flush else None
-    return timing.time_calls(
-        fn,
-        rule=timing.StopRule(),
-        device=device,
-        before_each=l2,
-        spin=timing.Spin(device, queue_s) if spin else None,
-    )
+    return timing.time_standalone(fn, device, flush=flush, clean_flush=clean_flush, spin=spin)
 
 
 def graph_time(fn: Callable[[], None], replays: int = 10) -> float:
