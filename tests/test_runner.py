@@ -126,6 +126,8 @@ def test_csv_schema_and_env_json(sweep):
     assert env["measurement"]["autotune_cache"] == worker.autotune_cache_setting()
     assert env["measurement"]["kernel_configs"]["entries"] == len(kernel_config.TUNED_CONFIGS)
     assert env["torch"] == torch.__version__ and env["gpu_count"] == 0
+    assert [info["device"] for info in env["device_infos"]] == ["cpu"]
+    assert env["device_infos"][0]["uuid"] is None
     assert "torch" in env["packages"] and "fla-core" in env["packages"]
     assert (report.run_dir / "worker-0.log").exists()
     assert specs.parse_spec(json.loads((report.run_dir / "spec.json").read_text()), "x") == specs.parse_spec(
@@ -323,6 +325,7 @@ def test_gpu_sweep_records_memory_and_device_facts(tmp_path, cuda_graph):
         assert 0 < row.min_ms <= row.median_ms
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["gpu_name"] and env["sm_count"] > 0 and env["gpu_memory_bytes"] > 0
+    assert env["device_infos"][0]["uuid"].startswith("GPU-") or len(env["device_infos"][0]["uuid"]) == 36
     assert env["measurement"]["clock"] == "cuda_events" and env["measurement"]["flush_bytes"] >= 256_000_000
 
 

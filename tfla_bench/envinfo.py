@@ -61,19 +61,21 @@ def now_iso() -> str:
 
 
 def collect(
-    spec: Spec, devices: list[str], device_info: DeviceInfo | None, measurement: dict[str, Any]
+    spec: Spec, devices: list[str], device_infos: list[DeviceInfo], measurement: dict[str, Any]
 ) -> dict[str, Any]:
     """Build the environment record.
 
     Args:
         spec: the spec being run (its name and published dataset are recorded).
         devices: the worker devices (`cpu` or `cuda:<i>`).
-        device_info: what the first worker reported about its device, or None if no worker ran.
+        device_infos: what each started worker reported about its device, in device order; the
+            top-level GPU facts are the first one's.
         measurement: the measurement settings (warmup, reps, flush, graph, grad, timeout, clock).
     """
     cuda = torch.cuda.is_available()
     first_gpu = int(devices[0].partition(":")[2] or 0) if devices and devices[0].startswith("cuda") else None
     smi = nvidia_smi(first_gpu) if first_gpu is not None else {}
+    device_info = device_infos[0] if device_infos else None
     info = device_info if device_info is not None and device_info.device.startswith("cuda") else None
     return {
         "gpu_name": info.name if info else None,
@@ -104,6 +106,8 @@ def collect(
         "published": spec.published,
         "devices": devices,
         "device_info": dataclasses.asdict(device_info) if device_info else None,
+        # One entry per worker's device, so a run over several GPUs names each of them.
+        "device_infos": [dataclasses.asdict(entry) for entry in device_infos],
         "started_at": now_iso(),
         "command": sys.argv,
         "measurement": measurement,

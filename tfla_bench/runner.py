@@ -540,7 +540,7 @@ def _start_workers(
     measured_roofs: dict | None = None,
     forced: str | None = None,
 ) -> list[Worker]:
-    """Launch one worker per device that has cases, then write `env.json` with the first one's facts
+    """Launch one worker per device that has cases, then write `env.json` with every one's device facts
     (and what `precompile` did and the measured roofs, if any, and the spec difference a resume
     was forced over)."""
     for planned in to_run:
@@ -553,7 +553,8 @@ def _start_workers(
     for index, failure in failures.items():
         if failure:
             console.print(f"[red]worker {index} ({devices[index]}): {failure}[/]")
-    info = next((workers[index].info for index in used if workers[index].info is not None), None)
+    infos = [workers[index].info for index in used if workers[index].info is not None]
+    info = infos[0] if infos else None
     measurement = {
         **dataclasses.asdict(spec.measurement),
         "clock": "cuda_events" if cuda else "time.perf_counter",
@@ -562,7 +563,7 @@ def _start_workers(
         "autotune_cache": autotune_cache_setting(),
         "kernel_configs": kernel_config.tuned_source(),
     }
-    env = envinfo.collect(spec, devices, info, measurement)
+    env = envinfo.collect(spec, devices, infos, measurement)
     if precompiled is not None:
         env["precompile"] = precompiled.to_dict()
     if measured_roofs is not None:

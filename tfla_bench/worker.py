@@ -141,6 +141,7 @@ class DeviceInfo:
 
     device: str
     name: str
+    uuid: str | None = None
     sm_count: int | None = None
     memory_bytes: int | None = None
     l2_cache_bytes: int | None = None
@@ -321,6 +322,7 @@ def _device_info(device: str) -> DeviceInfo:
     return DeviceInfo(
         device=device,
         name=props.name,
+        uuid=str(props.uuid),
         sm_count=props.multi_processor_count,
         memory_bytes=props.total_memory,
         l2_cache_bytes=props.L2_cache_size,
