@@ -126,6 +126,18 @@ class Raise(_Tiny):
 
 
 @register
+class OutOfResources(_Tiny):
+    """Refused by Triton as a config that needs more shared memory than the GPU has."""
+
+    name = "test_out_of_resources"
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        from triton.runtime.errors import OutOfResources
+
+        raise OutOfResources(237568, 232448, "shared memory")
+
+
+@register
 class Chunked(_Tiny):
     """Takes a chunk size, which must not exceed the sequence length."""
 

@@ -267,6 +267,11 @@ def write_run(
         "published": published,
         "started_at": "2025-01-01T00:00:00Z",
         "measurement": {"warmup": 10, "reps": 30, "l2_flush": True, "grad": "sum"},
+        "devices": ["cuda:0", "cuda:1"],
+        "device_infos": [
+            {"device": f"cuda:{i}", "name": gpu_name, "uuid": f"GPU-{i}", "nvml": {"max_sm_mhz": 1980}}
+            for i in range(2)
+        ],
     }
     (run_dir / "env.json").write_text(json.dumps(env, indent=2))
     return run_dir

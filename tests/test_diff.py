@@ -24,7 +24,14 @@ def case(kernel: str, seq_len: int, mode: str = "fw", **params) -> Case:
     return Case(kernel, mode, "bfloat16", 65536 // seq_len, seq_len, 16, 128, 256, 128, params=params)
 
 
-def row(case_: Case, median: float, ci: float | None = 0.005, status: str = "ok") -> ResultRow:
+def row(
+    case_: Case,
+    median: float,
+    ci: float | None = 0.005,
+    status: str = "ok",
+    device: str = "cuda:0",
+    throttled: bool | None = None,
+) -> ResultRow:
     ok = status == "ok"
     return ResultRow(
         case=case_,
@@ -35,6 +42,8 @@ def row(case_: Case, median: float, ci: float | None = 0.005, status: str = "ok"
         p80_ms=median * 1.1 if ok else None,
         ci_rel=ci if ok else None,
         error="" if ok else "boom",
+        device=device if ok else "",
+        throttled=throttled,
     )
 
 
@@ -105,6 +114,35 @@ def test_agreement_counts_the_cases_within_2_and_5_percent(runs, capsys):
     assert "5 case(s) ok in both: 40.0% within 2%, 60.0% within 5%, largest |B/A - 1| 20.0%" in (
         capsys.readouterr().out
     )
+
+
+def test_agreement_per_device_and_without_throttled_cases(tmp_path, capsys):
+    one_gpu = write(
+        tmp_path / "one",
+        [row(case("tfla_sig", t), 1.0, throttled=False) for t in (512, 1024, 2048, 4096)],
+    )
+    two_gpus = write(
+        tmp_path / "two",
+        [
+            row(case("tfla_sig", 512), 1.01, device="cuda:0", throttled=False),
+            row(case("tfla_sig", 1024), 1.04, device="cuda:0", throttled=False),
+            row(case("tfla_sig", 2048), 1.00, device="cuda:1", throttled=False),
+            row(case("tfla_sig", 4096), 0.90, device="cuda:1", throttled=True),  # under a power cap
+        ],
+    )
+    result = diff_runs(one_gpu, two_gpus)
+    by_device = result.agreement_by_device()
+    assert list(by_device) == ["cuda:0 in A, cuda:0 in B", "cuda:0 in A, cuda:1 in B"]
+    assert by_device["cuda:0 in A, cuda:0 in B"]["within_2pct"] == pytest.approx(0.5)
+    assert by_device["cuda:0 in A, cuda:1 in B"]["max_deviation"] == pytest.approx(0.1)
+    unthrottled = result.agreement_unthrottled()
+    assert unthrottled["cases"] == 3 and unthrottled["max_deviation"] == pytest.approx(0.04)
+    assert diff_runs(one_gpu, one_gpu).agreement_by_device() == {}
+    assert diff_runs(one_gpu, one_gpu).agreement_unthrottled() is None
+    assert main(["diff", str(one_gpu), str(two_gpus)]) == 0
+    out = capsys.readouterr().out
+    assert "cuda:0 in A, cuda:1 in B: 2 case(s), 50.0% within 2%" in out
+    assert "1 case(s) measured under a power, thermal or hardware slowdown in A or B; the other 3:" in out
 
 
 def test_different_gpus_and_versions_are_named(runs):

@@ -80,6 +80,15 @@ def test_workers_run_every_job_and_survive_a_crash(plugin_adapters, tmp_path, mo
     ]
 
 
+def test_a_shard_whose_configs_do_not_fit_the_gpu_is_done_not_failed(plugin_adapters):
+    adapter = plugin_adapters.OutOfResources()
+    job = precompile.PrecompileJob(case("test_out_of_resources", 1, 16), "plugin_adapters", 1, 4, "sum")
+    assert precompile.run_job(adapter, job, "cpu").status == "ok"
+    alone = precompile.PrecompileJob(case("test_out_of_resources", 1, 16), "plugin_adapters", 0, 1, "sum")
+    result = precompile.run_job(adapter, alone, "cpu")  # not sharded: the sweep must hear of it
+    assert result.status == "error" and "shared memory" in result.error
+
+
 def test_runs_out_of_memory_run_again_with_fewer_processes(plugin_adapters, tmp_path, monkeypatch):
     monkeypatch.setenv("TFLA_TEST_OOM_MARK", str(tmp_path / "oom-once.mark"))
     cases = [case("test_oom_once", 1, 16), case("test_oom", 1, 16), case("test_counting", 1, 16)]

@@ -222,6 +222,9 @@ def test_report_tables_and_captions_parse_as_html(report):
     for table in parsed.tables.values():
         for row in table["rows"]:
             assert not any(cell.startswith("{") for cell in row), row  # no dict dumped into a cell
+    devices = parsed.tables["env-devices"]
+    assert devices["header"][:3] == ["device", "name", "uuid"] and "nvml.max_sm_mhz" in devices["header"]
+    assert [row[0] for row in devices["rows"]] == ["cuda:0", "cuda:1"]
     env = {row[0]: row[1] for row in parsed.tables["env-measurement"]["rows"]}
     assert env["warmup"] == "10" and env["l2_flush"] == "True"
     assert len(parsed.captions) >= 5

@@ -325,7 +325,7 @@ def test_gpu_sweep_records_memory_and_device_facts(tmp_path, cuda_graph):
         assert 0 < row.min_ms <= row.median_ms
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["gpu_name"] and env["sm_count"] > 0 and env["gpu_memory_bytes"] > 0
-    assert env["device_infos"][0]["uuid"].startswith("GPU-") or len(env["device_infos"][0]["uuid"]) == 36
+    assert env["device_infos"][0]["uuid"].startswith("GPU-")
     assert env["measurement"]["clock"] == "cuda_events" and env["measurement"]["flush_bytes"] >= 256_000_000
 
 

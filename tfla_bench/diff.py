@@ -9,6 +9,12 @@ median (runs timed with fixed reps before `ci_rel` existed). The verdict is `sam
 `status` (its two statuses are in the row). Per kernel and mode the summary is the geometric mean
 of the ratios. Cases in one run only are listed apart, and a different GPU or library version
 between the runs is a warning.
+
+The agreement (the shares of cases within 2% and 5%, the largest deviation) is given over all
+cases ok in both, per device of run B when either run spread its cases over several GPUs (each
+GPU's rows against the other run's), and without the cases that either run measured under a power,
+thermal or hardware slowdown (`throttled`): a GPU at its power cap runs at lower clocks for as
+long as the cap holds, which moves a median by more than the timing's own noise.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ ROW_COLUMNS = (
     "ratio",
     "noise",
     "verdict",
+    "device_a",
+    "device_b",
+    "throttled",
 )
 
 
@@ -73,17 +82,27 @@ class RunDiff:
         return rows[(rows["verdict"] == "slower") & (rows["ratio"] > 1 + threshold_pct / 100)]
 
     def agreement(self) -> dict[str, float | int]:
-        """How closely the runs agree over the cases ok in both: their count, the shares within 2% and
-        5% (|B/A - 1|), and the largest deviation (the repeatability of a run measured twice)."""
-        ratios = self.rows["ratio"].dropna()
-        deviation = (ratios - 1).abs()
-        count = len(deviation)
+        """How closely the runs agree over the cases ok in both (`agreement_of`)."""
+        return agreement_of(self.rows)
+
+    def agreement_by_device(self) -> dict[str, dict[str, float | int]]:
+        """`agreement_of` per device of run B, when either run spread its cases over several devices
+        (empty otherwise)."""
+        rows = self.rows.dropna(subset=["ratio"])
+        devices_a, devices_b = set(rows["device_a"]), set(rows["device_b"])
+        if len(devices_a) < 2 and len(devices_b) < 2:
+            return {}
         return {
-            "cases": count,
-            "within_2pct": float((deviation <= 0.02).mean()) if count else math.nan,
-            "within_5pct": float((deviation <= 0.05).mean()) if count else math.nan,
-            "max_deviation": float(deviation.max()) if count else math.nan,
+            f"{device_a} in A, {device_b} in B": agreement_of(group)
+            for (device_a, device_b), group in rows.groupby(["device_a", "device_b"], sort=True)
         }
+
+    def agreement_unthrottled(self) -> dict[str, float | int] | None:
+        """`agreement_of` over the cases that neither run measured while the GPU was throttled; None
+        when no case was."""
+        rows = self.rows.dropna(subset=["ratio"])
+        throttled = rows["throttled"].fillna(False).astype(bool)
+        return agreement_of(rows[~throttled]) if throttled.any() else None
 
     def to_json(self) -> dict[str, Any]:
         def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -91,12 +110,27 @@ class RunDiff:
 
         return {
             "agreement": self.agreement(),
+            "agreement_by_device": self.agreement_by_device(),
+            "agreement_unthrottled": self.agreement_unthrottled(),
             "rows": records(self.rows),
             "summary": records(self.summary),
             "only_a": records(self.only_a),
             "only_b": records(self.only_b),
             "warnings": self.warnings,
         }
+
+
+def agreement_of(rows: pd.DataFrame) -> dict[str, float | int]:
+    """How closely two runs agree over the matched rows ok in both: their count, the shares within 2%
+    and 5% (|B/A - 1|), and the largest deviation (the repeatability of a run measured twice)."""
+    deviation = (rows["ratio"].dropna() - 1).abs()
+    count = len(deviation)
+    return {
+        "cases": count,
+        "within_2pct": float((deviation <= 0.02).mean()) if count else math.nan,
+        "within_5pct": float((deviation <= 0.05).mean()) if count else math.nan,
+        "max_deviation": float(deviation.max()) if count else math.nan,
+    }
 
 
 def load(run_dir: Path, gpu: str | None = None) -> tuple[list[ResultRow], dict[str, Any]]:
@@ -151,7 +185,15 @@ def diff_runs(run_a: Path, run_b: Path, gpu: str | None = None) -> RunDiff:
 
 
 def _compare(a: ResultRow, b: ResultRow) -> dict[str, Any]:
-    record = {**_case_cells(a), "status_a": a.status, "status_b": b.status}
+    flags = [row.throttled for row in (a, b) if row.throttled is not None]
+    record = {
+        **_case_cells(a),
+        "status_a": a.status,
+        "status_b": b.status,
+        "device_a": a.device,
+        "device_b": b.device,
+        "throttled": any(flags) if flags else None,
+    }
     if a.status == b.status == "ok" and a.median_ms and b.median_ms:
         ratio = b.median_ms / a.median_ms
         spread = noise(a) + noise(b)

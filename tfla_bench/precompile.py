@@ -11,7 +11,9 @@ the measuring workers find it done:
   every other case runs once, N different cases at a time;
 - `sharded_autotuning`: in shard j of N each autotuner tries only its configs j, j + N, ...; a try
   is one untimed call with a dummy timing, and its result is neither written to Triton's
-  autotuning cache on disk nor kept in memory;
+  autotuning cache on disk nor kept in memory. A shard whose every config is out of the GPU's
+  shared memory or registers (Triton's `OutOfResources`) is done, not failed: the sweep's
+  autotuner skips those configs too;
 - `warm_case`: inputs smaller than the case's (batch at most `MAX_BATCH`, sequences at most
   `MAX_SEQ_LEN` tokens) unless the adapter rejects that shape. Compiled code depends on a shape
   only through constexprs and the specialization of integer arguments (equal to 1, divisible by
@@ -211,10 +213,22 @@ def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> Preco
                 torch.cuda.synchronize(device)
     except Exception as exc:  # the sweep runs this case again and reports what happens there
         traceback.print_exc()
-        failed = failure_of(exc, device)
-        status, error = failed.status, failed.error
+        if job.shards > 1 and _out_of_resources(exc):
+            # Every config of this shard needs more shared memory or registers than the GPU has.
+            # The sweep's autotuner skips such configs, so this shard had nothing to compile.
+            print(f"shard {job.shard + 1}/{job.shards}: its configs do not fit this GPU; none to compile")
+        else:
+            failed = failure_of(exc, device)
+            status, error = failed.status, failed.error
     memory.release(device)
     return PrecompileResult(job, status, time.perf_counter() - start, error)
+
+
+def _out_of_resources(exc: BaseException) -> bool:
+    """Whether `exc` is Triton's refusal of a config that does not fit the GPU's resources."""
+    from triton.runtime.errors import OutOfResources
+
+    return isinstance(exc, OutOfResources)
 
 
 def precompile(

@@ -147,13 +147,17 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
 
 
 def _env_tables(env: dict[str, Any]) -> str:
-    scalars = {k: v for k, v in env.items() if not isinstance(v, dict) and k != "nodes"}
+    scalars = {k: v for k, v in env.items() if not isinstance(v, dict) and k not in ("nodes", "device_infos")}
     flat = flatten(scalars)
     parts = [frame_html(pd.DataFrame({"key": list(flat), "value": list(flat.values())}), "env")]
     if env.get("nodes"):
         # A sweep through jobs keeps each node's whole record; one line per node says what differs.
         nodes = pd.DataFrame([{key: node.get(key) for key in NODE_FACTS} for node in env["nodes"]])
         parts.append("<h3>nodes</h3>" + frame_html(nodes, "env-nodes"))
+    if env.get("device_infos"):
+        # One row per worker's device: a sweep over several GPUs names each of them.
+        devices = pd.DataFrame([flatten(info) for info in env["device_infos"]])
+        parts.append("<h3>devices</h3>" + frame_html(devices, "env-devices"))
     for key, value in env.items():
         if isinstance(value, dict):
             flat = flatten(value)

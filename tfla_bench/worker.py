@@ -322,7 +322,7 @@ def _device_info(device: str) -> DeviceInfo:
     return DeviceInfo(
         device=device,
         name=props.name,
-        uuid=str(props.uuid),
+        uuid=f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None,  # as nvidia-smi -L names it
         sm_count=props.multi_processor_count,
         memory_bytes=props.total_memory,
         l2_cache_bytes=props.L2_cache_size,
@@ -462,14 +462,17 @@ class Worker:
         return Failure("crashed", _join(death, self._tail(offset)))
 
     def stop(self) -> None:
-        """Ask the worker to exit, and kill it if it does not."""
-        if self._conn is not None and self.alive:
+        """Ask the worker to exit, and kill it if it does not. Safe while the thread serving the worker
+        kills it (after a Ctrl-C): the pipe and process are read once, and a pipe closed meanwhile
+        is a worker already gone."""
+        with self._lock:
+            conn, process = self._conn, self._process
+        if conn is not None and process is not None and process.is_alive():
             try:
-                self._conn.send(None)
+                conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-            assert self._process is not None
-            self._process.join(10)
+            process.join(10)
         self.kill()
 
     def kill(self) -> None:

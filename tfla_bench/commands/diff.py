@@ -65,10 +65,16 @@ def diff(
             print_frame(console, display(frame), f"cases in run {name} only")
     agree = result.agreement()
     if agree["cases"]:
-        console.print(
-            f"{agree['cases']} case(s) ok in both: {agree['within_2pct']:.1%} within 2%, "
-            f"{agree['within_5pct']:.1%} within 5%, largest |B/A - 1| {agree['max_deviation']:.1%}"
-        )
+        console.print(f"{agree['cases']} case(s) ok in both: {_agreement_line(agree)}")
+        for devices, by_device in result.agreement_by_device().items():
+            console.print(f"  {devices}: {by_device['cases']} case(s), {_agreement_line(by_device)}")
+        unthrottled = result.agreement_unthrottled()
+        if unthrottled is not None:
+            slowed = agree["cases"] - unthrottled["cases"]
+            console.print(
+                f"  {slowed} case(s) measured under a power, thermal or hardware slowdown in A or B; "
+                f"the other {unthrottled['cases']}: {_agreement_line(unthrottled)}"
+            )
     for path, write in (
         (as_json, lambda p: p.write_text(json.dumps(result.to_json(), indent=2) + "\n")),
         (as_csv, lambda p: result.rows.to_csv(p, index=False)),
@@ -85,6 +91,13 @@ def diff(
         if len(slower):
             console.print(f"[red]{len(slower)} case(s) slower by more than {threshold:g}%[/]")
             raise typer.Exit(1)
+
+
+def _agreement_line(agree: dict) -> str:
+    return (
+        f"{agree['within_2pct']:.1%} within 2%, {agree['within_5pct']:.1%} within 5%, "
+        f"largest |B/A - 1| {agree['max_deviation']:.1%}"
+    )
 
 
 def register(app: typer.Typer) -> None:
