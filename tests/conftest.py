@@ -2,6 +2,7 @@
 the fixtures that put the test adapters of `plugin_adapters` into the registry or the environment."""
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -12,6 +13,9 @@ from tfla_bench import registry
 if not torch.cuda.is_available():
     # Must be set before any `@triton.jit` function is defined (i.e. before our kernels are imported).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The interpreter compiles nothing; a cache of this session's own keeps what the sweeps under
+    # test remember there (`precompile.DONE_FILE`) out of the user's Triton cache and of later runs.
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tfla-bench-tests-triton-")
 
 
 def pytest_collection_modifyitems(config, items):

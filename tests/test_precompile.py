@@ -11,6 +11,12 @@ from tfla_bench.workloads import Case
 pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
 
+@pytest.fixture(autouse=True)
+def own_triton_cache(tmp_path, monkeypatch):
+    """Each test its own Triton cache directory, so no test finds the runs another one remembered."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+
+
 def case(kernel, batch, seq_len, mode="fw", chunk_size=None):
     return Case(kernel, mode, "float32", batch, seq_len, 2, 8, 8, chunk_size)
 
@@ -142,6 +148,38 @@ def test_sweep_precompiles_first_and_records_it(plugin_adapters, tmp_path, monke
         "retried": 0,
     }
     assert env["precompile"]["seconds"] > 0
+
+
+def test_a_later_precompile_into_the_same_cache_skips_the_runs_made(plugin_adapters, tmp_path, monkeypatch):
+    log = tmp_path / "blocks.log"
+    monkeypatch.setenv("TFLA_TEST_BLOCK_LOG", str(log))
+    cases = [case("test_autotuned", 1, 16), case("test_counting", 1, 16), case("test_raise", 1, 16)]
+
+    def run(**kwargs):
+        return precompile.precompile(cases, 2, ["cpu"], tmp_path, timeout_s=120, **kwargs)
+
+    first = run()
+    assert (first.runs, first.skipped, first.failed) == (4, 0, 1)
+    done = json.loads((tmp_path / "triton-cache" / precompile.DONE_FILE).read_text())
+    assert [len(ids) for ids in done.values()] == [3]  # the two shards and test_counting; not test_raise
+    seen = []
+    second = run(on_start=seen.append)
+    assert (second.runs, second.skipped, second.cases) == (1, 3, 3) and seen == [1]  # test_raise again
+    assert sorted(log.read_text().split()) == ["16", "32"]  # the shards ran once
+    # Another torch, Triton, package, kernel source, config or GPU: another fingerprint, every run again.
+    monkeypatch.setattr(precompile, "fingerprint", lambda devices: "another")
+    assert (run().runs, run().skipped) == (4, 3)
+    (tmp_path / "triton-cache" / precompile.DONE_FILE).write_text("not json")
+    assert run().skipped == 0
+
+
+def test_the_fingerprint_follows_the_devices_and_the_tuned_configs(monkeypatch):
+    from tfla_bench.kernels import config as kernel_config
+
+    before = precompile.fingerprint(["cpu"])
+    assert precompile.fingerprint(["cpu"]) == before and precompile.fingerprint(["cpu", "cpu"]) != before
+    monkeypatch.setitem(kernel_config.TUNED_CONFIGS, ("test GPU", "test key"), "a config")
+    assert precompile.fingerprint(["cpu"]) != before
 
 
 @pytest.mark.gpu

@@ -25,6 +25,13 @@ the measuring workers find it done:
   hung worker) is counted, logged (`precompile-<i>.log`) and left to the sweep, which runs and
   reports that case as always.
 
+A run that finished is remembered in the Triton cache directory it compiled into (`DONE_FILE`),
+under a fingerprint of everything its compiled code depends on (`fingerprint`: torch, Triton and
+every adapter package's version, the source of our kernels and of the job's adapter module, the
+tuned configs, the GPUs' compute capabilities). A later sweep with the same cache skips those
+runs: their kernels are already in the cache. A fresh cache directory, or a change to any of
+those, runs them again; should a kernel still be missing, the sweep's first call compiles it.
+
 The sweep measures as it does without it: the first call of an autotuned kernel still times every
 config at the case's own shape, one after the other, on a GPU where nothing else runs; only the
 compiling is done, so `first_call_s` is shorter. Measured on an H100: one GLA fwbw first call took
@@ -38,7 +45,11 @@ and 46 s of first calls (`results/runs/gla_big-20261121-165808`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -105,6 +116,7 @@ class PrecompileSummary:
         failed: runs that did not finish; their cases compile in the sweep.
         seconds: wall time.
         retried: runs repeated with fewer processes after running out of memory (each time).
+        skipped: runs not made: an earlier sweep made them into the same Triton cache (`DONE_FILE`).
     """
 
     processes: int
@@ -113,6 +125,7 @@ class PrecompileSummary:
     failed: int
     seconds: float
     retried: int = 0
+    skipped: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -257,13 +270,16 @@ def precompile(
         on_retry: called with (runs, processes) before runs that ran out of memory run again.
     """
     start = time.monotonic()
-    jobs = plan_jobs(cases, processes, grad)
+    planned = plan_jobs(cases, processes, grad)
+    done_file = DoneFile(devices)
+    jobs = [job for job in planned if not done_file.has(job)]
     if on_start is not None:
         on_start(len(jobs))
-    width = min(processes, len(jobs))
-    used, pending, retried, failed = width, jobs, 0, 0
+    width = max(1, min(processes, len(jobs)))
+    used, pending, retried, failed = width if jobs else 0, jobs, 0, 0
     while pending:
         results = _run_jobs(pending, width, devices, log_dir, timeout_s, width > 1, on_result)
+        done_file.add(result.job for result in results if result.status == "ok")
         pending = [result.job for result in results if result.retried]
         failed += sum(result.status != "ok" and not result.retried for result in results)
         if pending:
@@ -271,14 +287,104 @@ def precompile(
             retried += len(pending)
             if on_retry is not None:
                 on_retry(len(pending), width)
+    done_file.save()
     return PrecompileSummary(
         processes=used,
-        cases=len({job.case.key for job in jobs}),
+        cases=len({job.case.key for job in planned}),
         runs=len(jobs),
         failed=failed,
         seconds=time.monotonic() - start,
         retried=retried,
+        skipped=len(planned) - len(jobs),
     )
+
+
+DONE_FILE = "tfla-bench-precompiled.json"
+# How many fingerprints the done file keeps (the newest), so it does not grow without bound.
+MAX_FINGERPRINTS = 8
+
+
+def triton_cache_dir() -> Path:
+    """The directory Triton compiles into: `TRITON_CACHE_DIR`, else Triton's default."""
+    from triton import knobs
+
+    return Path(knobs.cache.dir)
+
+
+def fingerprint(devices: list[str]) -> str:
+    """A digest of what the compiled code of every precompile run depends on, besides the job itself:
+    torch, Triton and the adapters' package versions, the source of our kernels and their tuned
+    configs, the devices' compute capabilities, and whether Triton interprets (CPU)."""
+    import torch
+
+    from tfla_bench import envinfo
+    from tfla_bench.kernels import config as kernel_config
+
+    capabilities = [
+        "cpu" if device == "cpu" else ".".join(map(str, torch.cuda.get_device_capability(device)))
+        for device in devices
+    ]
+    kernels_dir = Path(kernel_config.__file__).parent
+    facts = {
+        "torch": torch.__version__,
+        "packages": {name: envinfo.installed_version(name) for name in envinfo.recorded_packages()},
+        "kernels": _source_digest(sorted(kernels_dir.rglob("*.py"))),
+        "tuned": repr(sorted(kernel_config.TUNED_CONFIGS.items(), key=str)),
+        "devices": capabilities,
+        "interpret": os.environ.get("TRITON_INTERPRET", ""),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _source_digest(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+class DoneFile:
+    """The precompile runs finished into this Triton cache directory under the current fingerprint.
+
+    A run is named by its case, shard and upstream-gradient mode, and by a digest of its adapter
+    module's source. Reading or writing the file never fails a sweep: an unreadable file is an
+    empty one, and a write that fails is skipped (the next sweep then runs the jobs again).
+    """
+
+    def __init__(self, devices: list[str]) -> None:
+        self.path = triton_cache_dir() / DONE_FILE
+        self.fingerprint = fingerprint(devices)
+        try:
+            self.record: dict[str, list[str]] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.record = {}
+        if not isinstance(self.record, dict):
+            self.record = {}
+        self.done = set(self.record.get(self.fingerprint, []))
+
+    def job_id(self, job: PrecompileJob) -> str:
+        module = sys.modules.get(job.adapter_module)
+        source = getattr(module, "__file__", None)
+        digest = _source_digest([Path(source)]) if source else ""
+        return f"{job.case.key}#{job.shard}/{job.shards}#{job.grad}#{digest}"
+
+    def has(self, job: PrecompileJob) -> bool:
+        return self.job_id(job) in self.done
+
+    def add(self, jobs: Any) -> None:
+        self.done.update(self.job_id(job) for job in jobs)
+
+    def save(self) -> None:
+        record = {key: value for key, value in self.record.items() if key != self.fingerprint}
+        record[self.fingerprint] = sorted(self.done)
+        record = dict(list(record.items())[-MAX_FINGERPRINTS:])
+        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps(record, indent=1))
+            temporary.replace(self.path)
+        except OSError:
+            temporary.unlink(missing_ok=True)
 
 
 def _run_jobs(

@@ -101,7 +101,7 @@ from tfla_bench.console import case_label, make_console, progress_bar, row_line
 from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.kernels import config as kernel_config
 from tfla_bench.phases import PhaseClock
-from tfla_bench.precompile import PrecompileResult, PrecompileSummary, precompile
+from tfla_bench.precompile import DONE_FILE, PrecompileResult, PrecompileSummary, precompile
 from tfla_bench.rundir import ResultRow
 from tfla_bench.specs import Spec, parse_spec
 from tfla_bench.worker import Job, Measurement, Worker, autotune_cache_setting
@@ -504,9 +504,20 @@ def _precompile(
             on_retry=retry,
         )
     retried = f", {summary.retried} retried after running out of memory" if summary.retried else ""
+    skipped = (
+        f"; {summary.skipped} run(s) skipped, made into this Triton cache by an earlier sweep"
+        if summary.skipped
+        else ""
+    )
+    if summary.runs == 0 and summary.skipped:
+        console.print(
+            f"precompile: nothing to compile, the {summary.skipped} run(s) of its {summary.cases} case(s) "
+            f"were made into this Triton cache by an earlier sweep ({DONE_FILE})"
+        )
+        return summary
     console.print(
         f"precompiled {summary.cases} case(s) in {summary.runs} run(s) with {summary.processes} "
-        f"process(es): {summary.seconds:.1f} s, {summary.failed} failed{retried}"
+        f"process(es): {summary.seconds:.1f} s, {summary.failed} failed{retried}{skipped}"
     )
     return summary
 
