@@ -13,7 +13,7 @@ from tfla_bench import registry
 if not torch.cuda.is_available():
     # Must be set before any `@triton.jit` function is defined (i.e. before our kernels are imported).
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    # The interpreter compiles nothing; a cache of this session's own keeps what the sweeps under
+    # The interpreter compiles nothing; a cache of this test run's own keeps what the sweeps under
     # test remember there (`precompile.DONE_FILE`) out of the user's Triton cache and of later runs.
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tfla-bench-tests-triton-")
 
