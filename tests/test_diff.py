@@ -137,6 +137,17 @@ def test_agreement_per_device_and_without_throttled_cases(tmp_path, capsys):
     assert by_device["cuda:0 in A, cuda:1 in B"]["max_deviation"] == pytest.approx(0.1)
     unthrottled = result.agreement_unthrottled()
     assert unthrottled["cases"] == 3 and unthrottled["max_deviation"] == pytest.approx(0.04)
+    from tfla_bench.diff import HOLLOW, ratio_figure
+
+    fig = ratio_figure(result, "two GPUs / one")
+    assert [text.get_text() for text in fig.legends[0].get_texts()] == ["tfla_sig", f"hollow: {HOLLOW}"]
+    faces = [
+        line.get_markerfacecolor()
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_marker() != "None"
+    ]
+    assert "none" in faces and any(face != "none" for face in faces)  # the throttled case alone is hollow
     assert diff_runs(one_gpu, one_gpu).agreement_by_device() == {}
     assert diff_runs(one_gpu, one_gpu).agreement_unthrottled() is None
     assert main(["diff", str(one_gpu), str(two_gpus)]) == 0

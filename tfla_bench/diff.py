@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from tfla_bench import rundir
 from tfla_bench.errors import UserError
@@ -41,6 +42,8 @@ ENV_FACTS = ("gpu_name", "driver", "cuda", "cudnn", "torch", "triton")
 VERDICTS = ("faster", "slower", "same", "status")
 # The plot's x axis: the first of these case columns that varies between the matched rows.
 X_COLUMNS = ("seq_len", "head_dim_v", "chunk_size")
+# What a hollow marker on the plot means.
+HOLLOW = "throttled in A or B"
 # Labelled ratios on the plot's log y axis.
 RATIO_TICKS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 ROW_COLUMNS = (
@@ -266,8 +269,9 @@ def env_warnings(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
 
 def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
     """B/A per matched ok case: one panel per mode, log y, each kernel in its own style
-    (`tfla_bench.plots.style`), the legend outside the panels; x is the first of seq_len, head_dim_v
-    and chunk_size that takes more than one value (seq_len if none does)."""
+    (`tfla_bench.plots.style`), hollow where either run was throttled, the legend outside the
+    panels; x is the first of seq_len, head_dim_v and chunk_size that takes more than one value
+    (seq_len if none does)."""
     ok = run_diff.rows.dropna(subset=["ratio"])
     x = next((column for column in X_COLUMNS if ok[column].nunique() > 1), X_COLUMNS[0])
     modes = [mode for mode in MODE_TITLES if mode in set(ok["mode"])] or ["fw"]
@@ -275,21 +279,26 @@ def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
     fig = new_figure(width, max(4.8, width / MAX_ASPECT))
     fig.set_dpi(DPI)
     axes = fig.subplots(1, len(modes), squeeze=False)[0]
+    entries: dict[str, Any] = {}  # the legend: one filled marker per kernel
     for ax, mode in zip(axes, modes, strict=True):
         rows = ok[(ok["mode"] == mode) & ok[x].notna()]
         for kernel, group in rows.groupby("kernel", sort=True):
             family = str(group["family"].iloc[0]) if "family" in group else ""
             style = row_style(kernel, family)
-            ax.errorbar(
-                group[x].astype(float),
-                group["ratio"],
-                yerr=group["noise"] * group["ratio"],
-                fmt=style.marker,
-                color=style.color,
-                label=kernel,
-                alpha=0.85,
-                capsize=2,
-            )
+            slowed = group["throttled"].fillna(False).astype(bool)
+            for part, hollow in ((group[~slowed], False), (group[slowed], True)):
+                if len(part):
+                    ax.errorbar(
+                        part[x].astype(float),
+                        part["ratio"],
+                        yerr=part["noise"] * part["ratio"],
+                        fmt=style.marker,
+                        color=style.color,
+                        markerfacecolor="none" if hollow else style.color,
+                        alpha=0.85,
+                        capsize=2,
+                    )
+            entries.setdefault(kernel, Line2D([], [], marker=style.marker, color=style.color, ls=""))
         ax.axhline(1.0, color="#555", linewidth=1)
         ax.set_yscale("log")
         if len(rows):
@@ -304,10 +313,9 @@ def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
         ax.set_xlabel(f"{x.replace('_', ' ')} [{'elements' if x == 'head_dim_v' else 'tokens'}]")
         ax.set_ylabel("runtime B / A (below 1: B faster)")
         ax.grid(True, which="both", alpha=0.3)
-    entries: dict[str, Any] = {}
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            entries.setdefault(label, handle)
+    entries = dict(sorted(entries.items()))
+    if ok["throttled"].fillna(False).astype(bool).any():
+        entries[f"hollow: {HOLLOW}"] = Line2D([], [], marker="o", color="#555", markerfacecolor="none", ls="")
     if entries:
         fig.legend(list(entries.values()), list(entries), loc="outside right center", fontsize=8)
     fig.suptitle(title, fontsize=10)
