@@ -99,6 +99,24 @@ def test_runtime_figure_draws_only_ok_rows_and_names_the_rest(fig5):
     assert not any(text.startswith("_") for text in legend_texts)
 
 
+def test_points_measured_on_a_throttled_gpu_are_ringed(tmp_path):
+    rows = fig5_rows(seq_lens=(2048, 4096, 8192))
+    for r in rows:
+        r["throttled"] = r["kernel"] == "sdpa_flash" and r["seq_len"] == 8192 and r["status"] == "ok"
+    run = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000000", rows))
+    fig = runtime_vs_seq_len_figure(run_context(run))
+    rings = [line for ax in fig.axes for line in ax.get_lines() if line.get_label() == "_throttled"]
+    assert rings and all(list(line.get_xdata()) == [8192] for line in rings)
+    assert "ring: GPU throttled (NVML)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    memory = memory_vs_seq_len_figure(run_context(run))  # throttling moves timings, not memory
+    assert not [line for ax in memory.axes for line in ax.get_lines() if line.get_label() == "_throttled"]
+    for r in rows:
+        r["throttled"] = False
+    calm = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000001", rows))
+    fig = runtime_vs_seq_len_figure(run_context(calm))
+    assert "ring: GPU throttled (NVML)" not in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
 def test_the_not_drawn_note_is_wrapped_to_the_figure_width(tmp_path):
     rows = fig5_rows()
     for r in [r for r in rows if r["kernel"] == "fa3"]:

@@ -10,7 +10,8 @@ A figure is made only when the run sweeps its x axis. Published numbers (when a 
 are drawn dotted with crosses in the colour of the series that answers to them. Only rows with
 status `ok` are drawn; kernels without any are named under the figure with their status. Each line
 takes its look from its kernel and params (`tfla_bench.plots.style`); the legend sits outside the
-axes, so no label covers a line.
+axes, so no label covers a line. On the runtime figures a grey ring marks each point measured while
+NVML reported a power cap, thermal or hardware slowdown (`throttled`).
 
 `run_plots(context)` lists the figures of a run as `Plot`s (`tfla_bench.plots.base`); each draws a
 matplotlib `Figure` from the context, or None when the run does not sweep its axis.
@@ -36,6 +37,8 @@ from tfla_bench.plots.style import LineStyle, row_style
 PUBLISHED_GPU_SHORT = "H100"
 PUBLISHED_LINESTYLE = ":"
 PUBLISHED_MARKER = "x"
+# A grey ring around each point measured while NVML reported a power cap or slowdown.
+THROTTLED_RING = {"marker": "o", "markersize": 12, "markerfacecolor": "none", "markeredgecolor": "#999999"}
 MODE_TITLES = {"fw": "forward (fw)", "fwbw": "forward + backward (fwbw)"}
 GB = 1e9
 LOG_Y_SPAN = 20.0  # a panel whose values span more than this factor gets a log y axis
@@ -54,15 +57,16 @@ SHORT_NAMES = {
 @dataclass(frozen=True)
 class Measure:
     """What a panel draws on y: the measured column, its published column, the axis label and the
-    divisor from the column's unit to the axis's."""
+    divisor from the column's unit to the axis's; `timed` when throttling can move it (a timing)."""
 
     column: str
     published: str
     label: str
     scale: float = 1.0
+    timed: bool = False
 
 
-RUNTIME = Measure("median_ms", "published_ms", "median runtime [ms]")
+RUNTIME = Measure("median_ms", "published_ms", "median runtime [ms]", timed=True)
 MEMORY = Measure("peak_memory_bytes", "published_peak_memory_bytes", "peak memory [GB]", GB)
 
 
@@ -135,6 +139,14 @@ def _ok_points(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return ok[[x, y]].astype(float)
 
 
+def _throttled_points(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """The ok points measured while NVML reported a power cap, thermal or hardware slowdown."""
+    if "throttled" not in rows.columns:
+        return pd.DataFrame(columns=[x, y])
+    slowed = rows["throttled"].astype(str).str.lower() == "true"
+    return _ok_points(rows[slowed], x, y)
+
+
 def _published_points(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     if y not in rows.columns:
         return pd.DataFrame(columns=[x, y])
@@ -184,8 +196,10 @@ def published_label(label: str) -> str:
     return f"_published {label}"
 
 
-def _legend(fig: Figure, axes: list[Axes], has_published: bool, published_gpu: str) -> None:
-    # One legend for the figure: one entry per run series; the dotted convention named once.
+def _legend(
+    fig: Figure, axes: list[Axes], has_published: bool, published_gpu: str, has_throttled: bool = False
+) -> None:
+    # One legend for the figure: one entry per run series; the dotted and ring conventions named once.
     handles, labels = [], []
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -195,6 +209,9 @@ def _legend(fig: Figure, axes: list[Axes], has_published: bool, published_gpu: s
     if has_published:
         handles.append(Line2D([], [], color="black", linestyle=PUBLISHED_LINESTYLE, marker=PUBLISHED_MARKER))
         labels.append(f"published ({published_gpu})" if published_gpu else "published")
+    if has_throttled:
+        handles.append(Line2D([], [], linestyle="", **THROTTLED_RING))
+        labels.append("ring: GPU throttled (NVML)")
     if handles:
         fig.legend(handles, labels, loc="outside right center", fontsize="small")
 
@@ -223,6 +240,7 @@ def series_panels(
     log2_x: bool = True,
     min_points: int = 2,
     log_y_span: float = LOG_Y_SPAN,
+    ring_throttled: bool = False,
 ) -> Figure | None:
     """A figure with one panel per mode: a line per series along `x`, published values dotted.
 
@@ -238,6 +256,7 @@ def series_panels(
         log_y_span: a panel whose drawn values span more than this factor gets a log y axis, so
             kernels a hundred times faster than the slowest stay readable (Fig. 5: attention
             against linear RNNs).
+        ring_throttled: ring the points measured on a throttled GPU (for timings).
 
     Returns:
         The figure, or None when no series has `min_points` ok points in any mode.
@@ -258,7 +277,7 @@ def series_panels(
     fig = new_figure(width, max(PANEL_HEIGHT, width / MAX_ASPECT))
     axes = list(fig.subplots(1, len(modes), squeeze=False)[0])
     shown: set[tuple[str, str]] = set()
-    has_published = False
+    has_published = has_throttled = False
     for ax, mode in zip(axes, modes, strict=True):
         xs: list[float] = []
         ys: list[float] = []
@@ -268,6 +287,7 @@ def series_panels(
             ys += drawn_y
             shown.add((series.kernel, mode))
             has_published |= published
+            has_throttled |= ring_throttled and _ring_throttled(ax, series, x, y, y_scale)
         if log2_x:
             set_log2_x(ax, xs)
         positive = [v for v in ys if v > 0]
@@ -277,7 +297,7 @@ def series_panels(
         ax.set_ylabel(ylabel)
         ax.set_title(MODE_TITLES.get(mode, mode))
         ax.grid(True, alpha=0.3)
-    _legend(fig, axes, has_published, published_gpu)
+    _legend(fig, axes, has_published, published_gpu, has_throttled)
     fig.suptitle(title)
     _note_not_shown(fig, rows, shown, min_points)
     return fig
@@ -306,6 +326,14 @@ def _draw_series(
         xs += list(pub[x])
         ys += list(pub[published_y] / scale)
     return xs, ys, bool(len(pub))
+
+
+def _ring_throttled(ax: Axes, series: Series, x: str, y: str, scale: float) -> bool:
+    """Ring the series' points measured on a throttled GPU; whether there were any."""
+    slowed = _throttled_points(series.rows, x, y)
+    if len(slowed):
+        ax.plot(slowed[x], slowed[y] / scale, linestyle="", label="_throttled", **THROTTLED_RING)
+    return bool(len(slowed))
 
 
 def _title(run: Run, what: str, comparison: Comparison | None) -> str:
@@ -344,6 +372,7 @@ def _measure_panels(
         published_y=measure.published if comparison is not None else None,
         published_gpu=PUBLISHED_GPU_SHORT,
         y_scale=measure.scale,
+        ring_throttled=measure.timed,
     )
 
 
@@ -452,7 +481,8 @@ def run_plots(context: FigureContext) -> list[Plot]:
         Plot(
             "runtime_vs_seq_len",
             "Median runtime of each kernel over the sequence length at a constant number of tokens, "
-            f"forward and forward + backward (paper Fig. 5).{published}",
+            f"forward and forward + backward (paper Fig. 5).{published} A grey ring marks a case "
+            "measured while the GPU was throttled (power cap or slowdown, from NVML).",
             runtime_vs_seq_len_figure,
         ),
         Plot(
