@@ -11,8 +11,8 @@ of the ratios. Cases in one run only are listed apart, and a different GPU or li
 between the runs is a warning.
 
 The agreement (the shares of cases within 2% and 5%, the largest deviation) is given over all
-cases ok in both, per device of run B when either run spread its cases over several GPUs (each
-GPU's rows against the other run's), and without the cases that either run measured under a power,
+cases ok in both, per pair of devices (A's, B's) when either run spread its cases over several
+GPUs (each GPU's rows against the other run's), and without the cases that either run measured under a power,
 thermal or hardware slowdown (`throttled`): a GPU at its power cap runs at lower clocks for as
 long as the cap holds, which moves a median by more than the timing's own noise.
 """
@@ -89,8 +89,8 @@ class RunDiff:
         return agreement_of(self.rows)
 
     def agreement_by_device(self) -> dict[str, dict[str, float | int]]:
-        """`agreement_of` per device of run B, when either run spread its cases over several devices
-        (empty otherwise)."""
+        """`agreement_of` per pair of devices (A's, B's), when either run spread its cases over several
+        devices (empty otherwise)."""
         rows = self.rows.dropna(subset=["ratio"])
         devices_a, devices_b = set(rows["device_a"]), set(rows["device_b"])
         if len(devices_a) < 2 and len(devices_b) < 2:
