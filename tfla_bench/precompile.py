@@ -45,6 +45,7 @@ and 46 s of first calls (`results/runs/gla_big-20261121-165808`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -343,6 +344,13 @@ def _source_digest(paths: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+@functools.cache
+def _module_digest(name: str) -> str:
+    """The digest of a loaded module's source file (empty for a module without one)."""
+    source = getattr(sys.modules.get(name), "__file__", None)
+    return _source_digest([Path(source)]) if source else ""
+
+
 class DoneFile:
     """The precompile runs finished into this Triton cache directory under the current fingerprint.
 
@@ -363,9 +371,7 @@ class DoneFile:
         self.done = set(self.record.get(self.fingerprint, []))
 
     def job_id(self, job: PrecompileJob) -> str:
-        module = sys.modules.get(job.adapter_module)
-        source = getattr(module, "__file__", None)
-        digest = _source_digest([Path(source)]) if source else ""
+        digest = _module_digest(job.adapter_module)
         return f"{job.case.key}#{job.shard}/{job.shards}#{job.grad}#{digest}"
 
     def has(self, job: PrecompileJob) -> bool:
@@ -378,13 +384,11 @@ class DoneFile:
         record = {key: value for key, value in self.record.items() if key != self.fingerprint}
         record[self.fingerprint] = sorted(self.done)
         record = dict(list(record.items())[-MAX_FINGERPRINTS:])
-        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps(record, indent=1))
-            temporary.replace(self.path)
+            rundir.write_json(self.path, record)
         except OSError:
-            temporary.unlink(missing_ok=True)
+            pass
 
 
 def _run_jobs(

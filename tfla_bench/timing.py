@@ -374,7 +374,8 @@ class Spin:
 
 
 class L2Flush:
-    """Zeroes a buffer of max(2 x L2 size, 256e6 bytes) so every timed call starts with a cold L2.
+    """Zeroes (with `clean`: reads) a buffer of max(2 x L2 size, 256e6 bytes) so every timed call
+    starts with a cold L2.
 
     Zeroing leaves the L2 full of the buffer's dirty lines, which the timed call's misses write back
     to DRAM. With `clean` the buffer is read instead (summed), so the lines left behind are clean and
