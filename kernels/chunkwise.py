@@ -1,14 +1,18 @@
 """The host side that `mlstm_tfla` and `mlstm_limit_chunk` share: input checks, the per-call settings,
-the launches of the chunk-state kernels (`common`), and the autograd glue.
+the launches of the gate and chunk-state kernels (`common`), and the autograd glue.
 
-Both run the same chunk-state kernels before their output kernel. Each kernel module supplies a
+Both turn the gate pre-activations into log gates and their chunk sums (`common.fwd_kernel_gates`)
+and run the same chunk-state kernels before their output kernel. Each kernel module supplies a
 `KernelOps` pair on `[BH, T, D]` inputs: `forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom,
 settings)`, the output kernel on the forward states, writing `h` and, where the gate has them, the
 per-row max state `m_row` and denominator `denom` (else None), and
-`backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, settings)`, returning
-`(dq, dk, dv, dlog_i, dlog_f, dC)` with `dC[:, 0]` the initial state's gradient. `backward` may
-overwrite the forward states `C` (TFLA writes the state gradients into them); a second backward
-through the same graph recomputes them.
+`backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_grad, settings)`,
+returning `(dq, dk, dv, row_dots, dg, dC0)`: the row dot products (`RowDots`) and the chunk-sum
+gradients (from `states_backward`) from which `common.bwd_kernel_gates` forms the gate gradients,
+and `dC0` the initial state's gradient (float32 `[BH, Dqk, Dv]` when `initial_grad`, else None).
+`backward` may overwrite the forward states `C` (TFLA writes the state gradients into them); a
+second backward through the same graph recomputes them. A call that needs no gradient skips
+autograd (`apply`).
 
 Gradient conventions of the initial and final states (TFLA paper, appendix B.3): the returned
 final `n` and `m` get no gradient, and the initial `n_0` gets a zero gradient; the initial `m_0`
@@ -18,14 +22,19 @@ state on as the next call's initial state therefore chains gradients exactly.
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
 
-from tfla_bench.kernels.common import bwd_kernel_dstates, fwd_kernel_states
+from tfla_bench.kernels.common import (
+    bwd_kernel_dstates,
+    bwd_kernel_gates,
+    fwd_kernel_gates,
+    fwd_kernel_states,
+)
 from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_name, is_pow2
-from tfla_bench.kernels.gates import GATES, ChunkGates, chunk_gates
+from tfla_bench.kernels.gates import GATES, num_chunks
 from tfla_bench.kernels.reference import state_names
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -44,6 +53,7 @@ class Settings:
     eps: float
     normalize: bool
     config: KernelConfig
+    final_state: bool = False  # the call returns the final state (and may get its gradient)
 
     @property
     def use_max_state(self) -> bool:
@@ -66,52 +76,101 @@ def pointer_or(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
     return stand_in if x is None else x
 
 
-def states_forward(k, v, gates: ChunkGates, log_i, C0, n0, m0, s: Settings, with_n: bool):
-    """Run `fwd_kernel_states`: the states before every chunk and the final one, float32."""
+class ChunkSums(NamedTuple):
+    """The cumulative log gates the kernels read (`gates.ChunkGates` without `a`), float32: `b`
+    `[BH, T]`, `g` and `a_max` `[BH, NC]`."""
+
+    b: torch.Tensor
+    g: torch.Tensor
+    a_max: torch.Tensor
+
+
+class RowDots(NamedTuple):
+    """The backward kernels' row dot products `q . dq`, `k . dk` and `k . dk_inter` (the inter-chunk
+    part of dk), each `[N, BH, T]` float32 in `N` head-dim slices that `gates_backward` sums."""
+
+    qdq: torch.Tensor
+    kdk: torch.Tensor
+    kdk_inter: torch.Tensor
+
+
+def gates_forward(i: torch.Tensor, f: torch.Tensor, s: Settings) -> tuple[torch.Tensor, ChunkSums]:
+    """Run `fwd_kernel_gates` on the gate pre-activations `[BH, T]`: the log input gates and the sums."""
+    bh, seq_len = i.shape
+    nc = num_chunks(seq_len, s.chunk_size)
+    log_i = torch.empty(bh, seq_len, dtype=torch.float32, device=i.device)
+    b = torch.empty_like(log_i)
+    g = torch.empty(bh, nc, dtype=torch.float32, device=i.device)
+    a_max = torch.empty_like(g)
+    fwd_kernel_gates[(bh * nc,)](
+        i, f, log_i, b, g, a_max, seq_len, nc, L=s.chunk_size, SIG_INPUT=s.gate == "sig", num_warps=4
+    )
+    return log_i, ChunkSums(b, g, a_max)
+
+
+def gates_backward(i, f, dots: RowDots, dg: torch.Tensor, s: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `bwd_kernel_gates`: the gradients of the gate pre-activations `i, f` `[BH, T]` (their dtypes)."""
+    bh, seq_len = i.shape
+    nc = dg.shape[-1]
+    di, df = torch.empty_like(i), torch.empty_like(f)
+    bwd_kernel_gates[(bh * nc,)](
+        i, f, dots.qdq, dots.kdk, dots.kdk_inter, dg, di, df, seq_len, nc, bh,
+        L=s.chunk_size, N_ROW_BLOCKS=dots.qdq.shape[0], N_STATE_BLOCKS=dg.shape[0], SIG_INPUT=s.gate == "sig",
+        num_warps=4,
+    )  # fmt: skip
+    return di, df
+
+
+def states_forward(k, v, gates: ChunkSums, log_i, C0, n0, m0, s: Settings, with_n: bool):
+    """Run `fwd_kernel_states` from the initial state `C0, n0, m0` (float32, or all None: the empty
+    memory): the states before every chunk and the final one, `C` in the input dtype, `n` and `m` in
+    float32, and with `s.final_state` the final `C` in float32 (else None)."""
     bh, seq_len, dqk = k.shape
     dv = v.shape[-1]
     nc = gates.g.shape[-1]
     cfg = s.config
-    C = torch.empty(bh, nc + 1, dqk, dv, dtype=torch.float32, device=k.device)
-    C[:, 0] = 0.0 if C0 is None else C0.reshape(bh, dqk, dv)
-    n = m = None
-    if with_n:
-        n = torch.empty(bh, nc + 1, dqk, dtype=torch.float32, device=k.device)
-        n[:, 0] = 0.0 if n0 is None else n0.reshape(bh, dqk)
-    if s.use_max_state:
-        m = torch.empty(bh, nc + 1, dtype=torch.float32, device=k.device)
-        m[:, 0] = float("-inf") if m0 is None else m0.reshape(bh)
+    C = torch.empty(bh, nc + 1, dqk, dv, dtype=k.dtype, device=k.device)
+    n = torch.empty(bh, nc + 1, dqk, dtype=torch.float32, device=k.device) if with_n else None
+    m = torch.empty(bh, nc + 1, dtype=torch.float32, device=k.device) if s.use_max_state else None
+    C_final = torch.empty(bh, dqk, dv, dtype=torch.float32, device=k.device) if s.final_state else None
     fwd_kernel_states[(bh * (dqk // cfg.state_qk) * (dv // cfg.state_v),)](
-        k, v, gates.b, log_i, gates.g, gates.a_max, C, pointer_or(n, C), pointer_or(m, C),
+        k, v, gates.b, log_i, gates.g, gates.a_max, pointer_or(C0, C), pointer_or(n0, C), pointer_or(m0, C),
+        C, pointer_or(n, C), pointer_or(m, C), pointer_or(C_final, C),
         seq_len, nc,
         DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_T=cfg.state_seq, BLOCK_DQK=cfg.state_qk, BLOCK_DV=cfg.state_v,
-        USE_MAX_STATE=s.use_max_state, HAS_N=with_n, ONE_TILE=cfg.state_one_tile,
-        DOT_PRECISION=dot_precision(k.dtype),
+        USE_MAX_STATE=s.use_max_state, HAS_N=with_n, HAS_INITIAL=C0 is not None, STORE_FINAL=s.final_state,
+        ONE_TILE=cfg.state_one_tile, DOT_PRECISION=dot_precision(k.dtype),
         num_warps=cfg.state_num_warps, num_stages=cfg.state_num_stages,
     )  # fmt: skip
-    return C, n, m
+    return C, n, m, C_final
 
 
-def states_backward(q, dh, gates: ChunkGates, m, m_row, denom, C, dC, dC_final, s: Settings) -> torch.Tensor:
+def states_backward(
+    q, dh, gates: ChunkSums, m, m_row, denom, C, dC, dC_final, s: Settings, initial_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run `bwd_kernel_dstates` into `dC` (`dC` may be `C`) from the final state's gradient `dC_final`
-    (None: zero); returns each chunk's gate-sum gradient `g_bar_k sum(C_{k-1} * dC_k)`, `[BH, NC]`."""
+    (float32, None: zero). Returns each chunk's gate-sum gradient `g_bar_k sum(C_{k-1} * dC_k)` per
+    state block, `[N_blocks, BH, NC]`, and with `initial_grad` the initial state's gradient in float32
+    (else None)."""
     bh, seq_len, dqk = q.shape
     dv = dh.shape[-1]
     nc = gates.g.shape[-1]
     cfg = s.config
-    dC[:, nc] = 0.0 if dC_final is None else dC_final.reshape(bh, dqk, dv)
     n_state_blocks = (dqk // cfg.state_qk) * (dv // cfg.state_v)
     dg = torch.empty(n_state_blocks, bh, nc, dtype=torch.float32, device=q.device)
+    dC0 = torch.empty(bh, dqk, dv, dtype=torch.float32, device=q.device) if initial_grad else None
+    if dC_final is not None:
+        dC_final = dC_final.reshape(bh, dqk, dv).float().contiguous()
     bwd_kernel_dstates[(bh * n_state_blocks,)](
         q, dh, gates.b, gates.g, pointer_or(m_row, gates.b), pointer_or(denom, gates.b),
-        pointer_or(m, gates.g), C, dC, dg,
+        pointer_or(m, gates.g), C, dC, pointer_or(dC_final, dg), pointer_or(dC0, dg), dg,
         seq_len, nc, bh, dqk**-0.5,
         DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_T=cfg.state_seq, BLOCK_DQK=cfg.state_qk, BLOCK_DV=cfg.state_v,
-        USE_MAX_STATE=s.use_max_state, HAS_DENOM=s.has_n, ONE_TILE=cfg.state_one_tile,
-        DOT_PRECISION=dot_precision(q.dtype),
+        USE_MAX_STATE=s.use_max_state, HAS_DENOM=s.has_n, HAS_FINAL_GRAD=dC_final is not None,
+        STORE_INITIAL_GRAD=initial_grad, ONE_TILE=cfg.state_one_tile, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=cfg.state_num_warps, num_stages=cfg.state_num_stages,
     )  # fmt: skip
-    return dg.sum(0)
+    return dg, dC0
 
 
 class KernelOps(NamedTuple):
@@ -121,68 +180,84 @@ class KernelOps(NamedTuple):
     backward: Callable
 
 
+def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
+    """The forward pass on `[B, NH, T, D]` inputs and gate pre-activations `[B, NH, T]`: the gate
+    kernel, the state kernel and `ops.forward`. Returns `h`, the final state `(C_T, n_T, m_T)` (None
+    each without `s.final_state`) and what the backward pass needs."""
+    batch, heads, seq_len, dqk = q.shape
+    dv = v.shape[-1]
+    bh = batch * heads
+    flat = [x.reshape(bh, seq_len, -1) for x in (q, k, v)]
+    i_flat, f_flat = i.reshape(bh, seq_len).contiguous(), f.reshape(bh, seq_len).contiguous()
+    log_i, gates = gates_forward(i_flat, f_flat, s)
+    initial = [x.reshape(bh, -1).contiguous() if x is not None else None for x in (C0, n0, m0)]
+    C, n, m, C_final = states_forward(flat[1], flat[2], gates, log_i, *initial, s, with_n=s.has_n)
+    h = torch.empty_like(flat[2])
+    m_row = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.use_max_state else None
+    denom = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.has_n else None
+    ops.forward(*flat, log_i, gates, C, n, m, h, m_row, denom, s)
+    final = (None, None, None)
+    if s.final_state:
+        nc = gates.g.shape[-1]
+        final = (
+            C_final.reshape(batch, heads, dqk, dv),
+            n[:, nc].clone().reshape(batch, heads, dqk) if n is not None else None,
+            m[:, nc].clone().reshape(batch, heads) if m is not None else None,
+        )
+    saved = (flat, i_flat, f_flat, log_i, gates, C, m, m_row, denom)
+    return h.reshape(batch, heads, seq_len, dv), final, saved
+
+
 class ChunkwiseFunction(torch.autograd.Function):
-    """Autograd glue on `[B, NH, T, D]` inputs and float32 log gates (gate activations stay in PyTorch)."""
+    """Autograd glue of `forward_pass` and the backward kernels (the gate activations included)."""
 
     @staticmethod
-    def forward(ctx, ops: KernelOps, q, k, v, log_i, log_f, C0, n0, m0, s: Settings):
-        batch, heads, seq_len, dqk = q.shape
-        dv = v.shape[-1]
-        bh = batch * heads
-        flat = [x.reshape(bh, seq_len, -1) for x in (q, k, v)]
-        log_i_flat = log_i.reshape(bh, seq_len).contiguous()
-        log_f_flat = log_f.reshape(bh, seq_len).contiguous()
-        gates = chunk_gates(log_i_flat, log_f_flat, s.chunk_size)
-        C, n, m = states_forward(flat[1], flat[2], gates, log_i_flat, C0, n0, m0, s, with_n=s.has_n)
-        h = torch.empty_like(flat[2])
-        m_row = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.use_max_state else None
-        denom = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.has_n else None
-        ops.forward(*flat, log_i_flat, gates, C, n, m, h, m_row, denom, s)
-        nc = gates.g.shape[-1]
-        C_T = C[:, nc].clone().reshape(batch, heads, dqk, dv)
-        n_T = n[:, nc].clone().reshape(batch, heads, dqk) if n is not None else None
-        m_T = m[:, nc].clone().reshape(batch, heads) if m is not None else None
-        ctx.save_for_backward(*flat, log_i_flat, C0, m0)
+    def forward(ctx, ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
+        h, (C_T, n_T, m_T), saved = forward_pass(ops, q, k, v, i, f, C0, n0, m0, s)
+        flat, i_flat, f_flat, log_i, gates, C, m, m_row, denom = saved
+        ctx.save_for_backward(*flat, i_flat, f_flat, log_i, C0, m0)
         # Kept outside save_for_backward: the backward pass may overwrite the states with their gradients.
         ctx.states = C
         ctx.fwd = (gates, m, m_row, denom)
         ctx.ops = ops
         ctx.settings = s
-        ctx.shape = (batch, heads, seq_len, dqk, dv)
+        ctx.shape = (*q.shape, v.shape[-1])
         ctx.has_n0 = n0 is not None
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*(x for x in (n_T, m_T) if x is not None))
-        return h.reshape(batch, heads, seq_len, dv), C_T, n_T, m_T
+        return h, C_T, n_T, m_T
 
     @staticmethod
     def backward(ctx, dh, dC_T, dn_T, dm_T):
-        q, k, v, log_i, C0, m0 = ctx.saved_tensors
+        q, k, v, i, f, log_i, C0, m0 = ctx.saved_tensors
         gates, m, m_row, denom = ctx.fwd
         s = ctx.settings
         batch, heads, seq_len, dqk, dv = ctx.shape
         C = ctx.states
         ctx.states = None
         if C is None:  # a second backward through the same graph: recompute the forward states
-            C, _, _ = states_forward(k, v, gates, log_i, C0, None, m0, s, with_n=False)
+            initial = [x.reshape(batch * heads, -1) if x is not None else None for x in (C0, None, m0)]
+            C, _, _, _ = states_forward(k, v, gates, log_i, *initial, replace(s, final_state=False), False)
         dh = torch.zeros_like(v) if dh is None else dh.reshape(v.shape).contiguous()
-        dq, dk, dvv, dlog_i, dlog_f, dC = ctx.ops.backward(
-            q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_T, s
+        dq, dk, dvv, dots, dg, dC0_flat = ctx.ops.backward(
+            q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_T, C0 is not None, s
         )
+        di, df = gates_backward(i, f, dots, dg, s)
         dC0 = dn0 = dm0 = None
         if C0 is not None:
-            dC0 = dC[:, 0].reshape(C0.shape).to(C0.dtype)
+            dC0 = dC0_flat.reshape(C0.shape)
+            if m0 is not None:
+                dm0 = (dC0 * C0).sum((-1, -2))
         if ctx.has_n0:
             dn0 = torch.zeros(batch, heads, dqk, dtype=C0.dtype, device=q.device)
-        if m0 is not None:
-            dm0 = (dC[:, 0].reshape(C0.shape) * C0.float()).sum((-1, -2)).to(m0.dtype)
         rows = (batch, heads, seq_len)
         return (
             None,
             dq.reshape(*rows, dqk),
             dk.reshape(*rows, dqk),
             dvv.reshape(*rows, dv),
-            dlog_i.reshape(rows),
-            dlog_f.reshape(rows),
+            di.reshape(rows),
+            df.reshape(rows),
             dC0,
             dn0,
             dm0,
@@ -267,9 +342,14 @@ def resolve_config(
     return config
 
 
-def apply(ops: KernelOps, q, k, v, log_i, log_f, state: dict[str, torch.Tensor], s: Settings):
-    """Run `ops` through autograd on contiguous `[B, NH, T, D]` inputs and log gates; returns `h` and
-    the final state (the tuple of `reference.state_names`, float32)."""
+def apply(ops: KernelOps, q, k, v, i, f, state: dict[str, torch.Tensor], s: Settings):
+    """Run `ops` on contiguous `[B, NH, T, D]` inputs and gate pre-activations `[B, NH, T]`, through
+    autograd where a gradient is wanted (else without its bookkeeping); returns `h` and, with
+    `s.final_state`, the final state (the tuple of `reference.state_names`, float32; else ())."""
     C0, n0, m0 = (state[name].float() if name in state else None for name in ("C", "n", "m"))
-    h, C_T, n_T, m_T = ChunkwiseFunction.apply(ops, q, k, v, log_i.float(), log_f.float(), C0, n0, m0, s)
+    tensors = (q, k, v, i, f, C0, n0, m0)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
+        h, C_T, n_T, m_T = ChunkwiseFunction.apply(ops, *tensors, s)
+    else:
+        h, (C_T, n_T, m_T), _ = forward_pass(ops, *tensors, s)
     return h, tuple(x for x in (C_T, n_T, m_T) if x is not None)

@@ -1,8 +1,8 @@
 """Triton pieces shared by the TFLA and limit_chunk kernels: the program-to-tile split and the two
 recurrent kernels over the chunk-boundary states (TFLA paper, appendix B.2 and B.3).
 
-- `fwd_kernel_states`: materializes the memory states before every chunk, `C_k` (and `n_k`, `m_k`),
-  in float32: `C_k = g_bar_k C_{k-1} + (a_bar_k * K^(k))^T V^(k)` (eqs. 41-42).
+- `fwd_kernel_states`: materializes the memory states before every chunk, `C_k` (and `n_k`, `m_k`):
+  `C_k = g_bar_k C_{k-1} + (a_bar_k * K^(k))^T V^(k)` (eqs. 41-42).
 - `bwd_kernel_dstates`: the state gradients, backwards over the chunks,
   `dC_{k-1} = g_bar_k dC_k + Q_bar^(k)T dH~^(k)` (B.3), and each chunk's gate-sum gradient
   `g_bar_k sum(C_{k-1} * dC_k)`.
@@ -16,9 +16,12 @@ state `m` (appendix B.2); without it (mLSTMsig) every `m` is 0.
 Layout: `q, k` `[BH, T, DQK]`, `v, dh` `[BH, T, DV]` contiguous; the within-chunk cumulative log
 forget gates `b` and the log input gates are `[BH, T]` float32; per-chunk `g` and `a_max` are
 `[BH, NC]`; states `C` `[BH, NC + 1, DQK, DV]`, `n` `[BH, NC + 1, DQK]`, `m` `[BH, NC + 1]` (index
-`k` is the state before chunk `k`, index `NC` the final state; the caller writes the initial state
-at index 0, and the final state's gradient at index `NC` of `dC`). The last chunk may be shorter
-than `L`. State `k` of a head starts at `(bh * (NC + 1) + k) * DQK * DV`: int64 through `bh`, since
+`k` is the state before chunk `k`, index `NC` the final state). The recurrences carry `C` and `dC`
+in float32 registers but store them in the input dtype: every kernel that reads a state casts it
+to the input dtype for its matrix products, so a float32 copy would only double the state traffic,
+the largest of the backward pass. The initial state, the final state and their gradients, which
+the caller sees, are float32 (`[BH, DQK, DV]`); `n` and `m` stay float32. The last chunk may be
+shorter than `L`. State `k` of a head starts at `(bh * (NC + 1) + k) * DQK * DV`: int64 through `bh`, since
 `k * DQK * DV` alone can pass int32 (2048 chunks of a 1024 x 1024 state).
 
 Every launch grid is one-dimensional (the chunk count times batch*heads can exceed the 65,535
@@ -109,9 +112,13 @@ def fwd_kernel_states(
     log_i_ptr,
     g_ptr,
     a_max_ptr,
+    C0_ptr,
+    n0_ptr,
+    m0_ptr,
     C_ptr,
     n_ptr,
     m_ptr,
+    C_final_ptr,
     T,
     NC,
     DQK: tl.constexpr,
@@ -122,23 +129,44 @@ def fwd_kernel_states(
     BLOCK_DV: tl.constexpr,
     USE_MAX_STATE: tl.constexpr,
     HAS_N: tl.constexpr,
+    HAS_INITIAL: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
     ONE_TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Chunk-boundary states: `C_k = g_bar_k C_{k-1} + (a_bar_k * K)^T V` (eq. 41) and `n_k` (eq. 42)."""
+    """Chunk-boundary states: `C_k = g_bar_k C_{k-1} + (a_bar_k * K)^T V` (eq. 41) and `n_k` (eq. 42).
+
+    The recurrence runs in float32 registers from the initial state (`C0, n0, m0`, float32, with
+    `HAS_INITIAL`; else the empty memory); `C_k` is stored in the dtype of `C_ptr` (the input dtype:
+    every reader casts it to that dtype for its matrix products), the final `C` also in float32 to
+    `C_final_ptr` with `STORE_FINAL`.
+    """
     i_dqk, i_dv, offs_qk, offs_v, state_offs, bh = state_block(DQK, DV, BLOCK_DQK, BLOCK_DV)
     offs_t = tl.arange(0, BLOCK_T)
     k_base = k_ptr + bh * T * DQK
     v_base = v_ptr + bh * T * DV
     gate_base = bh * T
     state_row = bh * (NC + 1)
+    state_dtype = C_ptr.dtype.element_ty
+    first_block = (i_dv == 0) & (i_dqk == 0)
 
-    C = tl.load(C_ptr + state_row * DQK * DV + state_offs)
     n = tl.zeros([BLOCK_DQK], dtype=tl.float32)  # stays unused (and compiled away) without HAS_N
+    if HAS_INITIAL:
+        C = tl.load(C0_ptr + bh * DQK * DV + state_offs)
+        if HAS_N:
+            n = tl.load(n0_ptr + bh * DQK + offs_qk)
+        if USE_MAX_STATE:
+            m = tl.load(m0_ptr + bh)
+    else:
+        C = tl.zeros([BLOCK_DQK, BLOCK_DV], dtype=tl.float32)
+        if USE_MAX_STATE:
+            m = tl.full([], float("-inf"), tl.float32)  # the empty memory (`reference`'s docstring)
+    tl.store(C_ptr + state_row * DQK * DV + state_offs, C.to(state_dtype))
     if HAS_N:
-        n = tl.load(n_ptr + state_row * DQK + offs_qk)
+        tl.store(n_ptr + state_row * DQK + offs_qk, n, mask=(offs_qk < DQK) & (i_dv == 0))
     if USE_MAX_STATE:
-        m = tl.load(m_ptr + state_row)
+        if first_block:
+            tl.store(m_ptr + state_row, m)
     for c in range(NC):
         g = tl.load(g_ptr + bh * NC + c)
         if USE_MAX_STATE:
@@ -168,14 +196,16 @@ def fwd_kernel_states(
                 )  # fmt: skip
             C = decay * C + acc
             n = decay * n + n_acc
-        tl.store(C_ptr + (state_row + c + 1) * DQK * DV + state_offs, C)
+        tl.store(C_ptr + (state_row + c + 1) * DQK * DV + state_offs, C.to(state_dtype))
         if HAS_N:
             # every d_hv block computes the same n; one of them stores it (the mask is all true but
             # makes the condition a tensor of the block's shape)
             tl.store(n_ptr + (state_row + c + 1) * DQK + offs_qk, n, mask=(offs_qk < DQK) & (i_dv == 0))
         if USE_MAX_STATE:
-            if (i_dv == 0) & (i_dqk == 0):
+            if first_block:
                 tl.store(m_ptr + state_row + c + 1, m)
+    if STORE_FINAL:
+        tl.store(C_final_ptr + bh * DQK * DV + state_offs, C)
 
 
 @triton.jit
@@ -210,6 +240,8 @@ def bwd_kernel_dstates(
     m_ptr,
     C_ptr,
     dC_ptr,
+    dC_final_ptr,
+    dC0_ptr,
     dg_ptr,
     T,
     NC,
@@ -223,13 +255,19 @@ def bwd_kernel_dstates(
     BLOCK_DV: tl.constexpr,
     USE_MAX_STATE: tl.constexpr,
     HAS_DENOM: tl.constexpr,
+    HAS_FINAL_GRAD: tl.constexpr,
+    STORE_INITIAL_GRAD: tl.constexpr,
     ONE_TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """State gradients `dC_k` for k = NC-1 .. 0, from `dC_NC` (the final-state gradient).
+    """State gradients `dC_k` for k = NC .. 0, from the final-state gradient `dC_NC` (float32 at
+    `dC_final_ptr` with `HAS_FINAL_GRAD`, else zero).
 
-    `C_ptr` holds the forward states; it may be `dC_ptr` itself: each program reads its block of
-    `C_{k-1}` before overwriting it with `dC_{k-1}`. Also the chunk-sum gate gradient
+    The recurrence runs in float32 registers; `dC_k` is stored in the dtype of `dC_ptr` (the input
+    dtype, as its readers cast it), the initial state's gradient `dC_0` also in float32 to `dC0_ptr`
+    with `STORE_INITIAL_GRAD`. `C_ptr` holds the forward states; it may be `dC_ptr` itself: each
+    program reads its block of `C_{k-1}` before overwriting it with `dC_{k-1}` (and the forward's
+    final state, which no gradient reads, first). Also the chunk-sum gate gradient
     `dg_k = g_bar_k * sum(C_{k-1} * dC_k)` (B.3), stored per state block in `dg_ptr`
     (`[N_DQK * N_DV, BH, NC]`). `C_{k-1}` is stabilized by `exp(-m_{k-1})` and `dC_k` by `exp(m_k)`,
     so `g_bar_k` includes `exp(m_{k-1} - m_k)`, as in the decay.
@@ -241,8 +279,13 @@ def bwd_kernel_dstates(
     dh_base = dh_ptr + bh * T * DV
     gate_base = bh * T
     state_row = bh * (NC + 1)
+    state_dtype = dC_ptr.dtype.element_ty
 
-    dC = tl.load(dC_ptr + (state_row + NC) * DQK * DV + state_offs)
+    if HAS_FINAL_GRAD:
+        dC = tl.load(dC_final_ptr + bh * DQK * DV + state_offs)
+    else:
+        dC = tl.zeros([BLOCK_DQK, BLOCK_DV], dtype=tl.float32)
+    tl.store(dC_ptr + (state_row + NC) * DQK * DV + state_offs, dC.to(state_dtype))
     for c_rev in range(NC):
         c = NC - 1 - c_rev
         g = tl.load(g_ptr + bh * NC + c)
@@ -253,7 +296,7 @@ def bwd_kernel_dstates(
             m_prev = 0.0
             decay = tl.exp(g)
         # dg_k from dC_k before it becomes dC_{k-1}
-        C_prev = tl.load(C_ptr + (state_row + c) * DQK * DV + state_offs)
+        C_prev = tl.load(C_ptr + (state_row + c) * DQK * DV + state_offs).to(tl.float32)
         tl.store(dg_ptr + (i_block * BH + bh) * NC + c, decay * tl.sum(tl.sum(C_prev * dC, axis=1), axis=0))
         chunk_start = c * L
         if ONE_TILE:
@@ -272,4 +315,86 @@ def bwd_kernel_dstates(
                     DQK, DV, USE_MAX_STATE, HAS_DENOM, DOT_PRECISION,
                 )  # fmt: skip
             dC = decay * dC + acc
-        tl.store(dC_ptr + (state_row + c) * DQK * DV + state_offs, dC)
+        tl.store(dC_ptr + (state_row + c) * DQK * DV + state_offs, dC.to(state_dtype))
+    if STORE_INITIAL_GRAD:
+        tl.store(dC0_ptr + bh * DQK * DV + state_offs, dC)
+
+
+@triton.jit
+def _log1p(x):
+    """`log(1 + x)` for `x >= 0`, accurate also where `1 + x` rounds (its rounding divides out)."""
+    u = 1.0 + x
+    rounded = u - 1.0
+    return tl.where(rounded == 0.0, x, tl.log(u) * (x / tl.where(rounded == 0.0, 1.0, rounded)))
+
+
+@triton.jit
+def _log_sigmoid(x):
+    return tl.minimum(x, 0.0) - _log1p(tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def fwd_kernel_gates(
+    i_ptr, f_ptr, log_i_ptr, b_ptr, g_ptr, a_max_ptr, T, NC, L: tl.constexpr, SIG_INPUT: tl.constexpr
+):
+    """The log gates of one chunk and their sums (`gates.log_gates`, `gates.chunk_gates`, eqs. 38-40):
+    `log_i` (`i`, or `log sigmoid(i)` with `SIG_INPUT`), `b` (the within-chunk cumulative sum of
+    `log_f = log sigmoid(f)`), `g` (the chunk's total) and `a_max = max(g - b + log_i)`, float32.
+    Steps past `T` count as forget gate 1 and input gate 0, which leave every sum unchanged."""
+    pid = tl.program_id(0)
+    c = pid % NC
+    bh = (pid // NC).to(tl.int64)
+    steps = tl.arange(0, L)
+    offs = bh * T + c * L + steps
+    valid = c * L + steps < T
+    log_f = tl.where(valid, _log_sigmoid(tl.load(f_ptr + offs, mask=valid, other=0.0).to(tl.float32)), 0.0)
+    log_i = tl.load(i_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    if SIG_INPUT:
+        log_i = _log_sigmoid(log_i)
+    log_i = tl.where(valid, log_i, float("-inf"))
+    b = tl.cumsum(log_f, axis=0)
+    g = tl.sum(tl.where(steps == L - 1, b, 0.0), axis=0)
+    tl.store(log_i_ptr + offs, log_i, mask=valid)
+    tl.store(b_ptr + offs, b, mask=valid)
+    tl.store(g_ptr + bh * NC + c, g)
+    tl.store(a_max_ptr + bh * NC + c, tl.max(g - b + log_i, axis=0))
+
+
+@triton.jit
+def bwd_kernel_gates(
+    i_ptr, f_ptr, qdq_ptr, kdk_ptr, kdk_inter_ptr, dg_ptr, di_ptr, df_ptr, T, NC, BH,
+    L: tl.constexpr, N_ROW_BLOCKS: tl.constexpr, N_STATE_BLOCKS: tl.constexpr, SIG_INPUT: tl.constexpr,
+):  # fmt: skip
+    """`di` and `df` of one chunk: `gates.chunk_log_gate_grads` through the gate activations.
+
+    The row dot products `q . dq`, `k . dk` and `k . dk_inter` come in `N_ROW_BLOCKS` head-dim slices
+    (`[N_ROW_BLOCKS, BH, T]`), the chunk-sum gradients `g_bar_k sum(C_{k-1} * dC_k)` in
+    `N_STATE_BLOCKS` state-block slices (`[N_STATE_BLOCKS, BH, NC]`); both are summed here. Then
+    `d log_i = k . dk` and `d log_f` = the within-chunk reverse cumsum of `q . dq - k . dk_intra`, plus
+    the exclusive cumsum of `k . dk_inter`, plus the chunk sum (`gates` docstring), and
+    `d log sigmoid(x) / dx = sigmoid(-x)`."""
+    pid = tl.program_id(0)
+    c = pid % NC
+    bh = (pid // NC).to(tl.int64)
+    steps = c * L + tl.arange(0, L)
+    valid = steps < T
+    qdq = tl.zeros([L], dtype=tl.float32)
+    kdk = tl.zeros([L], dtype=tl.float32)
+    kdk_inter = tl.zeros([L], dtype=tl.float32)
+    for j in tl.static_range(N_ROW_BLOCKS):
+        offs = (j * BH + bh) * T + steps
+        qdq += tl.load(qdq_ptr + offs, mask=valid, other=0.0)
+        kdk += tl.load(kdk_ptr + offs, mask=valid, other=0.0)
+        kdk_inter += tl.load(kdk_inter_ptr + offs, mask=valid, other=0.0)
+    dg = 0.0
+    for j in tl.static_range(N_STATE_BLOCKS):
+        dg += tl.load(dg_ptr + (j * BH + bh) * NC + c)
+    within = tl.cumsum(qdq - (kdk - kdk_inter), axis=0, reverse=True)
+    before = tl.cumsum(kdk_inter, axis=0) - kdk_inter
+    f = tl.load(f_ptr + bh * T + steps, mask=valid, other=0.0).to(tl.float32)
+    df = (within + before + dg) * tl.sigmoid(-f)
+    di = kdk
+    if SIG_INPUT:
+        di = di * tl.sigmoid(-tl.load(i_ptr + bh * T + steps, mask=valid, other=0.0).to(tl.float32))
+    tl.store(di_ptr + bh * T + steps, di.to(di_ptr.dtype.element_ty), mask=valid)
+    tl.store(df_ptr + bh * T + steps, df.to(df_ptr.dtype.element_ty), mask=valid)

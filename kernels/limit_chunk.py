@@ -2,9 +2,10 @@
 
 The `limit_chunk` kernel the TFLA paper compares against (section 3, appendix B.2/B.3): the
 sequence is split into chunks of `L` steps, all `N_c = ceil(T / L)` chunk-boundary states are
-materialized in HBM (float32) by a recurrent kernel, and a parallel kernel computes each chunk's
-output with the chunk's whole `L x L` intra-chunk matrix in one program. There is no second level
-of sequence parallelism inside a chunk (that is TFLA), so `L` is bounded by on-chip memory.
+materialized in HBM (in the input dtype, see `common`) by a recurrent kernel, and a parallel kernel
+computes each chunk's output with the chunk's whole `L x L` intra-chunk matrix in one program.
+There is no second level of sequence parallelism inside a chunk (that is TFLA), so `L` is bounded
+by on-chip memory.
 
 The math and the conventions are those of `tfla_bench.kernels.reference` and `mlstm_tfla`: queries
 scaled by `1/sqrt(Dqk)`, log forget gate `logsigmoid(f)`, log input gate `i`, output
@@ -12,11 +13,12 @@ scaled by `1/sqrt(Dqk)`, log forget gate `logsigmoid(f)`, log input gate `i`, ou
 are `(C, n, m)` with `C, n` stabilized by `exp(-m)`. Gradients follow `mlstm_tfla` (appendix B.3):
 no gradient through the normalizer or the max state; the initial and final states follow
 `chunkwise`; the gate gradients are `d log_i_j = k_j . dk_j` and `d log_f_s`
-from chunk-local sums (`tfla_bench.kernels.gates.chunk_log_gate_grads`, a PyTorch epilogue shared
-with TFLA): within-chunk cumulative sums of the row dot products plus each chunk's
-`g_bar_k sum(C_{k-1} * dC_k)`. In exact arithmetic that equals one reverse cumulative sum of
-`q . dq - k . dk` over the whole sequence, but that sum cancels the rounding errors of all later
-steps: in bfloat16 on an H100 at T 8192 it is 6.5e-2 to 2.7e-1 off (relative RMS).
+from chunk-local sums (`common.bwd_kernel_gates`, shared with TFLA; its PyTorch reference is
+`tfla_bench.kernels.gates.chunk_log_gate_grads`): within-chunk cumulative sums of the row dot
+products plus each chunk's `g_bar_k sum(C_{k-1} * dC_k)`. In exact arithmetic that equals one
+reverse cumulative sum of `q . dq - k . dk` over the whole sequence, but that sum cancels the
+rounding errors of all later steps: in bfloat16 on an H100 at T 8192 it is 6.5e-2 to 2.7e-1 off
+(relative RMS).
 
 Kernels (one-dimensional grids: chunks times batch*heads can exceed 65,535; `NK = Dqk / B_dqk`,
 `NV = Dv / B_dhv`, `NC` chunks, `BH` batch*heads):
@@ -51,6 +53,7 @@ import triton.language as tl
 
 from tfla_bench.kernels.chunkwise import (
     KernelOps,
+    RowDots,
     Settings,
     apply,
     check_inputs,
@@ -61,7 +64,6 @@ from tfla_bench.kernels.chunkwise import (
 )
 from tfla_bench.kernels.common import dot_rows
 from tfla_bench.kernels.config import KernelConfig, unsupported_reason
-from tfla_bench.kernels.gates import chunk_log_gate_grads, log_gates
 
 
 @triton.jit
@@ -283,14 +285,14 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     )  # fmt: skip
 
 
-def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, s: Settings):
-    """Both backward kernels; returns `dq, dk, dv, dlog_i, dlog_f, dC` (`dC[:, 0]`: the initial state's)."""
+def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_grad, s: Settings):
+    """Both backward kernels; returns `dq, dk, dv, row_dots, dg, dC0` (`chunkwise`'s docstring)."""
     bh, seq_len, dqk = q.shape
     dv_dim = v.shape[-1]
     cfg = s.config
     nc = gates.g.shape[-1]
     dC = torch.empty_like(C)
-    dg = states_backward(q, dh, gates, m, m_row, denom, C, dC, dC_final, s)
+    dg, dC0 = states_backward(q, dh, gates, m, m_row, denom, C, dC, dC_final, s, initial_grad)
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q_dq = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device)
@@ -303,10 +305,9 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, s: Settin
         DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages,
     )  # fmt: skip
 
-    # Gate gradients from chunk-local sums (module docstring); the final state's share is in dg of the
-    # last chunk and in k . dk_inter
-    dlog_i, dlog_f = chunk_log_gate_grads(q_dq, k_dk, k_dk_inter, dg, s.chunk_size)
-    return dq, dk, dv, dlog_i, dlog_f, dC
+    # The gate gradients come from chunk-local sums (module docstring); the final state's share is in
+    # dg of the last chunk and in k . dk_inter
+    return dq, dk, dv, RowDots(q_dq[None], k_dk[None], k_dk_inter[None]), dg, dC0
 
 
 OPS = KernelOps(_forward, _backward)
@@ -366,7 +367,6 @@ def mlstm_limit_chunk(
         raise ValueError(reason)
     state = check_state(initial_state, "exp", False, q, dv) if initial_state is not None else {}
     config = resolve_config("limit_chunk", config, q, dv, chunk_size, "exp")
-    s = Settings("exp", chunk_size, float(eps), False, config)
-    log_i, log_f = log_gates(i, f, "exp")
-    h, final_state = apply(OPS, q.contiguous(), k.contiguous(), v.contiguous(), log_i, log_f, state, s)
+    s = Settings("exp", chunk_size, float(eps), False, config, return_final_state)
+    h, final_state = apply(OPS, q.contiguous(), k.contiguous(), v.contiguous(), i, f, state, s)
     return (h, final_state) if return_final_state else h

@@ -2,12 +2,12 @@
 
 The math is the one of `tfla_bench.kernels.reference` (see its docstring for the output formula,
 the state tuples and the max-state convention `m_0 = -inf` for an empty memory). The forward pass
-runs two Triton kernels (`common.fwd_kernel_states`, `tfla_fwd`), the backward pass four
-(`common.bwd_kernel_dstates`, `tfla_bwd`: dQ, then dK and dV) and a small PyTorch epilogue for the
-gate gradients. Memory: the forward pass keeps the chunk-boundary states (float32,
-`(ceil(T/L) + 1) * Dqk * Dv` per head) and, per step, the float32 max state and denominator
-(mLSTMexp; the denominator alone for mLSTMsig with `normalize`) for the backward pass, which
-overwrites the states with their gradients in place.
+runs three Triton kernels (`common.fwd_kernel_gates`, `common.fwd_kernel_states`, `tfla_fwd`), the
+backward pass five (`common.bwd_kernel_dstates`, `tfla_bwd`: dQ, then dK and dV, and
+`common.bwd_kernel_gates` for the gate gradients). Memory: the forward pass keeps the chunk-boundary
+states (in the input dtype, `(ceil(T/L) + 1) * Dqk * Dv` per head; see `common`) and, per step, the
+float32 log gates, max state and denominator (mLSTMexp; the denominator alone for mLSTMsig with
+`normalize`) for the backward pass, which overwrites the states with their gradients in place.
 
 Gradient conventions (TFLA paper, appendix B.3):
 
@@ -19,8 +19,9 @@ Gradient conventions (TFLA paper, appendix B.3):
 - Gate gradients (appendix B.3, `gates.chunk_log_gate_grads`): the row and column sums of `dD`
   (B.3) equal the dot products `q_t . dq_t` and `k_j . dk_j`, which the dQ and dK kernels
   write in float32 (dK also its inter-chunk part); the state kernel writes each chunk's
-  `g_bar_k sum(C_{k-1} * dC_k)` (B.3). A PyTorch epilogue turns them into
-  `d log_i_j = k_j . dk_j` and `d log_f` with within-chunk (reverse) cumulative sums.
+  `g_bar_k sum(C_{k-1} * dC_k)` (B.3). `common.bwd_kernel_gates` turns them into
+  `d log_i_j = k_j . dk_j` and `d log_f` with within-chunk (reverse) cumulative sums, and those into
+  the gradients of the gate pre-activations.
 
 Tile sizes and launch settings: one `KernelConfig` (`config.default_config("tfla", ...)`, or a
 config tuned for the GPU), overridable per call with `config=`.
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 
 from tfla_bench.kernels.chunkwise import (
     KernelOps,
+    RowDots,
     Settings,
     apply,
     check_inputs,
@@ -41,7 +43,6 @@ from tfla_bench.kernels.chunkwise import (
     states_backward,
 )
 from tfla_bench.kernels.config import KernelConfig
-from tfla_bench.kernels.gates import chunk_log_gate_grads, log_gates
 from tfla_bench.kernels.tfla_bwd import tfla_bwd_kernel_dkv, tfla_bwd_kernel_dq
 from tfla_bench.kernels.tfla_fwd import tfla_fwd_kernel_h
 
@@ -61,10 +62,10 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     )  # fmt: skip
 
 
-def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, s: Settings):
+def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_grad, s: Settings):
     """The four backward kernels; `C` (the forward states) is overwritten with the state gradients.
 
-    Returns `dq, dk, dv, dlog_i, dlog_f, dC` with `dC[:, 0]` the initial-state gradient.
+    Returns `dq, dk, dv, row_dots, dg, dC0` (`chunkwise`'s docstring).
     """
     bh, seq_len, dqk = q.shape
     dv_dim = v.shape[-1]
@@ -98,7 +99,7 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, s: Settin
     # The state gradients take the place of the forward states (read for the last time by the
     # dstates kernel, just before it overwrites them).
     dC = C
-    dg = states_backward(q, dh, gates, m, m_row, denom, C, dC, dC_final, s)
+    dg, dC0 = states_backward(q, dh, gates, m, m_row, denom, C, dC, dC_final, s, initial_grad)
 
     dk = torch.empty_like(k)
     kdk = torch.empty(2, n_qk_blocks, bh, seq_len, dtype=torch.float32, device=q.device)
@@ -110,9 +111,7 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, s: Settin
         k, q, dh, k, *gate_args, dC, dv, b, b, seq_len, nc, bh, scale, GRAD_V=True, **settings
     )
 
-    kdk = kdk.sum(1)
-    dlog_i, dlog_f = chunk_log_gate_grads(qdq.sum(0), kdk[0], kdk[1], dg, s.chunk_size)
-    return dq, dk, dv, dlog_i, dlog_f, dC
+    return dq, dk, dv, RowDots(qdq, kdk[0], kdk[1]), dg, dC0
 
 
 OPS = KernelOps(_forward, _backward)
@@ -180,15 +179,15 @@ def mlstm_tfla(
     dv = v.shape[-1]
     state = check_state(initial_state, gate, normalize, q, dv) if initial_state is not None else {}
     config = resolve_config("tfla", config, q, dv, chunk_size, gate)
-    s = Settings(gate, chunk_size, float(eps), normalize and gate == "sig", config)
+    s = Settings(gate, chunk_size, float(eps), normalize and gate == "sig", config, return_final_state)
 
-    log_i, log_f = log_gates(i, f, gate)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if pad_steps:
+        # input gate 0 and forget gate 1: the padded steps leave the state unchanged
         q, k, v = (F.pad(x, (0, 0, 0, pad_steps)) for x in (q, k, v))
-        log_i = F.pad(log_i, (0, pad_steps), value=float("-inf"))
-        log_f = F.pad(log_f, (0, pad_steps), value=0.0)
-    h, final_state = apply(OPS, q, k, v, log_i, log_f, state, s)
+        i = F.pad(i, (0, pad_steps), value=float("-inf"))
+        f = F.pad(f, (0, pad_steps), value=float("inf"))
+    h, final_state = apply(OPS, q, k, v, i, f, state, s)
     if pad_steps:
         h = h[:, :, :seq_len]
     return (h, final_state) if return_final_state else h

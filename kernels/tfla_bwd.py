@@ -20,8 +20,8 @@ tile, chunk, batch*head):
 
 `tfla_bwd_kernel_dq` and the dK launch also write the row dot products `q_t . dq_t` and `k_t . dk_t`
 (dK also those of its inter-chunk part; float32, one slice per d_qk block), and the state kernel
-each chunk's `g_bar_k sum(C_{k-1} * dC_k)`; the caller forms the gate gradients from them
-(`tfla_bench.kernels.gates.chunk_log_gate_grads`).
+each chunk's `g_bar_k sum(C_{k-1} * dC_k)`; `common.bwd_kernel_gates` forms the gate gradients
+from them.
 
 Layout and state indexing as in `common`: the gradient of state `k` (the state before chunk `k`)
 is `dC[:, k]`. For mLSTMsig (`USE_MAX_STATE=False`) every `m` is 0 and the denominator is 1

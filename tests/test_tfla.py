@@ -33,7 +33,9 @@ from mlstm_support import (
 
 from tfla_bench import registry
 from tfla_bench.kernels import config as config_module
+from tfla_bench.kernels.chunkwise import RowDots, Settings, gates_backward, gates_forward
 from tfla_bench.kernels.config import KernelConfig, config_for, default_config, register_tuned
+from tfla_bench.kernels.gates import chunk_gates, chunk_log_gate_grads, log_gates
 from tfla_bench.kernels.reference import mlstm_chunkwise, mlstm_recurrent, state_names
 from tfla_bench.kernels.tfla import mlstm_tfla
 from tfla_bench.workloads import Case
@@ -214,6 +216,64 @@ def test_second_backward_recomputes_the_states():
     second = torch.autograd.grad(h.square().sum(), inputs)
     for a, b in zip(first, second, strict=True):
         assert rel_rms(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_half_precision_states_keep_float32_boundaries(gate):
+    # The chunk states are stored in the input dtype (the kernels' products read them so); the
+    # initial and final states and their gradients stay float32, and all stay within the float16
+    # budget of the float64 reference. (Triton's interpreter computes bfloat16 products wrongly, so
+    # the CPU checks this with float16; the GPU tests run bfloat16.)
+    batch, heads, seq_len, dqk, dv, chunk = 1, 2, 96, 32, 64, 32
+    inputs = make_inputs(batch, heads, seq_len, dqk, dv, seed=13)
+    inputs[:3] = [x.half() for x in inputs[:3]]
+    state = make_state(gate, False, batch, heads, dqk, dv)
+    weights = make_weights(batch, heads, seq_len, dqk, dv)
+    h_ref, s_ref, g_ref = run_with_grads(reference_fn(gate, False), inputs, state, weights, gate)
+    config = replace(small_config(gate, dqk, dv, chunk), qk=32, bwd_qk=32)
+    h, s, g = run_with_grads(tfla_fn(gate, False, chunk, config), inputs, state, weights, gate)
+    assert h.dtype == torch.float16
+    assert [x.dtype for x in s] == [torch.float32] * len(s)
+    names = ["h", "C", *GRAD_NAMES, "dC0"]
+    for name, a, b in zip(names, [h, s[0], *g[:6]], [h_ref, s_ref[0], *g_ref[:6]], strict=True):
+        assert rel_rms(a, b) < {**FP16_RTOL, "dC0": 2e-3}[name], f"{name}: {rel_rms(a, b):.2e}"
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_gate_kernels_match_the_pytorch_gates(gate):
+    # fwd_kernel_gates / bwd_kernel_gates against gates.log_gates, chunk_gates, chunk_log_gate_grads
+    # and autograd through log sigmoid: a partial last chunk, gates far into the tails of the sigmoid
+    # (log sigmoid(30) = -9e-14 must not round to 0) and the padding values -inf / +inf.
+    bh, seq_len, chunk = 3, 80, 32
+    gen = torch.Generator().manual_seed(14)
+    i = torch.randn(bh, seq_len, generator=gen) * 8
+    f = torch.randn(bh, seq_len, generator=gen) * 8 + 3
+    f[:, 5], f[:, 6], i[:, 7], i[:, 8] = 30.0, -30.0, -30.0, 30.0
+    i[:, -3:], f[:, -3:] = float("-inf"), float("inf")
+    s = Settings(gate, chunk, 1e-6, False, default_config("tfla", 16, 16, chunk, torch.float32, gate))
+    log_i, sums = gates_forward(i.to(DEVICE), f.to(DEVICE), s)
+    ref_i, ref_f = log_gates(i.double(), f.double(), gate)
+    ref = chunk_gates(ref_i, ref_f, chunk)
+    assert torch.equal(log_i.isinf().cpu(), ref_i.isinf())
+    finite = ref_i.isfinite()
+    assert torch.allclose(log_i.cpu().double()[finite], ref_i[finite], rtol=1e-6, atol=0)
+    # float32 sums of |log f| up to ~100 here: an absolute error of a few float32 ulps of 100
+    for name, got in zip(("b", "g", "a_max"), sums, strict=True):
+        assert torch.allclose(got.cpu().double(), getattr(ref, name), rtol=1e-6, atol=3e-5), name
+
+    # gradients: row dots in two head-dim slices and dg in three state blocks, summed by the kernel
+    dots = RowDots(*(torch.randn(2, bh, seq_len, generator=gen) for _ in range(3)))
+    dg = torch.randn(3, bh, sums.g.shape[-1], generator=gen)
+    di, df = gates_backward(
+        i.to(DEVICE), f.to(DEVICE), RowDots(*(x.to(DEVICE) for x in dots)), dg.to(DEVICE), s
+    )
+    i64, f64 = i.double().requires_grad_(), f.double().requires_grad_()
+    dlog_i, dlog_f = chunk_log_gate_grads(*(x.sum(0).double() for x in dots), dg.sum(0).double(), chunk)
+    torch.autograd.backward(log_gates(i64, f64, gate), (dlog_i, dlog_f))
+    valid = slice(0, seq_len - 3)
+    assert torch.allclose(di.cpu().double()[:, valid], i64.grad[:, valid], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(df.cpu().double()[:, valid], f64.grad[:, valid], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(di).all() and torch.isfinite(df).all()
 
 
 def test_default_config():

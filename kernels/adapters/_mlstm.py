@@ -74,16 +74,19 @@ def mlstm_inputs(case: Case, device: str) -> dict[str, Any]:
 
 
 def mlstm_counts(
-    case: Case, mode: str, gate: str, formulation: str, chunk_size: int | None
+    case: Case, mode: str, gate: str, formulation: str, chunk_size: int | None, state_bytes: int = 4
 ) -> tuple[float, float]:
-    """(FLOPs, bytes) of one call: the model's per-head counts times batch * heads, in `mode`."""
+    """(FLOPs, bytes) of one call: the model's per-head counts times batch * heads, in `mode`, with
+    `state_bytes` per element of the chunk states in HBM."""
     shape = dict(
         seq_len=case.seq_len, chunk_size=chunk_size, head_dim_qk=case.head_dim_qk, head_dim_v=case.head_dim_v
     )
     size = element_bytes(case.dtype)
     heads = case.batch * case.num_heads
     flops = heads * mlstm_flops(gate, formulation, **shape)
-    moved = heads * mlstm_bytes(gate, formulation, qkv_bytes=size, gate_bytes=size, state_bytes=4, **shape)
+    moved = heads * mlstm_bytes(
+        gate, formulation, qkv_bytes=size, gate_bytes=size, state_bytes=state_bytes, **shape
+    )
     return LINEAR_RNN_BACKWARD.total_flops(flops, mode), LINEAR_RNN_BACKWARD.total_bytes(moved, mode)
 
 
@@ -119,6 +122,8 @@ class ChunkwiseMlstmAdapter(MlstmAdapter):
     uses_chunk_size = True
     gate = "exp"
     default_chunk = TFLA_DEFAULT_CHUNK
+    # The chunk states in HBM are float32 (the official kernels), or in the input dtype (ours).
+    states_in_input_dtype = False
 
     @property
     def known_params(self) -> tuple[str, ...]:
@@ -153,11 +158,15 @@ class ChunkwiseMlstmAdapter(MlstmAdapter):
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
         return mlstm_reference(inputs, self.gate, inputs.get("normalize", False))
 
+    def state_bytes(self, case: Case) -> int:
+        """Bytes per element of the chunk states the kernel keeps in HBM."""
+        return element_bytes(case.dtype) if self.states_in_input_dtype else 4
+
     def flops(self, case: Case, mode: str) -> float:
-        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[0]
+        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case), self.state_bytes(case))[0]
 
     def bytes(self, case: Case, mode: str) -> float:
-        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case))[1]
+        return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case), self.state_bytes(case))[1]
 
 
 class OwnKernelAdapter(ChunkwiseMlstmAdapter):
@@ -168,6 +177,7 @@ class OwnKernelAdapter(ChunkwiseMlstmAdapter):
     kernel_module = ""
     max_chunk: int | None = None
     packages = ("tfla-bench", "triton")
+    states_in_input_dtype = True  # `tfla_bench.kernels.common`
 
     def available(self) -> str | None:
         reason = cuda_reason()

@@ -305,9 +305,10 @@ def profiled_roofline_figure(context: FigureContext, mode: str) -> Figure | None
 
 def _theory_ms(kernel: str, shape: dict[str, Any], mode: str, dtype: str, chunk: int, acc: Accelerator):
     """The model's runtime bounds on `acc` of the kernel's call at chunk size `chunk`, from the
-    counts its adapter reports (`mlstm_counts`)."""
+    counts its adapter reports (`mlstm_counts` with the adapter's state bytes)."""
     case = Case(kernel=kernel, mode=mode, dtype=dtype, **shape)
-    flops, moved = mlstm_counts(case, mode, mlstm_gates()[kernel], "chunkwise", chunk)
+    adapter = registry.get(kernel)
+    flops, moved = mlstm_counts(case, mode, adapter.gate, "chunkwise", chunk, adapter.state_bytes(case))
     return runtime_ms_lower(flops, moved, acc), runtime_ms_upper(flops, moved, acc)
 
 
