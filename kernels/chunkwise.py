@@ -121,15 +121,17 @@ def gates_backward(i, f, dots: RowDots, dg: torch.Tensor, s: Settings) -> tuple[
     return di, df
 
 
-def states_forward(k, v, gates: ChunkSums, log_i, C0, n0, m0, s: Settings, with_n: bool):
+def states_forward(
+    k, v, gates: ChunkSums, log_i, C0, n0, m0, s: Settings, with_n: bool, float32: bool = False
+):
     """Run `fwd_kernel_states` from the initial state `C0, n0, m0` (float32, or all None: the empty
-    memory): the states before every chunk and the final one, `C` in the input dtype, `n` and `m` in
-    float32, and with `s.final_state` the final `C` in float32 (else None)."""
+    memory): the states before every chunk and the final one, `C` in the input dtype (float32 with
+    `float32`), `n` and `m` in float32, and with `s.final_state` the final `C` in float32 (else None)."""
     bh, seq_len, dqk = k.shape
     dv = v.shape[-1]
     nc = gates.g.shape[-1]
     cfg = s.config
-    C = torch.empty(bh, nc + 1, dqk, dv, dtype=k.dtype, device=k.device)
+    C = torch.empty(bh, nc + 1, dqk, dv, dtype=torch.float32 if float32 else k.dtype, device=k.device)
     n = torch.empty(bh, nc + 1, dqk, dtype=torch.float32, device=k.device) if with_n else None
     m = torch.empty(bh, nc + 1, dtype=torch.float32, device=k.device) if s.use_max_state else None
     C_final = torch.empty(bh, dqk, dv, dtype=torch.float32, device=k.device) if s.final_state else None
@@ -174,10 +176,12 @@ def states_backward(
 
 
 class KernelOps(NamedTuple):
-    """The forward and backward passes of one kernel on `[BH, T, D]` inputs (module docstring)."""
+    """The forward and backward passes of one kernel on `[BH, T, D]` inputs (module docstring), and
+    whether its chunk states stay float32 in HBM (else they take the input dtype, `common`)."""
 
     forward: Callable
     backward: Callable
+    float32_states: bool = False
 
 
 def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
@@ -191,7 +195,9 @@ def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
     i_flat, f_flat = i.reshape(bh, seq_len).contiguous(), f.reshape(bh, seq_len).contiguous()
     log_i, gates = gates_forward(i_flat, f_flat, s)
     initial = [x.reshape(bh, -1).contiguous() if x is not None else None for x in (C0, n0, m0)]
-    C, n, m, C_final = states_forward(flat[1], flat[2], gates, log_i, *initial, s, with_n=s.has_n)
+    C, n, m, C_final = states_forward(
+        flat[1], flat[2], gates, log_i, *initial, s, with_n=s.has_n, float32=ops.float32_states
+    )
     h = torch.empty_like(flat[2])
     m_row = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.use_max_state else None
     denom = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.has_n else None
@@ -237,7 +243,10 @@ class ChunkwiseFunction(torch.autograd.Function):
         ctx.states = None
         if C is None:  # a second backward through the same graph: recompute the forward states
             initial = [x.reshape(batch * heads, -1) if x is not None else None for x in (C0, None, m0)]
-            C, _, _, _ = states_forward(k, v, gates, log_i, *initial, replace(s, final_state=False), False)
+            no_final = replace(s, final_state=False)
+            C, _, _, _ = states_forward(
+                k, v, gates, log_i, *initial, no_final, False, float32=ctx.ops.float32_states
+            )
         dh = torch.zeros_like(v) if dh is None else dh.reshape(v.shape).contiguous()
         dq, dk, dvv, dots, dg, dC0_flat = ctx.ops.backward(
             q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_T, C0 is not None, s

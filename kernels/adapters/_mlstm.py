@@ -177,7 +177,7 @@ class OwnKernelAdapter(ChunkwiseMlstmAdapter):
     kernel_module = ""
     max_chunk: int | None = None
     packages = ("tfla-bench", "triton")
-    states_in_input_dtype = True  # `tfla_bench.kernels.common`
+    states_in_input_dtype = True  # `tfla_bench.kernels.common`; limit_chunk keeps float32 states
 
     def available(self) -> str | None:
         reason = cuda_reason()
