@@ -54,6 +54,7 @@ class Settings:
     normalize: bool
     config: KernelConfig
     final_state: bool = False  # the call returns the final state (and may get its gradient)
+    float32_states: bool = False  # chunk states in float32 in HBM (`config.float32_states`)
 
     @property
     def use_max_state(self) -> bool:
@@ -176,12 +177,10 @@ def states_backward(
 
 
 class KernelOps(NamedTuple):
-    """The forward and backward passes of one kernel on `[BH, T, D]` inputs (module docstring), and
-    whether its chunk states stay float32 in HBM (else they take the input dtype, `common`)."""
+    """The forward and backward passes of one kernel on `[BH, T, D]` inputs (module docstring)."""
 
     forward: Callable
     backward: Callable
-    float32_states: bool = False
 
 
 def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
@@ -196,7 +195,7 @@ def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
     log_i, gates = gates_forward(i_flat, f_flat, s)
     initial = [x.reshape(bh, -1).contiguous() if x is not None else None for x in (C0, n0, m0)]
     C, n, m, C_final = states_forward(
-        flat[1], flat[2], gates, log_i, *initial, s, with_n=s.has_n, float32=ops.float32_states
+        flat[1], flat[2], gates, log_i, *initial, s, with_n=s.has_n, float32=s.float32_states
     )
     h = torch.empty_like(flat[2])
     m_row = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.use_max_state else None
@@ -245,7 +244,7 @@ class ChunkwiseFunction(torch.autograd.Function):
             initial = [x.reshape(batch * heads, -1) if x is not None else None for x in (C0, None, m0)]
             no_final = replace(s, final_state=False)
             C, _, _, _ = states_forward(
-                k, v, gates, log_i, *initial, no_final, False, float32=ctx.ops.float32_states
+                k, v, gates, log_i, *initial, no_final, False, float32=s.float32_states
             )
         dh = torch.zeros_like(v) if dh is None else dh.reshape(v.shape).contiguous()
         dq, dk, dvv, dots, dg, dC0_flat = ctx.ops.backward(

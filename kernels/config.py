@@ -302,6 +302,22 @@ def config_for(
     return TUNED_CONFIGS.get(key) or default_config(kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
 
 
+def float32_states(kernel: str, gate: str, head_dim_qk: int, config: KernelConfig) -> bool:
+    """Whether the kernel keeps its chunk states in float32 in HBM; else in the 16-bit input dtype,
+    which its readers cast them to anyway (`tfla_bench.kernels.common`).
+
+    Float32 where 16-bit states met a Triton 3.6 miscompile on an H100 (`experiments/state_dtype_check.py`,
+    `results/kernels/state-dtype-check-h100.md`): the output kernel fed 16-bit state blocks straight
+    into its products returned h 10-25x further from the float32 reference (4e-2 to 6e-2 against
+    2.4e-3 relative RMS) at limit_chunk's default config for Dqk = Dv = 512 and at the mLSTMexp TFLA
+    default config for Dqk 256 (two d_qk blocks), while the same configs with float32 states, and
+    every mLSTMsig config and every single-block mLSTMexp config with 16-bit states, agreed with the
+    float32-state result to the bit. So: limit_chunk always, mLSTMexp TFLA whenever its output kernel
+    loops over more than one d_qk block.
+    """
+    return kernel == "limit_chunk" or (gate == "exp" and head_dim_qk > config.qk)
+
+
 def check_config(
     kernel: str, config: KernelConfig, head_dim_qk: int, head_dim_v: int, chunk_size: int
 ) -> None:

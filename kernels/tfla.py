@@ -5,7 +5,8 @@ the state tuples and the max-state convention `m_0 = -inf` for an empty memory).
 runs three Triton kernels (`common.fwd_kernel_gates`, `common.fwd_kernel_states`, `tfla_fwd`), the
 backward pass five (`common.bwd_kernel_dstates`, `tfla_bwd`: dQ, then dK and dV, and
 `common.bwd_kernel_gates` for the gate gradients). Memory: the forward pass keeps the chunk-boundary
-states (in the input dtype, `(ceil(T/L) + 1) * Dqk * Dv` per head; see `common`) and, per step, the
+states (`(ceil(T/L) + 1) * Dqk * Dv` per head, in the input dtype or float32 by
+`config.float32_states`) and, per step, the
 float32 log gates, max state and denominator (mLSTMexp; the denominator alone for mLSTMsig with
 `normalize`) for the backward pass, which overwrites the states with their gradients in place.
 
@@ -42,7 +43,7 @@ from tfla_bench.kernels.chunkwise import (
     resolve_config,
     states_backward,
 )
-from tfla_bench.kernels.config import KernelConfig
+from tfla_bench.kernels.config import KernelConfig, float32_states
 from tfla_bench.kernels.tfla_bwd import tfla_bwd_kernel_dkv, tfla_bwd_kernel_dq
 from tfla_bench.kernels.tfla_fwd import tfla_fwd_kernel_h
 
@@ -179,7 +180,8 @@ def mlstm_tfla(
     dv = v.shape[-1]
     state = check_state(initial_state, gate, normalize, q, dv) if initial_state is not None else {}
     config = resolve_config("tfla", config, q, dv, chunk_size, gate)
-    s = Settings(gate, chunk_size, float(eps), normalize and gate == "sig", config, return_final_state)
+    wide = float32_states("tfla", gate, q.shape[-1], config)
+    s = Settings(gate, chunk_size, float(eps), normalize and gate == "sig", config, return_final_state, wide)
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if pad_steps:

@@ -313,7 +313,7 @@ def test_adapter_counts_are_the_chunkwise_exp_model():
     shape = dict(seq_len=4096, chunk_size=64, head_dim_qk=128, head_dim_v=256)
     heads = case.batch * case.num_heads
     fw_flops = heads * mlstm_flops("exp", "chunkwise", **shape)
-    # limit_chunk keeps float32 chunk states (kernels/limit_chunk.py, OPS); TFLA's take the input dtype
+    # limit_chunk keeps float32 chunk states (config.float32_states); TFLA mLSTMsig's take the input dtype
     fw_bytes = heads * mlstm_bytes("exp", "chunkwise", qkv_bytes=2, gate_bytes=2, state_bytes=4, **shape)
     assert adapter.state_bytes(case) == 4
     assert registry.get("tfla_sig").state_bytes(case) == 2

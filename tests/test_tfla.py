@@ -32,9 +32,16 @@ from mlstm_support import (
 )
 
 from tfla_bench import registry
+from tfla_bench.kernels import chunkwise
 from tfla_bench.kernels import config as config_module
 from tfla_bench.kernels.chunkwise import RowDots, Settings, gates_backward, gates_forward
-from tfla_bench.kernels.config import KernelConfig, config_for, default_config, register_tuned
+from tfla_bench.kernels.config import (
+    KernelConfig,
+    config_for,
+    default_config,
+    float32_states,
+    register_tuned,
+)
 from tfla_bench.kernels.gates import chunk_gates, chunk_log_gate_grads, log_gates
 from tfla_bench.kernels.reference import mlstm_chunkwise, mlstm_recurrent, state_names
 from tfla_bench.kernels.tfla import mlstm_tfla
@@ -274,6 +281,30 @@ def test_gate_kernels_match_the_pytorch_gates(gate):
     assert torch.allclose(di.cpu().double()[:, valid], i64.grad[:, valid], rtol=1e-5, atol=1e-5)
     assert torch.allclose(df.cpu().double()[:, valid], f64.grad[:, valid], rtol=1e-5, atol=1e-5)
     assert torch.isfinite(di).all() and torch.isfinite(df).all()
+
+
+def test_state_dtype_follows_the_float32_states_rule(monkeypatch):
+    # 16-bit states for mLSTMsig and for a single d_qk block of mLSTMexp; float32 for mLSTMexp over
+    # several blocks (config.float32_states), with the same result either way.
+    seen = []
+    states_forward = chunkwise.states_forward
+
+    def spy(*args, **kwargs):
+        result = states_forward(*args, **kwargs)
+        seen.append(result[0].dtype)
+        return result
+
+    monkeypatch.setattr(chunkwise, "states_forward", spy)
+    inputs = make_inputs(1, 2, 64, 32, 32, seed=15)
+    inputs[:3] = [x.half().to(DEVICE) for x in inputs[:3]]
+    inputs[3:] = [x.to(DEVICE) for x in inputs[3:]]
+    outputs = {}
+    for gate, qk in (("sig", 16), ("exp", 32), ("exp", 16)):
+        config = replace(small_config(gate, 32, 32, 32), qk=qk)
+        outputs[gate, qk] = mlstm_tfla(*inputs, gate=gate, chunk_size=32, config=config)
+    assert seen == [torch.float16, torch.float16, torch.float32]
+    assert rel_rms(outputs["exp", 16], outputs["exp", 32]) < 2e-3
+    assert float32_states("limit_chunk", "exp", 32, small_config("exp", 32, 32, 32))
 
 
 def test_default_config():

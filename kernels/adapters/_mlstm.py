@@ -122,8 +122,6 @@ class ChunkwiseMlstmAdapter(MlstmAdapter):
     uses_chunk_size = True
     gate = "exp"
     default_chunk = TFLA_DEFAULT_CHUNK
-    # The chunk states in HBM are float32 (the official kernels), or in the input dtype (ours).
-    states_in_input_dtype = False
 
     @property
     def known_params(self) -> tuple[str, ...]:
@@ -159,8 +157,8 @@ class ChunkwiseMlstmAdapter(MlstmAdapter):
         return mlstm_reference(inputs, self.gate, inputs.get("normalize", False))
 
     def state_bytes(self, case: Case) -> int:
-        """Bytes per element of the chunk states the kernel keeps in HBM."""
-        return element_bytes(case.dtype) if self.states_in_input_dtype else 4
+        """Bytes per element of the chunk states the kernel keeps in HBM: float32 (the official kernels)."""
+        return 4
 
     def flops(self, case: Case, mode: str) -> float:
         return mlstm_counts(case, mode, self.gate, "chunkwise", self.chunk(case), self.state_bytes(case))[0]
@@ -175,9 +173,24 @@ class OwnKernelAdapter(ChunkwiseMlstmAdapter):
     multiples of 16 in [`MIN_HEAD_DIM`, `MAX_HEAD_DIM`]."""
 
     kernel_module = ""
+    config_kernel = "tfla"  # the kernel's name in `tfla_bench.kernels.config`
     max_chunk: int | None = None
     packages = ("tfla-bench", "triton")
-    states_in_input_dtype = True  # `tfla_bench.kernels.common`; limit_chunk keeps float32 states
+
+    def state_bytes(self, case: Case) -> int:
+        """Bytes per element of the chunk states in HBM: float32 or the input dtype, by the kernel's
+        rule (`tfla_bench.kernels.config.float32_states`) at the config it runs on this GPU."""
+        import torch
+
+        from tfla_bench.kernels import config as kconfig
+
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+        dims = (case.head_dim_qk, case.head_dim_v)
+        config = kconfig.config_for(
+            self.config_kernel, *dims, self.chunk(case), torch_dtype(case.dtype), self.gate, gpu
+        )
+        wide = kconfig.float32_states(self.config_kernel, self.gate, case.head_dim_qk, config)
+        return 4 if wide else element_bytes(case.dtype)
 
     def available(self) -> str | None:
         reason = cuda_reason()

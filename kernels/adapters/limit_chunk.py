@@ -32,7 +32,7 @@ class LimitChunk(OwnKernelAdapter):
     default_chunk = LIMIT_CHUNK_DEFAULT_CHUNK  # the paper's limit_chunk runs
     published = LIMIT_CHUNK
     plot_style = PlotStyle("#e7298a", SOLID, "^")
-    states_in_input_dtype = False  # float32 states (`tfla_bench.kernels.limit_chunk.OPS`)
+    config_kernel = "limit_chunk"
     constraints = (
         f"chunk a power of two >= {MIN_CHUNK}, <= T (default {LIMIT_CHUNK_DEFAULT_CHUNK}) whose L x L tile "
         "fits on chip: <= 128 for bf16/fp16, <= 64 for fp32; head dims multiples of 16 in "
