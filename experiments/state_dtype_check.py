@@ -1,7 +1,7 @@
 """Our TFLA kernels with 16-bit chunk states against the same kernels with float32 states, at every
 config the committed sweeps run: a check that the compiled kernels agree, config by config.
 
-python experiments/state_dtype_check.py OUT.md [--processes 15]
+python experiments/state_dtype_check.py OUT [--processes 15]   (the H100's table is in results/kernels/)
 
 Every reader of a chunk state casts it to the input dtype before its products
 (`tfla_bench.kernels.common`), so both variants compute the same products and should agree to the
