@@ -63,7 +63,7 @@ from tfla_bench.kernels.chunkwise import (
     states_backward,
 )
 from tfla_bench.kernels.common import dot_rows
-from tfla_bench.kernels.config import KernelConfig, unsupported_reason
+from tfla_bench.kernels.config import KernelConfig, float32_states, unsupported_reason
 
 
 @triton.jit
@@ -367,6 +367,7 @@ def mlstm_limit_chunk(
         raise ValueError(reason)
     state = check_state(initial_state, "exp", False, q, dv) if initial_state is not None else {}
     config = resolve_config("limit_chunk", config, q, dv, chunk_size, "exp")
-    s = Settings("exp", chunk_size, float(eps), False, config, return_final_state, float32_states=True)
+    wide = float32_states("limit_chunk", "exp", q.shape[-1], config)
+    s = Settings("exp", chunk_size, float(eps), False, config, return_final_state, wide)
     h, final_state = apply(OPS, q.contiguous(), k.contiguous(), v.contiguous(), i, f, state, s)
     return (h, final_state) if return_final_state else h

@@ -6,9 +6,9 @@ runs three Triton kernels (`common.fwd_kernel_gates`, `common.fwd_kernel_states`
 backward pass five (`common.bwd_kernel_dstates`, `tfla_bwd`: dQ, then dK and dV, and
 `common.bwd_kernel_gates` for the gate gradients). Memory: the forward pass keeps the chunk-boundary
 states (`(ceil(T/L) + 1) * Dqk * Dv` per head, in the input dtype or float32 by
-`config.float32_states`) and, per step, the
-float32 log gates, max state and denominator (mLSTMexp; the denominator alone for mLSTMsig with
-`normalize`) for the backward pass, which overwrites the states with their gradients in place.
+`config.float32_states`) and, per step, the float32 log gates, max state and denominator (mLSTMexp;
+the denominator alone for mLSTMsig with `normalize`) for the backward pass, which overwrites the
+states with their gradients in place.
 
 Gradient conventions (TFLA paper, appendix B.3):
 
