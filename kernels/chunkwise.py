@@ -122,17 +122,17 @@ def gates_backward(i, f, dots: RowDots, dg: torch.Tensor, s: Settings) -> tuple[
     return di, df
 
 
-def states_forward(
-    k, v, gates: ChunkSums, log_i, C0, n0, m0, s: Settings, with_n: bool, float32: bool = False
-):
+def states_forward(k, v, gates: ChunkSums, log_i, C0, n0, m0, s: Settings, with_n: bool):
     """Run `fwd_kernel_states` from the initial state `C0, n0, m0` (float32, or all None: the empty
     memory): the states before every chunk and the final one, `C` in the input dtype (float32 with
-    `float32`), `n` and `m` in float32, and with `s.final_state` the final `C` in float32 (else None)."""
+    `s.float32_states`), `n` and `m` in float32, and with `s.final_state` the final `C` in float32
+    (else None)."""
     bh, seq_len, dqk = k.shape
     dv = v.shape[-1]
     nc = gates.g.shape[-1]
     cfg = s.config
-    C = torch.empty(bh, nc + 1, dqk, dv, dtype=torch.float32 if float32 else k.dtype, device=k.device)
+    state_dtype = torch.float32 if s.float32_states else k.dtype
+    C = torch.empty(bh, nc + 1, dqk, dv, dtype=state_dtype, device=k.device)
     n = torch.empty(bh, nc + 1, dqk, dtype=torch.float32, device=k.device) if with_n else None
     m = torch.empty(bh, nc + 1, dtype=torch.float32, device=k.device) if s.use_max_state else None
     C_final = torch.empty(bh, dqk, dv, dtype=torch.float32, device=k.device) if s.final_state else None
@@ -194,9 +194,7 @@ def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
     i_flat, f_flat = i.reshape(bh, seq_len).contiguous(), f.reshape(bh, seq_len).contiguous()
     log_i, gates = gates_forward(i_flat, f_flat, s)
     initial = [x.reshape(bh, -1).contiguous() if x is not None else None for x in (C0, n0, m0)]
-    C, n, m, C_final = states_forward(
-        flat[1], flat[2], gates, log_i, *initial, s, with_n=s.has_n, float32=s.float32_states
-    )
+    C, n, m, C_final = states_forward(flat[1], flat[2], gates, log_i, *initial, s, with_n=s.has_n)
     h = torch.empty_like(flat[2])
     m_row = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.use_max_state else None
     denom = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.has_n else None
@@ -242,10 +240,7 @@ class ChunkwiseFunction(torch.autograd.Function):
         ctx.states = None
         if C is None:  # a second backward through the same graph: recompute the forward states
             initial = [x.reshape(batch * heads, -1) if x is not None else None for x in (C0, None, m0)]
-            no_final = replace(s, final_state=False)
-            C, _, _, _ = states_forward(
-                k, v, gates, log_i, *initial, no_final, False, float32=s.float32_states
-            )
+            C, _, _, _ = states_forward(k, v, gates, log_i, *initial, replace(s, final_state=False), False)
         dh = torch.zeros_like(v) if dh is None else dh.reshape(v.shape).contiguous()
         dq, dk, dvv, dots, dg, dC0_flat = ctx.ops.backward(
             q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_T, C0 is not None, s
