@@ -112,6 +112,7 @@ class SdpaAdapter(AttentionAdapter):
 
     backend = ""
     packages = ("torch",)
+    precompile = "none"  # cuDNN and the FlashAttention backend are precompiled CUDA
 
     def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
         """The attention output `[B, H, T, Dv]`, computed by the forced backend only."""
@@ -131,6 +132,8 @@ class FlashAttentionAdapter(AttentionAdapter):
 
     layout = "BTHD"
     dtypes = ("bfloat16", "float16")
+    # FA2 and FA3 are CUDA extensions; FA4's CUTLASS DSL keeps what it compiles in the process.
+    precompile = "none"
     constraints = (
         f"head_dim_qk == head_dim_v, a multiple of {HEAD_DIM_MULTIPLE}, <= {MAX_HEAD_DIM}; "
         "param causal (default true)"

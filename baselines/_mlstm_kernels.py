@@ -47,6 +47,7 @@ class MlstmKernelsPeer(ChunkwiseMlstmAdapter):
 
     kernel_name = ""
     packages = ("mlstm-kernels",)
+    precompile = "own"  # strides, batch, sequence length and chunk count are constexprs of its kernels
 
     def available(self) -> str | None:
         if not is_installed("mlstm_kernels"):

@@ -79,6 +79,7 @@ class LightningAttention2(Adapter):
     name = "lightning2"
     family = "lightning"
     packages = ("lightning-attn",)
+    precompile = "own"  # batch, heads and sequence length are constexprs of its kernels
     layout = "BHTD"
     constraints = (
         f"head_dim_qk == head_dim_v, a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]; "

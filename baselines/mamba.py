@@ -43,6 +43,7 @@ class Mamba(Adapter):
     name = "mamba"
     family = "mamba"
     packages = ("mamba-ssm",)
+    precompile = "none"  # a CUDA extension
     layout = "BDT"
     constraints = (
         f"head_dim_qk is the state dim (<= {MAX_SELECTIVE_SCAN_STATE}); channels = num_heads * head_dim_v; "

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from tfla_bench import precompile, runner, specs
+from tfla_bench import precompile, registry, runner, specs
 from tfla_bench.workloads import Case
 
 pytestmark = pytest.mark.usefixtures("plugin_adapters")
@@ -45,18 +45,39 @@ def test_sharded_autotuning_tries_only_its_configs_and_restores_triton(plugin_ad
 def test_warm_cases_and_the_plan(plugin_adapters):
     # Fig. 5-like: 65,536 tokens at every length
     cases = [case("test_autotuned", 65536 // t, t) for t in (512, 1024, 8192, 16384, 65536)]
-    cases += [case("test_counting", 4, 16384), case("test_counting", 8, 8192)]
+    cases += [case("test_counting", 4, 16384), case("test_counting", 2, 8192)]
     cases += [case("test_chunked", 2, 16384, chunk_size=16384)]  # 8192 tokens would be rejected
     jobs = precompile.plan_jobs(cases, 3, "sum")
     shapes = [(job.case.kernel, job.case.batch, job.case.seq_len, job.shard, job.shards) for job in jobs]
-    tuned = [(2, 512), (2, 1024), (2, 8192), (1, 8192)]
+    # batches above 16 that are multiples of 16 become 16; smaller ones, and 1, stay as they are
+    tuned = [(16, 512), (16, 1024), (8, 8192), (4, 8192), (1, 8192)]
     assert shapes == [
         *(("test_autotuned", b, t, shard, 3) for b, t in tuned for shard in range(3)),
+        ("test_counting", 4, 8192, 0, 1),
         ("test_counting", 2, 8192, 0, 1),
         ("test_chunked", 2, 16384, 0, 1),
     ]
     assert all(job.grad == "sum" for job in jobs)
     assert jobs[0].adapter_module == "plugin_adapters"
+
+
+def test_the_smaller_case_keeps_tritons_specialization(plugin_adapters):
+    adapter = registry.get("test_counting")
+    assert precompile.warm_case(adapter, case("test_counting", 48, 16384)).batch == 16
+    assert precompile.warm_case(adapter, case("test_counting", 40, 16384)).batch == 15  # 40 % 16 != 0
+    assert precompile.warm_case(adapter, case("test_counting", 1, 16384)).batch == 1
+    assert precompile.warm_case(adapter, case("test_counting", 2, 16400)).seq_len == 8192
+    assert precompile.warm_case(adapter, case("test_counting", 2, 16392)).seq_len == 8191
+
+
+def test_adapters_that_compile_per_shape_or_not_at_all(plugin_adapters, monkeypatch):
+    cases = [case("test_counting", 64, 16384), case("test_chunked", 4, 64, chunk_size=16)]
+    monkeypatch.setattr(registry.get("test_counting"), "precompile", "own")
+    monkeypatch.setattr(registry.get("test_chunked"), "precompile", "none")
+    jobs = precompile.plan_jobs(cases, 3, "sum")
+    assert [(job.case.kernel, job.case.batch, job.case.seq_len) for job in jobs] == [
+        ("test_counting", 64, 16384)
+    ]
 
 
 def test_workers_run_every_job_and_survive_a_crash(plugin_adapters, tmp_path, monkeypatch):

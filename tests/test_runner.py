@@ -187,6 +187,7 @@ def test_fwbw_calls_backward_every_time_and_never_accumulates(plugin_adapters, g
     calls = 1 + settings.warmup + settings.reps  # first call, warmup, timed (no memory call on CPU)
     counter = plugin_adapters.Counting.counter
     assert counter.forwards == counter.backwards == calls
+    assert 0 < result.calls_s < 60  # the warm-up and timed calls' wall time
     inputs = plugin_adapters.Counting.last_inputs
     upstream = counter.last_grad
     if grad == "sum":
@@ -404,7 +405,8 @@ def test_timings_json_says_where_the_time_went(sweep):
     assert record["adapters"]["test_sleep"]["seconds"] >= TIMEOUT_S
     seconds = [entry["seconds"] for entry in record["adapters"].values()]
     assert seconds == sorted(seconds, reverse=True)
-    assert all(0 <= entry["first_call_s"] <= entry["seconds"] for entry in record["adapters"].values())
+    entries = record["adapters"].values()
+    assert all(0 <= entry["first_call_s"] + entry["calls_s"] <= entry["seconds"] for entry in entries)
     assert sum(entry["cases"] for entry in record["adapters"].values()) == report.dispatched
     table = phases.rows(record)
     assert table[-1] == {"part": "wall", "seconds": record["wall_s"], "cases": None, "share": 1.0}
@@ -414,16 +416,21 @@ def test_timings_split_an_adapters_time_into_first_calls_and_precompile_runs():
     clock = phases.PhaseClock()
     clock.add_precompile("k", 3.0)
     clock.add_precompile("k", 4.0)
-    clock.add_case("k", 2.0, first_call_s=1.5)
+    clock.add_case("k", 2.0, first_call_s=1.5, calls_s=0.25)
     clock.add_case("k", 1.0, first_call_s=None)  # a crashed case has no first call
-    clock.add_case("j", 0.5, first_call_s=0.25)
+    clock.add_case("j", 0.5, first_call_s=0.25, calls_s=0.125)
     record = clock.to_dict()
     assert record["adapters"] == {
-        "k": {"seconds": 3.0, "cases": 2, "first_call_s": 1.5, "precompile_s": 7.0},
-        "j": {"seconds": 0.5, "cases": 1, "first_call_s": 0.25, "precompile_s": 0.0},
+        "k": {"seconds": 3.0, "cases": 2, "first_call_s": 1.5, "calls_s": 0.25, "precompile_s": 7.0},
+        "j": {"seconds": 0.5, "cases": 1, "first_call_s": 0.25, "calls_s": 0.125, "precompile_s": 0.0},
     }
     row = phases.rows(record)[0]
-    assert (row["part"], row["first_call_s"], row["precompile_s"]) == ("adapter k", 1.5, 7.0)
+    assert (row["part"], row["first_call_s"], row["calls_s"], row["precompile_s"]) == (
+        "adapter k",
+        1.5,
+        0.25,
+        7.0,
+    )
 
 
 def test_a_resumed_run_keeps_the_earlier_timings(tmp_path):
@@ -435,7 +442,7 @@ def test_a_resumed_run_keeps_the_earlier_timings(tmp_path):
     again.write(tmp_path)
     record = phases.read(tmp_path)
     assert record["phases_s"] == {} and record["earlier"][0]["adapters"] == {
-        "k": {"seconds": 0.5, "cases": 1, "first_call_s": 0.0, "precompile_s": 0.0}
+        "k": {"seconds": 0.5, "cases": 1, "first_call_s": 0.0, "calls_s": 0.0, "precompile_s": 0.0}
     }
     assert phases.read(tmp_path / "missing") is None
 
@@ -460,6 +467,7 @@ def test_the_timings_table_of_a_resumed_run_shows_every_attempt_and_their_total(
         "cases": 3,
         "share": 290.0 / 300.0,
         "first_call_s": None,  # a record written before first calls were counted
+        "calls_s": None,
         "precompile_s": None,
     }
     assert table[-1] == {"attempt": "all", "part": "wall", "seconds": 400.0, "cases": None, "share": 1.0}

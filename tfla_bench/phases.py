@@ -5,11 +5,13 @@
 `workers`: starting the workers and writing env.json; `measuring`: every case, first calls
 included; `profile`: Nsight Compute after the sweep) and, within measuring, each
 adapter's seconds and cases, the part of them spent in first calls (`first_call_s`: compiling
-and autotuning) and its precompile runs' seconds (`precompile_s`, summed over the processes, which
-run side by side). With several GPUs the per-adapter seconds add up over the workers, so they may
-exceed the measuring phase. The sweep writes the record after every row as well as at its
-end, so a sweep that is killed leaves its time up to its last row. A resumed run keeps the earlier
-attempts under `earlier`.
+and autotuning), the part from there to the last timed call (`calls_s`: warm-up, the memory call,
+the timed calls with their L2 flushes and spins; the rest is making inputs, reading NVML, freeing
+memory and passing the row), and its precompile runs' seconds (`precompile_s`, summed over the
+processes, which run side by side). With several GPUs the per-adapter seconds add up over the
+workers, so they may exceed the measuring phase. The sweep writes the record after every row as
+well as at its end, so a sweep that is killed leaves its time up to its last row. A resumed run
+keeps the earlier attempts under `earlier`.
 """
 
 from __future__ import annotations
@@ -44,13 +46,21 @@ class PhaseClock:
             del self._running[name]
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - began
 
-    def add_case(self, adapter: str, seconds: float, first_call_s: float | None = None) -> None:
+    def add_case(
+        self,
+        adapter: str,
+        seconds: float,
+        first_call_s: float | None = None,
+        calls_s: float | None = None,
+    ) -> None:
         """Count one case of `adapter` that took `seconds` (from sending it to having its row), of
-        which `first_call_s` in its first call."""
+        which `first_call_s` in its first call and `calls_s` in the calls after it (None: a case
+        that failed before them)."""
         entry = self._entry(adapter)
         entry["seconds"] += seconds
         entry["cases"] += 1
         entry["first_call_s"] += first_call_s or 0.0
+        entry["calls_s"] += calls_s or 0.0
 
     def add_precompile(self, adapter: str, seconds: float) -> None:
         """Count one precompile run of a case of `adapter` that took `seconds`."""
@@ -58,7 +68,8 @@ class PhaseClock:
 
     def _entry(self, adapter: str) -> dict[str, float]:
         return self.adapters.setdefault(
-            adapter, {"seconds": 0.0, "cases": 0, "first_call_s": 0.0, "precompile_s": 0.0}
+            adapter,
+            {"seconds": 0.0, "cases": 0, "first_call_s": 0.0, "calls_s": 0.0, "precompile_s": 0.0},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,6 +86,7 @@ class PhaseClock:
                     "seconds": round(entry["seconds"], 3),
                     "cases": int(entry["cases"]),
                     "first_call_s": round(entry["first_call_s"], 3),
+                    "calls_s": round(entry["calls_s"], 3),
                     "precompile_s": round(entry["precompile_s"], 3),
                 }
                 for name, entry in sorted(self.adapters.items(), key=lambda item: -item[1]["seconds"])
@@ -134,6 +146,7 @@ def _attempt_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
             "cases": entry["cases"],
             "share": entry["seconds"] / wall,
             "first_call_s": entry.get("first_call_s"),
+            "calls_s": entry.get("calls_s"),
             "precompile_s": entry.get("precompile_s"),
         }
         for name, entry in record["adapters"].items()

@@ -14,11 +14,15 @@ the measuring workers find it done:
   autotuning cache on disk nor kept in memory. A shard whose every config is out of the GPU's
   shared memory or registers (Triton's `OutOfResources`) is done, not failed: the sweep's
   autotuner skips those configs too;
-- `warm_case`: inputs smaller than the case's (batch at most `MAX_BATCH`, sequences at most
-  `MAX_SEQ_LEN` tokens) unless the adapter rejects that shape. Compiled code depends on a shape
-  only through constexprs and the specialization of integer arguments (equal to 1, divisible by
-  16), which this keeps for power-of-two shapes; a kernel compiled for another specialization is
-  compiled again by the sweep;
+- `warm_case`: inputs smaller than the case's where the adapter allows it (`Adapter.precompile`).
+  Compiled Triton code depends on a shape only through constexprs and the specialization of
+  integer arguments (equal to 1, divisible by 16), so the smaller case keeps that specialization:
+  a batch above `MAX_BATCH` becomes `MAX_BATCH` if it is divisible by 16, a sequence above
+  `MAX_SEQ_LEN` becomes `MAX_SEQ_LEN` likewise (both are multiples of 16), and a size that is not
+  divisible by 16 shrinks to one that is not either. An adapter whose kernels take sizes as
+  constexprs (`own`) runs the case itself, and one that compiles nothing into a shared cache
+  (`none`) is not run. A case whose smaller shape the adapter rejects runs as it is. A kernel
+  compiled for another specialization is compiled again by the sweep;
 - `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The N processes
   share the GPU, so large cases can run out of memory together: such runs run again with half the
   processes at a time, down to one. A run that still fails (an error, out of memory, a crashed or
@@ -64,8 +68,10 @@ from tfla_bench import registry, rundir
 from tfla_bench.worker import Failure, Worker, failure_of, log_outcome, make_step
 from tfla_bench.workloads import Case
 
-MAX_BATCH = 2  # not 1: an integer argument equal to 1 is compiled as a constant
+MAX_BATCH = 16
 MAX_SEQ_LEN = 8192
+# Triton compiles an integer argument divisible by this (and one equal to 1) as its own case.
+SPECIALIZATION = 16
 DEFAULT_TIMEOUT_S = 900.0
 
 
@@ -133,21 +139,39 @@ class PrecompileSummary:
 
 
 def warm_case(adapter: registry.Adapter, case: Case) -> Case:
-    """The smaller case a precompile run uses: batch <= `MAX_BATCH`, seq_len <= `MAX_SEQ_LEN`, or the
-    case itself when the adapter rejects the smaller shape."""
+    """The case a precompile run uses: the case itself for an adapter whose kernels compile per shape
+    (`precompile == "own"`), else batch and seq_len shrunk to at most `MAX_BATCH` and `MAX_SEQ_LEN`
+    with Triton's specialization kept (`_same_specialization`), or the case itself when the adapter
+    rejects that shape."""
+    if adapter.precompile == "own":
+        return case
     smaller = dataclasses.replace(
-        case, batch=min(case.batch, MAX_BATCH), seq_len=min(case.seq_len, MAX_SEQ_LEN)
+        case,
+        batch=_same_specialization(case.batch, MAX_BATCH),
+        seq_len=_same_specialization(case.seq_len, MAX_SEQ_LEN),
     )
     return smaller if adapter.check(smaller) is None else case
 
 
+def _same_specialization(value: int, limit: int) -> int:
+    """`value` if it is at most `limit` (a multiple of `SPECIALIZATION`), else a value up to `limit`
+    that Triton specializes as it does `value`: `limit` when `value` is divisible by 16, else
+    `limit - 1` (neither divisible by 16 nor 1)."""
+    if value <= limit:
+        return value
+    return limit if value % SPECIALIZATION == 0 else limit - 1
+
+
 def plan_jobs(cases: list[Case], processes: int, grad: str) -> list[PrecompileJob]:
-    """The precompile runs for `cases`: each distinct smaller case once, or once per shard (`processes`
-    shards) for an autotuned adapter. The shards of a case are consecutive, so the processes work on
-    one autotuned case together; autotuned cases come first (they take longest)."""
+    """The precompile runs for `cases`: each distinct `warm_case` once, or once per shard (`processes`
+    shards) for an autotuned adapter; none for an adapter with nothing to precompile. The shards of a
+    case are consecutive, so the processes work on one autotuned case together; autotuned cases come
+    first (they take longest)."""
     distinct: dict[str, tuple[Case, registry.Adapter]] = {}
     for case in cases:
         adapter = registry.get(case.kernel)
+        if adapter.precompile == "none":
+            continue
         warm = warm_case(adapter, case)
         distinct.setdefault(warm.key, (warm, adapter))
     tuned = [(c, a) for c, a in distinct.values() if a.autotuned]

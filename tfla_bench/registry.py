@@ -120,6 +120,13 @@ class Adapter:
         uses_chunk_size: whether `Case.chunk_size` is a parameter of this kernel.
         autotuned: whether the kernel's first call autotunes Triton configs (`sweep --precompile`
             splits their compiling over processes; see `tfla_bench.precompile`).
+        precompile: what a precompile run (`tfla_bench.precompile`) of a case needs to leave the
+            case's kernels compiled in the cache that every process shares: `smaller` (the default:
+            compiled code depends on the shape only through Triton's specialization of integer
+            arguments, so a smaller case with the same specialization compiles it), `own` (the
+            kernels take sizes or strides as compile-time constants, so only the case's own shape
+            does), or `none` (nothing is compiled at run time into a shared cache: CUDA extensions,
+            cuDNN, plain PyTorch, a JIT that keeps its code in the process).
         constraints: a short human-readable summary of `check`'s rules for `tfla-bench list`.
         gate_shape: the case the correctness gate runs (`tfla_bench.correctness`).
         published: the published series this kernel answers to, or None.
@@ -139,6 +146,7 @@ class Adapter:
     cpu_capable: bool = False
     uses_chunk_size: bool = False
     autotuned: bool = False
+    precompile: str = "smaller"
     constraints: str = ""
     gate_shape: GateShape = GateShape(
         batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=64, chunk_size=64

@@ -629,7 +629,10 @@ def _dispatch(
                     with lock:
                         crashes.record(row)
                         clock.add_case(
-                            planned.case.kernel, time.monotonic() - began, measurement.first_call_s
+                            planned.case.kernel,
+                            time.monotonic() - began,
+                            measurement.first_call_s,
+                            measurement.calls_s,
                         )
                 with lock:
                     # Before the row, so a run stopped right after a row has that row's time too;

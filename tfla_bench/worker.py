@@ -111,8 +111,10 @@ class Failure:
 class Measurement:
     """A worker's answer for one case (or the parent's record of a worker that died or hung).
 
-    `warmup` and `reps` are the calls made, `stop` why timing stopped (`tfla_bench.timing`), and
-    `gpu_state` the NVML cells of `gpustate.row_cells` (empty on CPU).
+    `warmup` and `reps` are the calls made, `stop` why timing stopped (`tfla_bench.timing`),
+    `calls_s` the wall time from the end of the first call to the last timed call (warm-up, the
+    memory call, the timed calls with their flushes and spins), and `gpu_state` the NVML cells of
+    `gpustate.row_cells` (empty on CPU).
     """
 
     status: str
@@ -132,6 +134,7 @@ class Measurement:
     ci_rel: float | None = None
     stop: str = ""
     host_gap_share: float | None = None
+    calls_s: float | None = None
     gpu_state: dict[str, Any] = field(default_factory=dict)
 
 
@@ -198,6 +201,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     step = make_step(adapter, inputs, case.mode, settings.grad)
     reset_grads()
     first_call_s = timing.time_first_call(step, device)
+    calls_began = time.perf_counter()
     warmup, queue_s = timing.warm_up(
         step, device, calls=settings.warmup, seconds=settings.warmup_s, before_each=reset_grads
     )
@@ -221,6 +225,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     )
     spin = timing.Spin(device, queue_s) if cuda else None
     stats = timing.time_calls(timed, rule=rule, device=device, before_each=before_each, spin=spin)
+    calls_s = time.perf_counter() - calls_began
     after = monitor.read() if monitor is not None else None
     return Measurement(
         status="ok",
@@ -238,6 +243,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         ci_rel=stats.ci_rel,
         stop=stats.stop,
         host_gap_share=stats.host_gap_share,
+        calls_s=calls_s,
         gpu_state=gpustate.row_cells(before, after) if monitor is not None else {},
     )
 

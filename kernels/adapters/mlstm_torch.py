@@ -24,6 +24,7 @@ class MlstmTorch(MlstmAdapter):
 
     name = "mlstm_torch"
     cpu_capable = True
+    precompile = "none"  # plain PyTorch
     plot_style = PlotStyle("#525252", DOTTED, "x")
     constraints = "param gate = exp (default) or sig; O(T^2) memory"
     known_params = ("gate", "seed")
