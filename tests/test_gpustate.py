@@ -93,3 +93,44 @@ def test_nvml_errors_become_notes_not_crashes(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monitor = Monitor("GPU-1")
     assert monitor.read() is None and "NVML unusable (Not Found)" in monitor.limits()["note"]
+
+
+class Cooling(FakeNvml):
+    """An H100 that idled at 1980 MHz, then leaves its power cap: `capped` more readings capped at
+    1500 MHz, then `ramp` unthrottled readings below its idle clock, then idle at 1980 MHz."""
+
+    def __init__(self, capped, ramp):
+        super().__init__()
+        self.script = [(1980, 0x1)] + [(1500, 0x4)] * capped + [(1890, 0x0)] * ramp + [(1980, 0x1)]
+        self.reads = 0
+
+    def _now(self):
+        return self.script[min(self.reads, len(self.script) - 1)]
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return self._now()[0] if clock == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        reasons = self._now()[1]
+        self.reads += 1  # the reasons are the last call of a reading
+        return reasons
+
+
+def test_settle_waits_for_the_cap_to_lift_and_the_clock_to_return(monkeypatch):
+    fake = Cooling(capped=3, ramp=2)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monitor = Monitor("GPU-1")  # reads once: the idle clock
+    waited = monitor.settle(max_s=5.0, poll_s=0.001)
+    assert 0 < waited < 5.0
+    assert fake.reads == 1 + 3 + 2 + 1  # through the capped and the ramping readings to the idle one
+    assert monitor.settle(max_s=5.0, poll_s=0.001) < 0.01  # already settled: one reading
+
+
+def test_settle_gives_up_after_its_limit(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", Cooling(capped=10**6, ramp=0))
+    assert 0.05 <= Monitor("GPU-1").settle(max_s=0.05, poll_s=0.001) < 1.0
+
+
+def test_settle_without_nvml_waits_for_nothing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert Monitor("GPU-1").settle() is None

@@ -107,6 +107,24 @@ def test_workers_run_every_job_and_survive_a_crash(plugin_adapters, tmp_path, mo
     ]
 
 
+def test_a_kernel_that_keeps_crashing_is_not_run_again(plugin_adapters, tmp_path):
+    cases = [case("test_abort", 1, t) for t in (16, 32, 64)] + [case("test_counting", 1, 16)]
+    seen = []
+    summary = precompile.precompile(cases, 1, ["cpu"], tmp_path, timeout_s=120, on_result=seen.append)
+    aborts = [r for r in seen if r.job.case.kernel == "test_abort"]
+    assert [r.status for r in aborts] == ["crashed"] * 3
+    assert [r.error.startswith("not run: the previous 2 cases") for r in aborts] == [False, False, True]
+    assert (summary.runs, summary.failed) == (4, 3)
+
+
+def test_each_process_may_take_its_share_of_the_gpu_memory():
+    assert precompile.memory_share(14, ["cuda:0"]) == pytest.approx(precompile.MEMORY_SHARE / 14)
+    assert precompile.memory_share(28, ["cuda:0", "cuda:1"]) == pytest.approx(precompile.MEMORY_SHARE / 14)
+    assert precompile.memory_share(3, ["cuda:0", "cuda:1"]) == pytest.approx(precompile.MEMORY_SHARE / 2)
+    assert precompile.memory_share(1, ["cuda:0"]) == precompile.MEMORY_SHARE
+    assert precompile.memory_share(4, ["cpu"]) == 1.0
+
+
 def test_a_shard_whose_configs_do_not_fit_the_gpu_is_done_not_failed(plugin_adapters):
     adapter = plugin_adapters.OutOfResources()
     job = precompile.PrecompileJob(case("test_out_of_resources", 1, 16), "plugin_adapters", 1, 4, "sum")
@@ -182,14 +200,15 @@ def test_a_later_precompile_into_the_same_cache_skips_the_runs_made(plugin_adapt
     first = run()
     assert (first.runs, first.skipped, first.failed) == (4, 0, 1)
     done = json.loads((tmp_path / "triton-cache" / precompile.DONE_FILE).read_text())
-    assert [len(ids) for ids in done.values()] == [3]  # the two shards and test_counting; not test_raise
+    # the two shards, test_counting and test_raise, whose error would repeat
+    assert [len(ids) for ids in done.values()] == [4]
     seen = []
     second = run(on_start=seen.append)
-    assert (second.runs, second.skipped, second.cases) == (1, 3, 3) and seen == [1]  # test_raise again
+    assert (second.runs, second.skipped, second.cases) == (0, 4, 3) and seen == [0]
     assert sorted(log.read_text().split()) == ["16", "32"]  # the shards ran once
     # Another torch, Triton, package, kernel source, config or GPU: another fingerprint, every run again.
     monkeypatch.setattr(precompile, "fingerprint", lambda devices: "another")
-    assert (run().runs, run().skipped) == (4, 3)
+    assert (run().runs, run().skipped) == (4, 4)
     (tmp_path / "triton-cache" / precompile.DONE_FILE).write_text("not json")
     assert run().skipped == 0
 

@@ -336,12 +336,12 @@ def test_a_kernel_that_keeps_crashing_the_same_way_is_not_rerun(tmp_path):
     report = runner.run_sweep(spec, cases, tmp_path / "run", devices=["cpu"])
     aborts = [row for row in report.rows if row.case.kernel == "test_abort"]
     assert [row.status for row in aborts] == ["crashed"] * 4
-    ran, skipped = aborts[: runner.CRASH_REPEATS], aborts[runner.CRASH_REPEATS :]
+    ran, skipped = aborts[: worker.CRASH_REPEATS], aborts[worker.CRASH_REPEATS :]
     assert all("SIGABRT" in row.error and not row.error.startswith("not run") for row in ran)
     assert all(
         row.error.startswith("not run: the previous 2 cases") and "SIGABRT" in row.error for row in skipped
     )
-    assert report.worker_starts == 1 + runner.CRASH_REPEATS
+    assert report.worker_starts == 1 + worker.CRASH_REPEATS
     assert {row.status for row in report.rows if row.case.kernel == "sdpa_math"} == {"ok"}
 
 

@@ -5,10 +5,17 @@ draw and the clock-event (throttle) reasons. A row measured while a reason other
 the application clock setting held (power cap, thermal or hardware slowdown) is flagged
 `throttled`. Only reads: clocks and power limits are never changed. Without the package or a
 driver every reading is None and `env.json` carries one note saying why.
+
+Before each case the worker first waits for the GPU to settle (`Monitor.settle`): a kernel that
+draws the GPU's full power leaves it at its power cap, with lowered clocks, for a while after it
+ends, and a case started then is measured at clocks that depend on the case before it. Waiting
+until no throttling reason holds and the SM clock is back where it idled makes every case start
+from the same state, so its throttling, if any, is its own.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +33,8 @@ REASONS = {
 }
 THROTTLING = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 COLUMNS = ("sm_mhz", "mem_mhz", "temp_c", "power_w", "throttle")
+SETTLE_MAX_S = 1.0
+SETTLE_POLL_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,28 @@ class Monitor:
             self.note = f"NVML unusable ({exc}): no clocks, temperature, power or throttle per row"
             return
         self._nvml = pynvml
+        first = self.read()
+        self._idle_sm_mhz = first.sm_mhz if first is not None else 0
+
+    def settle(self, max_s: float = SETTLE_MAX_S, poll_s: float = SETTLE_POLL_S) -> float | None:
+        """Wait until the GPU shows no throttling reason and its SM clock is at least the highest
+        this monitor has read (the clock it idles at between cases), for at most `max_s` seconds;
+        return the seconds waited (None without NVML). Call it with nothing running on the GPU."""
+        if self._nvml is None:
+            return None
+        start = time.monotonic()
+        while True:
+            reading = self.read()
+            waited = time.monotonic() - start
+            if reading is None:
+                return waited
+            if not reading.throttled:
+                self._idle_sm_mhz = max(self._idle_sm_mhz, reading.sm_mhz)
+                if reading.sm_mhz == self._idle_sm_mhz:
+                    return waited
+            if waited >= max_s:
+                return waited
+            time.sleep(poll_s)
 
     def read(self) -> Reading | None:
         """The current clocks, temperature, power and clock-event reasons."""

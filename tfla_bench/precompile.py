@@ -24,17 +24,20 @@ the measuring workers find it done:
   (`none`) is not run. A case whose smaller shape the adapter rejects runs as it is. A kernel
   compiled for another specialization is compiled again by the sweep;
 - `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The N processes
-  share the GPU, so large cases can run out of memory together: such runs run again with half the
-  processes at a time, down to one. A run that still fails (an error, out of memory, a crashed or
-  hung worker) is counted, logged (`precompile-<i>.log`) and left to the sweep, which runs and
-  reports that case as always.
+  share the GPU: each may allocate `MEMORY_SHARE` / N of its memory (`PrecompileJob.memory_share`),
+  so a run that needs more runs out of memory alone, and such runs run again with half the
+  processes at a time (twice the share), down to one. After `worker.CRASH_REPEATS` identical
+  crashes of one kernel its other runs are not made, as in the sweep. A run that still fails (an
+  error, out of memory, a crashed or hung worker) is counted, logged (`precompile-<i>.log`) and
+  left to the sweep, which runs and reports that case as always.
 
-A run that finished is remembered in the Triton cache directory it compiled into (`DONE_FILE`),
-under a fingerprint of everything its compiled code depends on (`fingerprint`: torch, Triton and
-every adapter package's version, the source of our kernels and of the job's adapter module, the
-tuned configs, the GPUs' compute capabilities). A later sweep with the same cache skips those
-runs: their kernels are already in the cache. A fresh cache directory, or a change to any of
-those, runs them again; should a kernel still be missing, the sweep's first call compiles it.
+A run that finished, or failed in a way that would repeat (an error or a crash, not a lack of
+memory or time), is remembered in the Triton cache directory it compiled into (`DONE_FILE`), under
+a fingerprint of everything its compiled code depends on (`fingerprint`: torch, Triton and every
+adapter package's version, the source of our kernels and of the job's adapter module, the tuned
+configs, the GPUs' compute capabilities). A later sweep with the same cache skips those runs: their
+kernels are already in the cache, or would fail again. A fresh cache directory, or a change to any
+of those, runs them again; should a kernel still be missing, the sweep's first call compiles it.
 
 The sweep measures as it does without it: the first call of an autotuned kernel still times every
 config at the case's own shape, one after the other, on a GPU where nothing else runs; only the
@@ -65,10 +68,13 @@ from pathlib import Path
 from typing import Any
 
 from tfla_bench import registry, rundir
-from tfla_bench.worker import Failure, Worker, failure_of, log_outcome, make_step
+from tfla_bench.worker import CrashGuard, Failure, Worker, failure_of, log_outcome, make_step
 from tfla_bench.workloads import Case
 
 MAX_BATCH = 16
+# The share of a GPU's memory that the PyTorch allocations of its precompile processes take together;
+# the rest is left to each process's CUDA context, compiled modules and library workspaces.
+MEMORY_SHARE = 0.8
 MAX_SEQ_LEN = 8192
 # Triton compiles an integer argument divisible by this (and one equal to 1) as its own case.
 SPECIALIZATION = 16
@@ -85,6 +91,10 @@ class PrecompileJob:
         shard: which slice of every autotuner's configs this run tries.
         shards: how many slices (1: all configs).
         grad: the sweep's upstream-gradient mode, so fwbw compiles the same backward.
+        memory_share: the share of the GPU's memory this run's PyTorch allocations may take
+            (`torch.cuda.set_per_process_memory_fraction`), set by `precompile` for the processes
+            running side by side, so a run that needs more fails alone instead of taking its
+            neighbours' memory.
     """
 
     case: Case
@@ -92,6 +102,7 @@ class PrecompileJob:
     shard: int
     shards: int
     grad: str
+    memory_share: float = 1.0
 
     def run(self, adapter: registry.Adapter, device: str) -> PrecompileResult:
         """`run_job` in the worker (`tfla_bench.worker`)."""
@@ -244,6 +255,8 @@ def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> Preco
     start = time.perf_counter()
     status, error = "ok", None
     try:
+        if timing.is_cuda(device):
+            torch.cuda.set_per_process_memory_fraction(job.memory_share, device)
         with sharded_autotuning(job.shard, job.shards):
             inputs = adapter.make_inputs(job.case, device)
             make_step(adapter, inputs, job.case.mode, job.grad)()
@@ -302,9 +315,12 @@ def precompile(
         on_start(len(jobs))
     width = max(1, min(processes, len(jobs)))
     used, pending, retried, failed = width if jobs else 0, jobs, 0, 0
+    crashes = CrashGuard()
     while pending:
-        results = _run_jobs(pending, width, devices, log_dir, timeout_s, width > 1, on_result)
-        done_file.add(result.job for result in results if result.status == "ok")
+        queued = [dataclasses.replace(job, memory_share=memory_share(width, devices)) for job in pending]
+        results = _run_jobs(queued, width, devices, log_dir, timeout_s, width > 1, crashes, on_result)
+        # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
+        done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
         pending = [result.job for result in results if result.retried]
         failed += sum(result.status != "ok" and not result.retried for result in results)
         if pending:
@@ -415,6 +431,15 @@ class DoneFile:
             pass
 
 
+def memory_share(processes: int, devices: list[str]) -> float:
+    """The share of its GPU's memory each of `processes` precompile processes, spread round-robin over
+    `devices`, may allocate: `MEMORY_SHARE` over the processes per GPU (1 on CPU, where it is not used)."""
+    if devices[0] == "cpu":
+        return 1.0
+    per_gpu = -(-processes // len(devices))
+    return MEMORY_SHARE / per_gpu
+
+
 def _run_jobs(
     jobs: list[PrecompileJob],
     processes: int,
@@ -422,9 +447,11 @@ def _run_jobs(
     log_dir: Path,
     timeout_s: float,
     retry_oom: bool,
+    crashes: CrashGuard,
     on_result: Callable[[PrecompileResult], None] | None,
 ) -> list[PrecompileResult]:
-    """Run `jobs` in `processes` workers; with `retry_oom`, out-of-memory results are marked retried."""
+    """Run `jobs` in `processes` workers; with `retry_oom`, out-of-memory results are marked retried.
+    A job of a kernel that `crashes` says keeps crashing is not run (status `crashed`)."""
     todo: queue.SimpleQueue[PrecompileJob] = queue.SimpleQueue()
     for job in jobs:
         todo.put(job)
@@ -439,8 +466,13 @@ def _run_jobs(
                     job = todo.get_nowait()
                 except queue.Empty:
                     return
+                with lock:
+                    crashed = crashes.reason(job.case.kernel)
                 begun = time.monotonic()
-                answer = worker.call(job, timeout_s)
+                if crashed is not None:
+                    answer = PrecompileResult(job, "crashed", 0.0, crashed)
+                else:
+                    answer = worker.call(job, timeout_s)
                 if stop.is_set():
                     return
                 if isinstance(answer, Failure):
@@ -448,6 +480,8 @@ def _run_jobs(
                 if retry_oom and answer.status == "oom":
                     answer = dataclasses.replace(answer, retried=True)
                 with lock:
+                    if crashed is None:
+                        crashes.record(job.case.kernel, answer.status, answer.error)
                     results.append(answer)
                     if on_result is not None:
                         on_result(answer)

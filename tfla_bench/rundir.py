@@ -50,7 +50,8 @@ no longer alive (a killed sweep) is taken over with a warning. The lock file is 
 Schema version
 --------------
 `SCHEMA_VERSION` is written into `env.json` as `results_schema`. Run directories without it are
-version 1 (the same columns); a version above `SCHEMA_VERSION` is refused with one line.
+version 1 (the same columns as 2); version 3 adds `settle_s`, empty when read from an older run. A
+version above `SCHEMA_VERSION` is refused with one line.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ from tfla_bench.gpustate import COLUMNS as NVML_COLUMNS
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
 from tfla_bench.workloads import Case, parse_bool
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 RESULTS = "results.csv"
 ENV = "env.json"
 SPEC = "spec.json"
@@ -175,6 +176,8 @@ class ResultRow:
         ci_rel: half-width of the median's 95% confidence interval over the median.
         stop: why timing stopped: `fixed`, `ci`, `budget` or `max` (`tfla_bench.timing.StopRule`).
         host_gap_share: share of timed calls during which the GPU may have waited for the host.
+        settle_s: seconds the worker waited before the case for the GPU to leave a power cap or
+            slowdown and regain its clock (`gpustate.Monitor.settle`).
         sm_mhz_before ... throttle_after, throttled: the GPU's state (`tfla_bench.gpustate`).
         library: the installed versions of the adapter's packages, e.g. `fla-core 0.6.0`.
         host: the node that ran or decided the case.
@@ -203,6 +206,7 @@ class ResultRow:
     ci_rel: float | None = None
     stop: str = ""
     host_gap_share: float | None = None
+    settle_s: float | None = None
     sm_mhz_before: int | None = None
     mem_mhz_before: int | None = None
     temp_c_before: int | None = None

@@ -104,12 +104,10 @@ from tfla_bench.phases import PhaseClock
 from tfla_bench.precompile import DONE_FILE, PrecompileResult, PrecompileSummary, precompile
 from tfla_bench.rundir import ResultRow
 from tfla_bench.specs import Spec, parse_spec
-from tfla_bench.worker import Job, Measurement, Worker, autotune_cache_setting
+from tfla_bench.worker import CrashGuard, Job, Measurement, Worker, autotune_cache_setting
 from tfla_bench.workloads import Case
 
 RUNS_DIR = Path("results") / "runs"
-# Consecutive identical crashes of one kernel after which its remaining cases are not run.
-CRASH_REPEATS = 2
 
 
 @dataclass
@@ -608,7 +606,7 @@ def _dispatch(
     errors: list[BaseException] = []
     progress = progress_bar(console, eta=True)
     task = progress.add_task("starting", total=len(to_run))
-    crashes = _CrashGuard()
+    crashes = CrashGuard()
 
     def serve(worker: Worker, shard: list[_Planned]) -> None:
         try:
@@ -617,8 +615,10 @@ def _dispatch(
                     return
                 with lock:
                     progress.update(task, description=case_label(planned.case))
-                    row = crashes.verdict(planned, host)
-                if row is None:
+                    crashed = crashes.reason(planned.case.kernel)
+                if crashed is not None:
+                    row = ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=host)
+                else:
                     settings = spec.measurement_for(planned.adapter)
                     job = Job(planned.case, type(planned.adapter).__module__, settings)
                     began = time.monotonic()
@@ -627,7 +627,7 @@ def _dispatch(
                         return  # interrupted: the worker was killed under us, this is not the kernel's fault
                     row = _row(planned, measurement, host, _gpu_name(worker))
                     with lock:
-                        crashes.record(row)
+                        crashes.record(row.case.kernel, row.status, row.error)
                         clock.add_case(
                             planned.case.kernel,
                             time.monotonic() - began,
@@ -670,40 +670,6 @@ def _dispatch(
             raise
     if errors:
         raise errors[0]
-
-
-class _CrashGuard:
-    """Stops re-running a kernel that keeps killing its worker the same way.
-
-    Each crash costs a worker restart and, for a Triton kernel, a compile that ends in the same abort
-    (the official xl_chunk exp kernel hits an LLVM assertion on every shape under Triton 3.6). After
-    `CRASH_REPEATS` consecutive crashes of one kernel with the same error, its remaining cases get
-    status `crashed` with an error saying they were not run; any other outcome resets the count.
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[str, tuple[str, int]] = {}
-
-    def verdict(self, planned: _Planned, host: str) -> ResultRow | None:
-        error, count = self._last.get(planned.case.kernel, ("", 0))
-        if count < CRASH_REPEATS:
-            return None
-        return ResultRow(
-            case=planned.case,
-            family=planned.adapter.family,
-            status="crashed",
-            error=f"not run: the previous {count} cases of this kernel crashed the same way: {error}",
-            host=host,
-        )
-
-    def record(self, row: ResultRow) -> None:
-        """Count a row of a case that ran."""
-        kernel = row.case.kernel
-        if row.status != "crashed":
-            self._last.pop(kernel, None)
-            return
-        last_error, count = self._last.get(kernel, ("", 0))
-        self._last[kernel] = (row.error or "", count + 1 if row.error == last_error else 1)
 
 
 def _gpu_name(worker: Worker) -> str:

@@ -50,6 +50,8 @@ _FATAL_CUDA_MARKERS = (
     "CUDA error: an illegal instruction",
 )
 LOG_TAIL_LINES = 8
+# Consecutive identical crashes of one kernel after which its remaining cases are not run (`CrashGuard`).
+CRASH_REPEATS = 2
 MAX_ERROR_CHARS = 1500
 STARTUP_TIMEOUT_S = 600.0
 # How long an interrupted sweep waits for a killed worker to be reaped.
@@ -70,6 +72,35 @@ class WorkerJob(Protocol):
     def run(self, adapter: Any, device: str) -> Any:
         """Do the job in the worker process with the case's adapter; the answer goes to the parent."""
         ...
+
+
+class CrashGuard:
+    """Stops re-running a kernel that keeps killing its worker the same way.
+
+    Each crash costs a worker restart and, for a Triton kernel, a compile that ends in the same abort
+    (the official xl_chunk exp kernel hits an LLVM assertion on every shape under Triton 3.6). After
+    `CRASH_REPEATS` consecutive crashes of one kernel with the same error, `reason` says why its
+    remaining cases are not run; any other outcome resets the count. The sweep and the precompile
+    runs each keep one.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[str, int]] = {}
+
+    def reason(self, kernel: str) -> str | None:
+        """The error of a case of `kernel` not run for its crashes, or None to run it."""
+        error, count = self._last.get(kernel, ("", 0))
+        if count < CRASH_REPEATS:
+            return None
+        return f"not run: the previous {count} cases of this kernel crashed the same way: {error}"
+
+    def record(self, kernel: str, status: str, error: str | None) -> None:
+        """Count the outcome of a case of `kernel` that ran."""
+        if status != "crashed":
+            self._last.pop(kernel, None)
+            return
+        last_error, count = self._last.get(kernel, ("", 0))
+        self._last[kernel] = (error or "", count + 1 if error == last_error else 1)
 
 
 def log_outcome(text: str) -> None:
@@ -112,7 +143,8 @@ class Measurement:
     """A worker's answer for one case (or the parent's record of a worker that died or hung).
 
     `warmup` and `reps` are the calls made, `stop` why timing stopped (`tfla_bench.timing`),
-    `calls_s` the wall time from the end of the first call to the last timed call (warm-up, the
+    `settle_s` the wait for the GPU to settle before the case (`gpustate.Monitor.settle`), `calls_s`
+    the wall time from the end of the first call to the last timed call (warm-up, the
     memory call, the timed calls with their flushes and spins), and `gpu_state` the NVML cells of
     `gpustate.row_cells` (empty on CPU).
     """
@@ -134,6 +166,7 @@ class Measurement:
     ci_rel: float | None = None
     stop: str = ""
     host_gap_share: float | None = None
+    settle_s: float | None = None
     calls_s: float | None = None
     gpu_state: dict[str, Any] = field(default_factory=dict)
 
@@ -186,6 +219,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
 
     cuda = timing.is_cuda(device)
     monitor = _monitor(device)
+    settle_s = monitor.settle() if monitor is not None else None
     before = monitor.read() if monitor is not None else None
     torch.manual_seed(0)
     inputs = adapter.make_inputs(case, device)
@@ -243,6 +277,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         ci_rel=stats.ci_rel,
         stop=stats.stop,
         host_gap_share=stats.host_gap_share,
+        settle_s=settle_s,
         calls_s=calls_s,
         gpu_state=gpustate.row_cells(before, after) if monitor is not None else {},
     )
