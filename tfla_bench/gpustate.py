@@ -90,8 +90,8 @@ class Monitor:
         self._idle_sm_mhz = first.sm_mhz if first is not None else 0
 
     def settle(self, max_s: float = SETTLE_MAX_S, poll_s: float = SETTLE_POLL_S) -> float | None:
-        """Wait until the GPU shows no throttling reason and its SM clock is at least the highest
-        this monitor has read (the clock it idles at between cases), for at most `max_s` seconds;
+        """Wait until the GPU shows no throttling reason and is idle or back at the highest SM clock
+        this monitor has read (the clock it keeps between cases), for at most `max_s` seconds;
         return the seconds waited (None without NVML). Call it with nothing running on the GPU."""
         if self._nvml is None:
             return None
@@ -103,7 +103,8 @@ class Monitor:
                 return waited
             if not reading.throttled:
                 self._idle_sm_mhz = max(self._idle_sm_mhz, reading.sm_mhz)
-                if reading.sm_mhz == self._idle_sm_mhz:
+                # An idle GPU lowers its clock and raises it again at the next kernel.
+                if reading.sm_mhz == self._idle_sm_mhz or "idle" in reading.throttle.split("+"):
                     return waited
             if waited >= max_s:
                 return waited
