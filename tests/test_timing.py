@@ -50,6 +50,16 @@ def test_the_budget_stops_a_series_that_never_settles():
     assert 100 <= reps <= 115
 
 
+def test_a_quiet_short_kernel_is_timed_for_the_minimum_time():
+    quiet = noise(0.001)
+    assert simulate(StopRule(rel_ci=0.01, budget_s=1.0), quiet, per_call_s=1e-3) == (6, "ci")
+    reps, stop = simulate(StopRule(rel_ci=0.01, budget_s=1.0, min_time_s=0.2), quiet, per_call_s=1e-3)
+    # batches grow by a quarter, so the rule stops within a quarter past 200 calls of 1 ms
+    assert stop == "ci" and 200 <= reps <= 250
+    # a call longer than the minimum time stops at the interval as before
+    assert simulate(StopRule(rel_ci=0.01, budget_s=10.0, min_time_s=0.2), quiet, per_call_s=0.5) == (6, "ci")
+
+
 def test_the_minimum_holds_for_long_calls_and_the_maximum_caps():
     rule = StopRule(rel_ci=0.01, budget_s=1.0, min_reps=5)
     assert simulate(rule, noise(0.5), per_call_s=0.4) == (5, "budget")

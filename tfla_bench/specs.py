@@ -59,6 +59,7 @@ TOP_KEYS = (
     "warmup_s",
     "rel_ci",
     "budget_s",
+    "min_time_s",
     "min_reps",
     "max_reps",
     "expand",
@@ -97,6 +98,7 @@ class MeasureSettings:
         warmup_s: with `warmup` None, untimed calls until this many seconds have passed (at least one).
         rel_ci: adaptive target: the median's 95% confidence interval within +-rel_ci of the median.
         budget_s: adaptive: seconds of timed calls after which a case stops short of `rel_ci`.
+        min_time_s: adaptive: seconds of timed calls before `rel_ci` may stop a case.
         min_reps, max_reps: adaptive: the fewest and the most timed calls.
         l2_flush: zero a buffer of at least 2x the L2 size before every timed call (GPU only).
         cuda_graph: capture one call in a CUDA graph and time its replays (GPU only).
@@ -111,6 +113,7 @@ class MeasureSettings:
     warmup_s: float = 0.025
     rel_ci: float = 0.01
     budget_s: float = 1.0
+    min_time_s: float = 0.2
     min_reps: int = 5
     max_reps: int = 2000
     l2_flush: bool = True
@@ -274,6 +277,7 @@ def parse_spec(raw: dict[str, Any], source: str) -> Spec:
         warmup_s=where.number(given("warmup_s"), "warmup_s", positive=False),
         rel_ci=where.positive_number(given("rel_ci"), "rel_ci"),
         budget_s=where.positive_number(given("budget_s"), "budget_s"),
+        min_time_s=where.number(given("min_time_s"), "min_time_s", positive=False),
         min_reps=where.integer(given("min_reps"), "min_reps", minimum=1),
         max_reps=where.integer(given("max_reps"), "max_reps", minimum=1),
         l2_flush=where.boolean(given("l2_flush"), "l2_flush"),

@@ -4,8 +4,12 @@ How many calls are timed
 ------------------------
 `StopRule` decides when a series of per-call times is long enough. With `reps` set it stops after
 exactly that many calls (`fixed`, the paper's method). Otherwise it is adaptive: it stops as soon
-as the 95% confidence interval of the median is within +-`rel_ci` of the median (`ci`), or when
-`budget_s` of measuring is spent (`budget`), or at `max_reps` (`max`), never before `min_reps`.
+as the 95% confidence interval of the median is within +-`rel_ci` of the median (`ci`) and
+`min_time_s` of measuring is spent, or when `budget_s` of measuring is spent (`budget`), or at
+`max_reps` (`max`), never before `min_reps`. The minimum time makes a short kernel's median one
+over a fifth of a second (the sweep's default), not over its first few calls: a kernel that draws
+the GPU's full power slows down within tens of milliseconds (the power cap), and a median over its
+first six calls would depend on where the stop fell.
 The interval is distribution-free: the order statistics x(l) and x(n+1-l), with l the largest
 index such that a Binomial(n, 1/2) count falls below l with probability at most 2.5%
 (`median_ci`). It needs no assumption on the shape of the timing distribution, and it is finite
@@ -63,6 +67,7 @@ class StopRule:
         reps: a fixed number of timed calls, or None for the adaptive rule.
         rel_ci: the adaptive target: the median's 95% confidence interval within +-rel_ci.
         budget_s: measuring time after which the adaptive rule stops anyway.
+        min_time_s: measuring time before the interval may stop the adaptive rule.
         min_reps: the fewest timed calls of the adaptive rule.
         max_reps: the most timed calls of the adaptive rule.
     """
@@ -70,6 +75,7 @@ class StopRule:
     reps: int | None = None
     rel_ci: float = 0.01
     budget_s: float = 1.0
+    min_time_s: float = 0.0
     min_reps: int = 5
     max_reps: int = 2000
 
@@ -81,7 +87,7 @@ class StopRule:
             return "fixed" if count >= self.reps else None
         if count < self.min_reps:
             return None
-        if ci_rel(times_ms) <= self.rel_ci:
+        if elapsed_s >= self.min_time_s and ci_rel(times_ms) <= self.rel_ci:
             return "ci"
         if count >= self.max_reps:
             return "max"

@@ -254,6 +254,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         reps=settings.reps,
         rel_ci=settings.rel_ci,
         budget_s=settings.budget_s,
+        min_time_s=settings.min_time_s,
         min_reps=settings.min_reps,
         max_reps=settings.max_reps,
     )
