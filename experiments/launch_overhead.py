@@ -12,10 +12,6 @@ limit_chunk 64), fw and fwbw, on one CUDA GPU:
 - `sync ms`: median wall time of a call between two synchronizations, as a script that times each
   call with `time.perf_counter` sees it;
 - `sync - gpu`: what the host adds when every call starts from an idle GPU.
-
-Then, for each kernel launch of one `tfla_sig` fw and fwbw call, the host time of the launch through
-Triton (`kernel[grid](...)`) and through `tfla_bench.kernels.launch` (the compiled kernel's own
-launcher, once the signature is known), the GPU kept busy meanwhile.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from pathlib import Path
 import torch
 
 from tfla_bench import registry, timing
-from tfla_bench.kernels import launch as launch_module
 from tfla_bench.worker import make_step
 from tfla_bench.workloads import Case
 
@@ -112,70 +107,6 @@ def measure(name: str, chunk: int, mode: str) -> dict:
     return row
 
 
-def launches_of(step) -> list[tuple]:
-    """The (kernel, grid, args, kwargs) of every launch that one call of `step` makes."""
-    captured = []
-    original = launch_module._Launcher.__call__
-
-    def record(self, grid, args, kwargs):
-        captured.append((self.kernel, grid, args, kwargs))
-        return original(self, grid, args, kwargs)
-
-    launch_module._Launcher.__call__ = record
-    try:
-        step()
-    finally:
-        launch_module._Launcher.__call__ = original
-    torch.cuda.synchronize()
-    return captured
-
-
-def host_us(fn) -> float:
-    """Median host time (us) of `fn` over 300 calls, the GPU busy with a spin meanwhile."""
-    times = []
-    for index in range(300):
-        if index % 100 == 0:
-            torch.cuda.synchronize()
-            torch.cuda._sleep(SPIN_CYCLES * 4)
-        began = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - began) * 1e6)
-    torch.cuda.synchronize()
-    return timing.percentile(times, 50)
-
-
-def launch_rows(mode: str) -> list[dict]:
-    """Triton's and the direct launch's host time for each launch of one `tfla_sig` call."""
-    adapter = registry.get("tfla_sig")
-    case = Case("tfla_sig", mode, "bfloat16", 8, 8192, 16, 128, 256, 128)
-    torch.manual_seed(0)
-    inputs = adapter.make_inputs(case, "cuda")
-    step = make_step(adapter, inputs, mode, "sum")
-    for _ in range(3):
-        step()
-    return [launch_row(mode, *launched) for launched in launches_of(step)]
-
-
-def launch_row(mode: str, kernel, grid, args, kwargs) -> dict:
-    return {
-        "mode": mode,
-        "kernel": kernel.fn.__name__,
-        "args": len(kernel.arg_names),
-        "triton us": host_us(lambda: kernel[grid](*args, **kwargs)),
-        "direct us": host_us(lambda: launch_module.launch(kernel, grid, *args, **kwargs)),
-    }
-
-
-def launch_markdown(rows: list[dict]) -> str:
-    head = ["mode", "kernel", "args", "triton us", "direct us"]
-    lines = ["", "One launch, host time", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rows:
-        cells = [row["mode"], row["kernel"], str(row["args"])]
-        cells += [f"{row['triton us']:.1f}", f"{row['direct us']:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def markdown(rows: list[dict]) -> str:
     head = ["kernel", "mode", "kernels", "queue us", "gpu ms", "sync ms", "sync - gpu us"]
     lines = [
@@ -205,7 +136,7 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(argv[0])
     rows = [measure(name, chunk, mode) for name, chunk in KERNELS.items() for mode in ("fw", "fwbw")]
-    table = markdown(rows) + launch_markdown([row for mode in ("fw", "fwbw") for row in launch_rows(mode)])
+    table = markdown(rows)
     print(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table)

@@ -20,6 +20,7 @@ gets `sum(dC_0 * C_0)`, its exact gradient, since the memory is `C_0 exp(m_0)`. 
 state on as the next call's initial state therefore chains gradients exactly.
 """
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -34,12 +35,13 @@ from tfla_bench.kernels.common import (
 )
 from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_name, is_pow2
 from tfla_bench.kernels.gates import GATES, num_chunks
-from tfla_bench.kernels.launch import INTERPRETED, launch
 from tfla_bench.kernels.reference import state_names
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_CHUNK, MAX_CHUNK = 16, 4096
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 1024
+# Triton's interpreter (TRITON_INTERPRET=1, read when the kernels are defined) runs them on the CPU.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,9 @@ def gates_forward(i: torch.Tensor, f: torch.Tensor, s: Settings) -> tuple[torch.
     b = torch.empty_like(log_i)
     g = torch.empty(bh, nc, dtype=torch.float32, device=i.device)
     a_max = torch.empty_like(g)
-    launch(fwd_kernel_gates, (bh * nc,),
-        i, f, log_i, b, g, a_max, seq_len, nc, L=s.chunk_size, SIG_INPUT=s.gate == "sig", num_warps=4,
-    )  # fmt: skip
+    fwd_kernel_gates[(bh * nc,)](
+        i, f, log_i, b, g, a_max, seq_len, nc, L=s.chunk_size, SIG_INPUT=s.gate == "sig", num_warps=4
+    )
     return log_i, ChunkSums(b, g, a_max)
 
 
@@ -112,7 +114,7 @@ def gates_backward(i, f, dots: RowDots, dg: torch.Tensor, s: Settings) -> tuple[
     bh, seq_len = i.shape
     nc = dg.shape[-1]
     di, df = torch.empty_like(i), torch.empty_like(f)
-    launch(bwd_kernel_gates, (bh * nc,),
+    bwd_kernel_gates[(bh * nc,)](
         i, f, dots.qdq, dots.kdk, dots.kdk_inter, dg, di, df, seq_len, nc, bh,
         L=s.chunk_size, N_ROW_BLOCKS=dots.qdq.shape[0], N_STATE_BLOCKS=dg.shape[0], SIG_INPUT=s.gate == "sig",
         num_warps=4,
@@ -134,7 +136,7 @@ def states_forward(k, v, gates: ChunkSums, log_i, C0, n0, m0, s: Settings, with_
     n = torch.empty(bh, nc + 1, dqk, dtype=torch.float32, device=k.device) if with_n else None
     m = torch.empty(bh, nc + 1, dtype=torch.float32, device=k.device) if s.use_max_state else None
     C_final = torch.empty(bh, dqk, dv, dtype=torch.float32, device=k.device) if s.final_state else None
-    launch(fwd_kernel_states, (bh * (dqk // cfg.state_qk) * (dv // cfg.state_v),),
+    fwd_kernel_states[(bh * (dqk // cfg.state_qk) * (dv // cfg.state_v),)](
         k, v, gates.b, log_i, gates.g, gates.a_max, pointer_or(C0, C), pointer_or(n0, C), pointer_or(m0, C),
         C, pointer_or(n, C), pointer_or(m, C), pointer_or(C_final, C),
         seq_len, nc,
@@ -162,7 +164,7 @@ def states_backward(
     dC0 = torch.empty(bh, dqk, dv, dtype=torch.float32, device=q.device) if initial_grad else None
     if dC_final is not None:
         dC_final = dC_final.reshape(bh, dqk, dv).float().contiguous()
-    launch(bwd_kernel_dstates, (bh * n_state_blocks,),
+    bwd_kernel_dstates[(bh * n_state_blocks,)](
         q, dh, gates.b, gates.g, pointer_or(m_row, gates.b), pointer_or(denom, gates.b),
         pointer_or(m, gates.g), C, dC, pointer_or(dC_final, dg), pointer_or(dC0, dg), dg,
         seq_len, nc, bh, dqk**-0.5,

@@ -64,7 +64,6 @@ from tfla_bench.kernels.chunkwise import (
 )
 from tfla_bench.kernels.common import dot_rows
 from tfla_bench.kernels.config import KernelConfig, float32_states, unsupported_reason
-from tfla_bench.kernels.launch import launch
 
 
 @triton.jit
@@ -279,7 +278,7 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     """The output kernel, one program per (d_hv block, chunk, batch*head)."""
     bh, seq_len, dqk = q.shape
     dv, nc, cfg = v.shape[-1], gates.g.shape[-1], s.config
-    launch(limit_chunk_fwd_kernel_h, (bh * nc * (dv // cfg.v),),
+    limit_chunk_fwd_kernel_h[(bh * nc * (dv // cfg.v),)](
         q, k, v, gates.b, log_i, C, n, m, h, m_row, denom, seq_len, nc, dqk**-0.5, s.eps,
         DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_DQK=cfg.qk, BLOCK_DV=cfg.v,
         DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -299,7 +298,7 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_g
     q_dq = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device)
     k_dk = torch.empty_like(q_dq)
     k_dk_inter = torch.empty_like(q_dq)
-    launch(limit_chunk_bwd_kernel_dqkv, (bh * nc,),
+    limit_chunk_bwd_kernel_dqkv[(bh * nc,)](
         q, k, v, dh, gates.b, log_i, gates.g, m, m_row, denom, C, dC, dq, dk, dv, q_dq, k_dk, k_dk_inter,
         seq_len, nc, dqk**-0.5,
         DQK=dqk, DV=dv_dim, L=s.chunk_size, BLOCK_DQK=cfg.bwd_qk, BLOCK_DV=cfg.bwd_v,

@@ -44,7 +44,6 @@ from tfla_bench.kernels.chunkwise import (
     states_backward,
 )
 from tfla_bench.kernels.config import KernelConfig, float32_states
-from tfla_bench.kernels.launch import launch
 from tfla_bench.kernels.tfla_bwd import tfla_bwd_kernel_dkv, tfla_bwd_kernel_dq
 from tfla_bench.kernels.tfla_fwd import tfla_fwd_kernel_h
 
@@ -55,7 +54,7 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     """The output kernel, one program per (d_hv block, L_hq tile, chunk, batch*head)."""
     bh, seq_len, dqk = q.shape
     dv, nc, cfg = v.shape[-1], gates.g.shape[-1], s.config
-    launch(tfla_fwd_kernel_h, (bh * nc * (s.chunk_size // cfg.seq_q) * (dv // cfg.v),),
+    tfla_fwd_kernel_h[(bh * nc * (s.chunk_size // cfg.seq_q) * (dv // cfg.v),)](
         q, k, v, gates.b, log_i, C, pointer_or(n, C), pointer_or(m, C), h,
         pointer_or(m_row, h), pointer_or(denom, h), seq_len, nc, dqk**-0.5, s.eps,
         DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_LQ=cfg.seq_q, BLOCK_LKV=cfg.seq_kv, BLOCK_DQK=cfg.qk,
@@ -94,9 +93,9 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_g
     dq = torch.empty_like(q)
     qdq = torch.empty(n_qk_blocks, bh, seq_len, dtype=torch.float32, device=q.device)
     b, log_i, g, m_row_arg, denom_arg, m_arg = gate_args
-    launch(tfla_bwd_kernel_dq, (bh * nc * n_q_tiles * n_qk_blocks,),
-        q, k, v, dh, b, log_i, m_row_arg, denom_arg, m_arg, C, dq, qdq, seq_len, nc, bh, scale, **settings,
-    )  # fmt: skip
+    tfla_bwd_kernel_dq[(bh * nc * n_q_tiles * n_qk_blocks,)](
+        q, k, v, dh, b, log_i, m_row_arg, denom_arg, m_arg, C, dq, qdq, seq_len, nc, bh, scale, **settings
+    )
 
     # The state gradients take the place of the forward states (read for the last time by the
     # dstates kernel, just before it overwrites them).
@@ -105,13 +104,13 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_g
 
     dk = torch.empty_like(k)
     kdk = torch.empty(2, n_qk_blocks, bh, seq_len, dtype=torch.float32, device=q.device)
-    launch(tfla_bwd_kernel_dkv, (bh * nc * n_kv_tiles * n_qk_blocks,),
-        v, dh, q, k, *gate_args, dC, dk, kdk[0], kdk[1], seq_len, nc, bh, scale, GRAD_V=False, **settings,
-    )  # fmt: skip
+    tfla_bwd_kernel_dkv[(bh * nc * n_kv_tiles * n_qk_blocks,)](
+        v, dh, q, k, *gate_args, dC, dk, kdk[0], kdk[1], seq_len, nc, bh, scale, GRAD_V=False, **settings
+    )
     dv = torch.empty_like(v)
-    launch(tfla_bwd_kernel_dkv, (bh * nc * n_kv_tiles * (dv_dim // cfg.bwd_v),),
-        k, q, dh, k, *gate_args, dC, dv, b, b, seq_len, nc, bh, scale, GRAD_V=True, **settings,
-    )  # fmt: skip
+    tfla_bwd_kernel_dkv[(bh * nc * n_kv_tiles * (dv_dim // cfg.bwd_v),)](
+        k, q, dh, k, *gate_args, dC, dv, b, b, seq_len, nc, bh, scale, GRAD_V=True, **settings
+    )
 
     return dq, dk, dv, RowDots(qdq, kdk[0], kdk[1]), dg, dC0
 
