@@ -23,21 +23,23 @@ Each case runs in a worker process that owns one device (`tfla_bench.worker`):
    flush buffer and accumulated gradients, so they sit above ours. On CPU memory is not measured:
    the cells are empty and the row's note says so.
 5. Runtime: timed calls until the stop rule of `tfla_bench.timing` is met: by default until the
-   median's 95% confidence interval is within +-1% (`rel_ci`), or 1 s of timed calls
-   (`budget_s`), at least 5 and at most 2000; or exactly `reps` when the spec fixes them (paper:
-   30). Before each, outside the timed window, every input gradient is set to None and, on GPU
-   with `l2_flush` (default on, as in the paper), a buffer of max(2 x L2, 256e6) bytes is zeroed so
-   the call starts with a cold L2; then a GPU spin lasting 1.5x the host's queueing time lets the
-   host queue the whole call before the GPU reaches it. Each call is bracketed by CUDA events on
-   the current stream (GPU) or `time.perf_counter` (CPU, same loop). Reported: the median (the
-   headline number), p20, p80, min, the calls made (`warmup`, `reps`), the median's interval
-   (`ci_rel`), why timing stopped (`stop`), and the share of calls the GPU may have waited for the
-   host in (`host_gap_share`). With `cuda_graph`, one call is captured in a CUDA graph and its
-   replays are timed, which removes launch overhead; the flush still runs before each replay,
-   outside the graph.
-6. GPU state (CUDA, with nvidia-ml-py): clocks, temperature, power and throttle reasons before the
-   inputs are made and after the last timed call (`tfla_bench.gpustate`); `throttled` flags a row
-   measured under a power, thermal or hardware slowdown.
+   median's 95% confidence interval is within +-1% (`rel_ci`) after at least 0.2 s of timed calls
+   (`min_time_s`), or 1 s of timed calls (`budget_s`), at least 5 and at most 2000; or exactly
+   `reps` when the spec fixes them (paper: 30). Before each, outside the timed window, every input
+   gradient is set to None and, on GPU with `l2_flush` (default on, as in the paper), a buffer of
+   max(2 x L2, 256e6) bytes is zeroed so the call starts with a cold L2; then a GPU spin lasting
+   1.5x the host's queueing time lets the host queue the whole call before the GPU reaches it. Each
+   call is bracketed by CUDA events on the current stream (GPU) or `time.perf_counter` (CPU, same
+   loop). Reported: the median (the headline number), p20, p80, min, the calls made (`warmup`,
+   `reps`), the median's interval (`ci_rel`), why timing stopped (`stop`), and the share of calls
+   the GPU may have waited for the host in (`host_gap_share`). With `cuda_graph`, one call is
+   captured in a CUDA graph and its replays are timed, which removes launch overhead; the flush
+   still runs before each replay, outside the graph.
+6. GPU state (CUDA, with nvidia-ml-py): before anything else the worker waits, at most 1 s, for
+   the GPU to leave a power cap or slowdown left by the case before (`settle_s`); then clocks,
+   temperature, power and throttle reasons are read before the inputs are made and after the last
+   timed call (`tfla_bench.gpustate`); `throttled` flags a row measured under a power, thermal or
+   hardware slowdown.
 
 A call is, in `fw`, the forward under `torch.no_grad()`; in `fwbw`, the forward and then the
 backward from a fixed upstream gradient (`grad = "fixed"`: one `randn_like(out)` made on the
