@@ -8,7 +8,7 @@ as the 95% confidence interval of the median is within +-`rel_ci` of the median 
 `min_time_s` of measuring is spent, or when `budget_s` of measuring is spent (`budget`), or at
 `max_reps` (`max`), never before `min_reps`. The minimum time makes a short kernel's median one
 over a fifth of a second (the sweep's default), not over its first few calls: a kernel that draws
-the GPU's full power slows down within tens of milliseconds (the power cap), and a median over its
+an H100's full power slowed down within tens of milliseconds (its power cap), and a median over its
 first six calls would depend on where the stop fell.
 The interval is distribution-free: the order statistics x(l) and x(n+1-l), with l the largest
 index such that a Binomial(n, 1/2) count falls below l with probability at most 2.5%
