@@ -317,6 +317,10 @@ def test_default_config():
     assert (config.state_seq, config.state_qk, config.state_v, config.state_num_warps) == (64, 32, 128, 4)
     assert config.state_num_stages == 3 and not config.state_one_tile
     assert default_config("tfla", 128, 256, 128, torch.bfloat16, "exp").seq_kv == 32
+    # mLSTMexp at Dqk 256: one d_qk block (16-bit states), one stage of 128-row query tiles
+    wide = [default_config("tfla", 256, 512, chunk, torch.bfloat16, "exp") for chunk in (64, 256)]
+    assert [(c.qk, c.seq_q, c.num_stages) for c in wide] == [(256, 64, 2), (256, 128, 1)]
+    assert default_config("tfla", 256, 512, 256, torch.bfloat16, "sig").qk == 128
     small = default_config("tfla", 48, 80, 16, torch.float32, "sig")
     assert (small.seq_q, small.qk, small.v, small.state_seq, small.num_warps) == (16, 16, 16, 16, 4)
     assert isinstance(small, KernelConfig)
@@ -519,6 +523,22 @@ def test_gpu_bf16_long_sequence_wide_heads(gate):
     weights = make_weights(batch, heads, seq_len, dim, dim)
     reference = run_with_grads(chunkwise_fp32(gate), inputs, [], weights, gate)
     result = run_with_grads(tfla_fn(gate, False, 128), inputs, [], weights, gate)
+    assert_within_rms(result, reference, BF16_RTOL, GRAD_NAMES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [64, 256, 1024])
+def test_gpu_bf16_exp_one_qk_block_of_256(chunk):
+    # Dqk 256: mLSTMexp's default output kernel takes the whole d_qk in one block and keeps its chunk
+    # states 16-bit (two blocks of 128 need float32 states); against the float32 chunkwise reference
+    # at the trained gate ranges, where the states carry.
+    batch, heads, seq_len, dqk, dv = 1, 2, 4096, 256, 512
+    assert not float32_states("tfla", "exp", dqk, default_config("tfla", dqk, dv, chunk, torch.bfloat16))
+    inputs = make_inputs(batch, heads, seq_len, dqk, dv, seed=14, i_range=(-11.0, 2.0), f_range=(-5.0, 12.0))
+    inputs[:3] = [x.bfloat16() for x in inputs[:3]]
+    weights = make_weights(batch, heads, seq_len, dqk, dv)
+    reference = run_with_grads(chunkwise_fp32("exp"), inputs, [], weights, "exp")
+    result = run_with_grads(tfla_fn("exp", False, chunk), inputs, [], weights, "exp")
     assert_within_rms(result, reference, BF16_RTOL, GRAD_NAMES)
 
 

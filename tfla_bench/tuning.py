@@ -103,7 +103,7 @@ def grid(shape: Shape, group: str) -> dict[str, tuple[int, ...]]:
             "seq_q": tuple(s for s in (64, 128) if s <= L),
             "seq_kv": tuple(s for s in (32, 64, 128) if s <= L),
             "num_warps": (4, 8),
-            "num_stages": (2, 3),
+            "num_stages": (1, 2, 3),
         },
         "bwd": {
             "bwd_seq_q": tuple(s for s in (32, 64) if s <= L),
