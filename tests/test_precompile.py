@@ -1,7 +1,6 @@
 """`sweep --precompile`: sharded autotuning, the smaller cases, the parallel workers and env.json (CPU)."""
 
 import json
-import threading
 
 import pytest
 import torch
@@ -123,44 +122,7 @@ def test_each_process_may_take_its_share_of_the_gpu_memory():
     assert precompile.memory_share(28, ["cuda:0", "cuda:1"]) == pytest.approx(precompile.MEMORY_SHARE / 14)
     assert precompile.memory_share(3, ["cuda:0", "cuda:1"]) == pytest.approx(precompile.MEMORY_SHARE / 2)
     assert precompile.memory_share(1, ["cuda:0"]) == precompile.MEMORY_SHARE
-    assert precompile.memory_share(4, ["cpu"]) == pytest.approx(precompile.MEMORY_SHARE / 4)
-
-
-def test_the_memory_schedule_lets_small_runs_pass_a_large_one_and_never_overcommits():
-    def job(name, shard=0):
-        return precompile.PrecompileJob(case(name, 1, 16), "plugin_adapters", shard, 2, "sum")
-
-    top = precompile.MEMORY_SHARE
-    schedule = precompile.MemorySchedule([job(n) for n in "abcd"] + [job("e"), job("a", 1)], ["cuda:0"] * 4)
-    a, b, c, d = (schedule.take("cuda:0") for _ in range(4))
-    assert [j.memory_share for j in (a, b, c, d)] == pytest.approx([top / 4] * 4)
-    assert schedule.finish("cuda:0", a, "oom")  # back to the front, with twice the share
-    e = schedule.take("cuda:0")  # a (and its other shard) need two shares; one is free: e passes
-    assert e.case.kernel == "e" and e.memory_share == pytest.approx(top / 4)
-
-    taken = []
-    waiting = threading.Thread(target=lambda: taken.append(schedule.take("cuda:0")))
-    waiting.start()
-    waiting.join(0.2)
-    assert waiting.is_alive()  # nothing fits: the worker waits
-    assert not schedule.finish("cuda:0", b, "ok")
-    waiting.join(0.2)
-    assert waiting.is_alive()  # one share free, two needed
-    assert not schedule.finish("cuda:0", c, "ok")
-    waiting.join(5)
-    assert [(j.case.kernel, j.shard, j.memory_share) for j in taken] == [("a", 0, pytest.approx(top / 2))]
-    for run in (d, e):
-        schedule.finish("cuda:0", run, "ok")
-    sibling = schedule.take("cuda:0")  # the case's other shard starts with the larger share too
-    assert (sibling.case.kernel, sibling.shard, sibling.memory_share) == ("a", 1, pytest.approx(top / 2))
-    schedule.finish("cuda:0", sibling, "ok")
-    again = taken[0]
-    for share in (top, top):  # doubled up to the whole share, where running out is final
-        assert schedule.finish("cuda:0", again, "oom") == (again.memory_share < top)
-        if again.memory_share < top:
-            again = schedule.take("cuda:0")
-            assert again.memory_share == pytest.approx(share)
-    assert schedule.take("cuda:0") is None  # nothing queued, nothing running
+    assert precompile.memory_share(4, ["cpu"]) == 1.0
 
 
 def test_a_shard_whose_configs_do_not_fit_the_gpu_is_done_not_failed(plugin_adapters):
@@ -172,7 +134,7 @@ def test_a_shard_whose_configs_do_not_fit_the_gpu_is_done_not_failed(plugin_adap
     assert result.status == "error" and "shared memory" in result.error
 
 
-def test_runs_out_of_memory_run_again_with_a_larger_share(plugin_adapters, tmp_path, monkeypatch):
+def test_runs_out_of_memory_run_again_with_fewer_processes(plugin_adapters, tmp_path, monkeypatch):
     monkeypatch.setenv("TFLA_TEST_OOM_MARK", str(tmp_path / "oom-once.mark"))
     cases = [case("test_oom_once", 1, 16), case("test_oom", 1, 16), case("test_counting", 1, 16)]
     seen, retries = [], []
@@ -183,22 +145,19 @@ def test_runs_out_of_memory_run_again_with_a_larger_share(plugin_adapters, tmp_p
         tmp_path,
         timeout_s=120,
         on_result=seen.append,
-        on_retry=retries.append,
+        on_retry=lambda *a: retries.append(a),
     )
-    # 3 processes (3 runs) with a third of the share each; a run that runs out of memory runs again
-    # with twice its share, up to the whole: test_oom never fits
-    top = precompile.MEMORY_SHARE
-    runs = sorted((r.job.case.kernel, r.status, r.retried, round(r.job.memory_share / top, 3)) for r in seen)
+    # 3 processes (3 runs): two run out of memory and run again, one at a time; test_oom never fits
+    assert retries == [(2, 1)]
+    runs = sorted((r.job.case.kernel, r.status, r.retried) for r in seen)
     assert runs == [
-        ("test_counting", "ok", False, 0.333),
-        ("test_oom", "oom", False, 1.0),
-        ("test_oom", "oom", True, 0.333),
-        ("test_oom", "oom", True, 0.667),
-        ("test_oom_once", "ok", False, 0.667),
-        ("test_oom_once", "oom", True, 0.333),
+        ("test_counting", "ok", False),
+        ("test_oom", "oom", False),
+        ("test_oom", "oom", True),
+        ("test_oom_once", "ok", False),
+        ("test_oom_once", "oom", True),
     ]
-    assert sorted(job.case.kernel for job in retries) == ["test_oom", "test_oom", "test_oom_once"]
-    assert (summary.processes, summary.runs, summary.retried, summary.failed) == (3, 3, 3, 1)
+    assert (summary.processes, summary.runs, summary.retried, summary.failed) == (3, 3, 2, 1)
 
 
 def test_sweep_precompiles_first_and_records_it(plugin_adapters, tmp_path, monkeypatch):

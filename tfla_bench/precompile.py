@@ -24,14 +24,12 @@ the measuring workers find it done:
   (`none`) is not run. A case whose smaller shape the adapter rejects runs as it is. A kernel
   compiled for another specialization is compiled again by the sweep;
 - `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The N processes
-  share the GPU: each run may allocate a share of its memory (`PrecompileJob.memory_share`), at
-  first `MEMORY_SHARE` / N, so a run that needs more runs out of memory alone. Such a run goes back
-  to the queue with twice the share, and the runs on a GPU together never hold more than
-  `MEMORY_SHARE` (`MemorySchedule`): the small runs go on while a large one waits. After
-  `worker.CRASH_REPEATS` identical crashes of one kernel its other runs are not made, as in the
-  sweep. A run that still fails (an error, out of memory with the whole share, a crashed or hung
-  worker) is counted, logged (`precompile-<i>.log`) and left to the sweep, which runs and reports
-  that case as always.
+  share the GPU: each may allocate `MEMORY_SHARE` / N of its memory (`PrecompileJob.memory_share`),
+  so a run that needs more runs out of memory alone, and such runs run again with half the
+  processes at a time (twice the share), down to one. After `worker.CRASH_REPEATS` identical
+  crashes of one kernel its other runs are not made, as in the sweep. A run that still fails (an
+  error, out of memory, a crashed or hung worker) is counted, logged (`precompile-<i>.log`) and
+  left to the sweep, which runs and reports that case as always.
 
 A run that finished, or failed in a way that would repeat (an error or a crash, not a lack of
 memory or time), is remembered in the Triton cache directory it compiled into (`DONE_FILE`), under
@@ -58,6 +56,7 @@ import functools
 import hashlib
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -293,7 +292,7 @@ def precompile(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[PrecompileResult], None] | None = None,
-    on_retry: Callable[[PrecompileJob], None] | None = None,
+    on_retry: Callable[[int, int], None] | None = None,
 ) -> PrecompileSummary:
     """Run `cases` once each (smaller, sharded: see the module docstring) in `processes` workers.
 
@@ -306,8 +305,7 @@ def precompile(
         timeout_s: per run; a worker that hangs longer is killed and replaced.
         on_start: called once with the number of runs (progress display).
         on_result: called with each run's result as it finishes (retried ones too).
-        on_retry: called with each run that ran out of memory, as it goes back to the queue with
-            its larger memory share.
+        on_retry: called with (runs, processes) before runs that ran out of memory run again.
     """
     start = time.monotonic()
     planned = plan_jobs(cases, processes, grad)
@@ -316,83 +314,30 @@ def precompile(
     if on_start is not None:
         on_start(len(jobs))
     width = max(1, min(processes, len(jobs)))
-    workers = [devices[index % len(devices)] for index in range(width)]
-    schedule = MemorySchedule(jobs, workers)
-    results = _run_jobs(schedule, workers, log_dir, timeout_s, on_result, on_retry)
-    # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
-    done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
+    used, pending, retried, failed = width if jobs else 0, jobs, 0, 0
+    crashes = CrashGuard()
+    while pending:
+        queued = [dataclasses.replace(job, memory_share=memory_share(width, devices)) for job in pending]
+        results = _run_jobs(queued, width, devices, log_dir, timeout_s, width > 1, crashes, on_result)
+        # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
+        done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
+        pending = [result.job for result in results if result.retried]
+        failed += sum(result.status != "ok" and not result.retried for result in results)
+        if pending:
+            width = min(max(1, width // 2), len(pending))
+            retried += len(pending)
+            if on_retry is not None:
+                on_retry(len(pending), width)
     done_file.save()
     return PrecompileSummary(
-        processes=width if jobs else 0,
+        processes=used,
         cases=len({job.case.key for job in planned}),
         runs=len(jobs),
-        failed=sum(result.status != "ok" and not result.retried for result in results),
+        failed=failed,
         seconds=time.monotonic() - start,
-        retried=sum(result.retried for result in results),
+        retried=retried,
         skipped=len(planned) - len(jobs),
     )
-
-
-class MemorySchedule:
-    """Which precompile run a worker takes next, so that the runs on a GPU never ask for more than
-    `MEMORY_SHARE` of its memory together.
-
-    Each run starts with an equal share (`memory_share` of the workers per GPU); a run that runs out
-    of memory goes back to the front of the queue with twice its share (at most `MEMORY_SHARE`), and
-    the other shards of its case get that share too. A free worker takes the first queued run whose
-    share its GPU has left, so the small runs go on while a large one waits for memory, and waits
-    while nothing it could take fits. Thread-safe; the workers' threads share one.
-
-    Args:
-        jobs: the runs, in the order to take them.
-        workers: each worker's device.
-    """
-
-    def __init__(self, jobs: list[PrecompileJob], workers: list[str]) -> None:
-        self.first_share = memory_share(len(workers), workers) if workers else MEMORY_SHARE
-        self._queue = list(jobs)
-        self._free = dict.fromkeys(workers, MEMORY_SHARE)
-        self._shares: dict[str, float] = {}  # a case's share after one of its runs ran out of memory
-        self._running = 0
-        self._stopped = False
-        self._lock = threading.Condition()
-
-    def take(self, device: str) -> PrecompileJob | None:
-        """The next run for a worker on `device`, with its `memory_share`, waiting while none fits;
-        None when the queue is empty and no run that may come back is running, or after `stop`."""
-        with self._lock:
-            while not self._stopped:
-                for index, job in enumerate(self._queue):
-                    share = self._shares.get(job.case.key, self.first_share)
-                    if share <= self._free[device] + 1e-9:
-                        del self._queue[index]
-                        self._free[device] -= share
-                        self._running += 1
-                        return dataclasses.replace(job, memory_share=share)
-                if not self._queue and not self._running:
-                    return None
-                self._lock.wait()
-            return None
-
-    def finish(self, device: str, job: PrecompileJob, status: str) -> bool:
-        """Give back `job`'s share; returns whether the run goes back to the queue (it ran out of memory
-        with less than the whole share)."""
-        with self._lock:
-            self._free[device] += job.memory_share
-            self._running -= 1
-            again = status == "oom" and job.memory_share < MEMORY_SHARE - 1e-9
-            if again:
-                share = min(MEMORY_SHARE, 2 * job.memory_share)
-                key = job.case.key
-                self._shares[key] = max(share, self._shares.get(key, 0.0))
-                self._queue.insert(0, job)
-            self._lock.notify_all()
-            return again
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            self._lock.notify_all()
 
 
 DONE_FILE = "tfla-bench-precompiled.json"
@@ -488,29 +433,39 @@ class DoneFile:
 
 def memory_share(processes: int, devices: list[str]) -> float:
     """The share of its GPU's memory each of `processes` precompile processes, spread round-robin over
-    `devices`, may allocate at first: `MEMORY_SHARE` over the processes per GPU. On the CPU the share
-    only schedules the runs (`MemorySchedule`)."""
-    per_device = -(-processes // len(set(devices)))
-    return MEMORY_SHARE / per_device
+    `devices`, may allocate: `MEMORY_SHARE` over the processes per GPU (1 on CPU, where it is not used)."""
+    if devices[0] == "cpu":
+        return 1.0
+    per_gpu = -(-processes // len(devices))
+    return MEMORY_SHARE / per_gpu
 
 
 def _run_jobs(
-    schedule: MemorySchedule,
-    workers: list[str],
+    jobs: list[PrecompileJob],
+    processes: int,
+    devices: list[str],
     log_dir: Path,
     timeout_s: float,
+    retry_oom: bool,
+    crashes: CrashGuard,
     on_result: Callable[[PrecompileResult], None] | None,
-    on_retry: Callable[[PrecompileJob], None] | None,
 ) -> list[PrecompileResult]:
-    """Run the jobs of `schedule`, one worker process per entry of `workers` (its device). A job of a
-    kernel that keeps crashing (`worker.CrashGuard`) is not run (status `crashed`)."""
+    """Run `jobs` in `processes` workers; with `retry_oom`, out-of-memory results are marked retried.
+    A job of a kernel that `crashes` says keeps crashing is not run (status `crashed`)."""
+    todo: queue.SimpleQueue[PrecompileJob] = queue.SimpleQueue()
+    for job in jobs:
+        todo.put(job)
     results: list[PrecompileResult] = []
     lock = threading.Lock()
-    crashes = CrashGuard()
+    stop = threading.Event()
 
     def serve(worker: Worker) -> None:
         try:
-            while (job := schedule.take(worker.device)) is not None:
+            while not stop.is_set():
+                try:
+                    job = todo.get_nowait()
+                except queue.Empty:
+                    return
                 with lock:
                     crashed = crashes.reason(job.case.kernel)
                 begun = time.monotonic()
@@ -518,25 +473,26 @@ def _run_jobs(
                     answer = PrecompileResult(job, "crashed", 0.0, crashed)
                 else:
                     answer = worker.call(job, timeout_s)
+                if stop.is_set():
+                    return
                 if isinstance(answer, Failure):
                     answer = PrecompileResult(job, answer.status, time.monotonic() - begun, answer.error)
-                again = schedule.finish(worker.device, job, answer.status)
-                answer = dataclasses.replace(answer, retried=again)
+                if retry_oom and answer.status == "oom":
+                    answer = dataclasses.replace(answer, retried=True)
                 with lock:
                     if crashed is None:
                         crashes.record(job.case.kernel, answer.status, answer.error)
                     results.append(answer)
                     if on_result is not None:
                         on_result(answer)
-                    if again and on_retry is not None:
-                        on_retry(job)
         finally:
             worker.stop()
 
-    processes = [
-        Worker(device, log_dir / rundir.precompile_log(index)) for index, device in enumerate(workers)
+    workers = [
+        Worker(devices[index % len(devices)], log_dir / rundir.precompile_log(index))
+        for index in range(processes)
     ]
-    threads = [threading.Thread(target=serve, args=(worker,), daemon=True) for worker in processes]
+    threads = [threading.Thread(target=serve, args=(worker,), daemon=True) for worker in workers]
     for thread in threads:
         thread.start()
     try:
@@ -544,8 +500,8 @@ def _run_jobs(
             while thread.is_alive():
                 thread.join(0.2)
     except KeyboardInterrupt:
-        schedule.stop()
-        for worker in processes:
+        stop.set()
+        for worker in workers:
             worker.interrupt()
         raise
     return results

@@ -103,13 +103,7 @@ from tfla_bench.console import case_label, make_console, progress_bar, row_line
 from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.kernels import config as kernel_config
 from tfla_bench.phases import PhaseClock
-from tfla_bench.precompile import (
-    DONE_FILE,
-    PrecompileJob,
-    PrecompileResult,
-    PrecompileSummary,
-    precompile,
-)
+from tfla_bench.precompile import DONE_FILE, PrecompileResult, PrecompileSummary, precompile
 from tfla_bench.rundir import ResultRow
 from tfla_bench.specs import Spec, parse_spec
 from tfla_bench.worker import CrashGuard, Job, Measurement, Worker, autotune_cache_setting
@@ -491,8 +485,11 @@ def _precompile(
         total += runs
         progress.update(task, total=total)
 
-    def retry(job: PrecompileJob) -> None:
-        start(1)
+    def retry(runs: int, processes: int) -> None:
+        progress.console.print(
+            f"precompile: {runs} run(s) ran out of memory; again with {processes} process(es)"
+        )
+        start(runs)
 
     with progress:
         summary = precompile(
