@@ -70,6 +70,29 @@ def test_sweep_end_to_end_then_refuse_then_resume(capsys, plugins, spec_file, tm
     assert len(rundir.read_results(out_dir / "results.csv").rows) == 8
 
 
+def test_resume_keeps_the_kernels_and_lengths_the_run_set_out_with(capsys, plugins, spec_file, tmp_path):
+    out_dir = tmp_path / "run"
+    args = ["sweep", str(spec_file), "--out", str(out_dir), "-k", "sdpa_math", "--seq-len", "16"]
+    assert main([*args, "--reps", "2"]) == 0
+    assert json.loads((out_dir / "selection.json").read_text()) == {"kernels": ["sdpa_math"], "seq_lens": [16]}
+    rows = rundir.read_results(out_dir / "results.csv").rows
+    assert sorted((r.case.kernel, r.case.seq_len, r.case.mode) for r in rows) == [
+        ("sdpa_math", 16, "fw"),
+        ("sdpa_math", 16, "fwbw"),
+    ]
+    capsys.readouterr()
+    # the resume finishes that selection, not the whole spec (test_unavailable, seq_len 32)
+    assert main(["sweep", "--resume", str(out_dir)]) == 0
+    assert "0 case(s) run" in capsys.readouterr().out
+    assert len(rundir.read_results(out_dir / "results.csv").rows) == 2
+    # given its own filter, the resume takes that one
+    assert main(["sweep", "--resume", str(out_dir), "--seq-len", "32", "-k", "sdpa_math"]) == 0
+    assert "2 case(s) run" in capsys.readouterr().out
+    (out_dir / "selection.json").write_text('{"kernels": "sdpa_math"}')
+    assert main(["sweep", "--resume", str(out_dir)]) == 2
+    assert "selection.json: expected" in capsys.readouterr().err
+
+
 def test_run_ad_hoc_dry_run(capsys, tmp_path):
     args = ["run", "-k", "sdpa_math,sdpa_flash", "--seq-len", "64,128", "--tokens", "256", "--heads", "4"]
     args += ["--head-dim-qk", "32", "--mode", "fwbw", "--param", "causal=false", "--dry-run"]

@@ -6,6 +6,8 @@ A run directory (`results/runs/<spec>-<YYYYmmdd-HHMMSS>[-N]/`) holds:
 - `env.json`: the environment (GPU, versions, measurement settings, `results_schema`); a resumed
   run appends its own record under `resumed`;
 - `spec.json`: the spec the run measures, for `--resume`;
+- `selection.json`: the kernels (`-k`) and sequence lengths (`--seq-len`) the sweep kept of the
+  spec's cases (null: all), which `--resume` keeps unless it is given its own;
 - `timings.json`: where the sweep's wall time went (`tfla_bench.phases`);
 - `check.json` and `check.log`: the correctness gate of `sweep --check` and its worker's output;
 - `worker-<i>.log` and `precompile-<i>.log`: the output of the worker processes;
@@ -82,6 +84,7 @@ SCHEMA_VERSION = 3
 RESULTS = "results.csv"
 ENV = "env.json"
 SPEC = "spec.json"
+SELECTION = "selection.json"
 CHECK = "check.json"
 CHECK_LOG = "check.log"
 COMPARE = "compare.csv"
@@ -591,6 +594,38 @@ def rewrite_results(path: Path, rows: list[ResultRow], columns: list[str]) -> No
 
 # ----------------------------------------------------------------------------------------------
 # Environment, spec, GPU
+
+
+def write_selection(run_dir: Path, kernels: list[str] | None, seq_lens: list[int] | None) -> None:
+    """Record which of the spec's cases the sweep keeps (`SELECTION`; None: no filter)."""
+    write_json(run_dir / SELECTION, {"kernels": kernels or None, "seq_lens": seq_lens or None})
+
+
+def read_selection(run_dir: Path) -> tuple[list[str] | None, list[int] | None]:
+    """The kernels and sequence lengths a run kept of its spec's cases; (None, None) for a run that
+    recorded none (a whole spec, or a run older than `SELECTION`).
+
+    Raises:
+        UserError: the file is there but is not a selection record.
+    """
+    path = run_dir / SELECTION
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is not readable JSON: {exc}") from None
+    kernels = record.get("kernels") if isinstance(record, dict) else []
+    seq_lens = record.get("seq_lens") if isinstance(record, dict) else []
+    valid_kernels = kernels is None or (
+        isinstance(kernels, list) and all(isinstance(k, str) for k in kernels)
+    )
+    valid_lengths = seq_lens is None or (
+        isinstance(seq_lens, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in seq_lens)
+    )
+    if not (valid_kernels and valid_lengths):
+        raise UserError(f'{path}: expected {{"kernels": [names] or null, "seq_lens": [ints] or null}}')
+    return kernels, seq_lens
 
 
 def read_env(run_dir: Path) -> dict[str, Any]:

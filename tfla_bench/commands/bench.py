@@ -409,6 +409,8 @@ def _execute(
         cuda_graph=flags.cuda_graph,
         grad=flags.grad,
     )
+    if resume is not None and not only and not seq_lens:
+        only, seq_lens = rundir.read_selection(resume)  # the cases the run set out to measure
     cases = specs.expand(spec, only or None)
     if seq_lens:
         missing = sorted(set(seq_lens) - {case.seq_len for case in cases})
@@ -443,6 +445,8 @@ def _execute(
         forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)
         if resuming:
             cluster.settle(run_dir)
+        else:
+            rundir.write_selection(run_dir, only, seq_lens)
         if options is not None:
             _execute_in_jobs(spec, cases, run_dir, options, resuming, retry, forced, flags, clock, stdout)
             return
