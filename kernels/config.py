@@ -193,6 +193,7 @@ def _tfla_default(head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: tor
     # B8 NH8 T8192 Dv512, L256: fw 4.50 ms and fwbw 14.57 ms, where two blocks with float32 states took
     # 5.78 and 18.90 ms; a second stage of its 128-row query tiles does not fit in shared memory.
     one_block = gate == "exp" and wide and head_dim_qk == 2 * dim_cap
+    bwd_qk = qk  # the backward kernels keep two blocks: one of 256 spills in the dK kernel (ncu)
     if one_block:
         qk = head_dim_qk
     return KernelConfig(
@@ -204,7 +205,7 @@ def _tfla_default(head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: tor
         num_stages=1 if one_block and chunk_size >= 128 else 2,
         bwd_seq_q=min(chunk_size, 32),
         bwd_seq_kv=seq,
-        bwd_qk=qk,
+        bwd_qk=bwd_qk,
         bwd_v=v,
         bwd_num_warps=4,
         bwd_num_stages=2,

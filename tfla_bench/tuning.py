@@ -41,7 +41,7 @@ from tfla_bench.kernels.config import KernelConfig
 KERNELS = ("tfla", "limit_chunk")
 GROUPS = {
     "fwd": ("seq_q", "seq_kv", "num_warps", "num_stages"),
-    "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_num_warps", "bwd_num_stages"),
+    "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_qk", "bwd_num_warps", "bwd_num_stages"),
     "state": ("state_seq", "state_qk", "state_v", "state_num_warps"),
 }
 GROUP_MODE = {"fwd": "fw", "bwd": "fwbw", "state": "fwbw"}
@@ -108,6 +108,8 @@ def grid(shape: Shape, group: str) -> dict[str, tuple[int, ...]]:
         "bwd": {
             "bwd_seq_q": tuple(s for s in (32, 64) if s <= L),
             "bwd_seq_kv": tuple(s for s in (32, 64, 128) if s <= L),
+            "bwd_qk": tuple(d for d in (128, 256) if shape.head_dim_qk % d == 0)
+            or (kconfig.largest_pow2_divisor(shape.head_dim_qk, 128),),
             "bwd_num_warps": (4, 8),
             "bwd_num_stages": (1, 2, 3),
         },
