@@ -74,7 +74,8 @@ def test_resume_keeps_the_kernels_and_lengths_the_run_set_out_with(capsys, plugi
     out_dir = tmp_path / "run"
     args = ["sweep", str(spec_file), "--out", str(out_dir), "-k", "sdpa_math", "--seq-len", "16"]
     assert main([*args, "--reps", "2"]) == 0
-    assert json.loads((out_dir / "selection.json").read_text()) == {"kernels": ["sdpa_math"], "seq_lens": [16]}
+    selection = json.loads((out_dir / "selection.json").read_text())
+    assert selection == {"kernels": ["sdpa_math"], "seq_lens": [16]}
     rows = rundir.read_results(out_dir / "results.csv").rows
     assert sorted((r.case.kernel, r.case.seq_len, r.case.mode) for r in rows) == [
         ("sdpa_math", 16, "fw"),
