@@ -193,7 +193,7 @@ def _tfla_default(head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: tor
     # B8 NH8 T8192 Dv512, L256: fw 4.50 ms and fwbw 13.94 ms, where two blocks with float32 states took
     # 5.78 and 18.90 ms; a second stage of its 128-row query tiles does not fit in shared memory.
     one_block = gate == "exp" and wide and head_dim_qk == 2 * dim_cap
-    bwd_qk = qk  # the backward kernels keep two blocks: one of 256 spills in the dK kernel (ncu)
+    bwd_qk = qk  # at most 128: one block of 256 made mLSTMexp's dK kernel move 2.8 GB more (ncu, H100)
     if one_block:
         qk = head_dim_qk
     return KernelConfig(
