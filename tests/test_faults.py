@@ -47,7 +47,8 @@ kernels = ["sdpa_math", "mlstm_torch"]
 modes = ["fw", "fwbw"]
 dtype = "float32"
 warmup = 1
-reps = 3
+min_time_s = 0.3
+budget_s = 0.3
 timeout_s = 120
 [shape]
 tokens = 128
@@ -62,8 +63,9 @@ params = { gate = ["exp", "sig"] }
 CASES = 18
 KEY_COLUMNS = (*rundir.CASE_COLUMNS, "param_gate")
 # Where the sweeps are stopped: once while starting up (the spec is written, no row yet), then after
-# the given number of rows, each reached by a run that wrote at least one row of its own. A sweep may
-# write a row or two more between the count and the signal, so the last point leaves five cases.
+# the given number of rows, each reached by a run that wrote at least one row of its own. A sweep
+# notices a signal within about 0.2 s, so each case times calls for 0.3 s (`min_time_s`): the signal
+# lands before the next row, and the last point still leaves five cases.
 STOP_POINTS = (None, 1, 3, 4, 6, 7, 9, 10, 12, 13)
 WAIT_S = 300.0
 
