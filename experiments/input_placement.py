@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from tfla_bench import registry, timing
-from tfla_bench.worker import make_step
+from tfla_bench.worker import clear_grads, grad_leaves, make_step
 from tfla_bench.workloads import Case
 
 COPIES = 6
@@ -29,11 +29,10 @@ def medians_over_copies(case: Case, rule: timing.StopRule) -> list[float]:
     for _ in range(COPIES):
         inputs = adapter.make_inputs(case, "cuda")
         kept.append(inputs)
-        tensors = [x for x in inputs.values() if isinstance(x, torch.Tensor)]
+        leaves = grad_leaves(inputs)
 
-        def reset(tensors: list[torch.Tensor] = tensors) -> None:
-            for x in tensors:
-                x.grad = None
+        def reset(leaves: list[torch.Tensor] = leaves) -> None:
+            clear_grads(leaves)
 
         step = make_step(adapter, inputs, case.mode, "sum")
         stats = timing.time_standalone(step, "cuda", rule=rule, warmup_calls=2, warmup_s=0.0, reset=reset)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from tfla_bench import registry, timing
-from tfla_bench.worker import make_step
+from tfla_bench.worker import clear_grads, grad_leaves, make_step
 from tfla_bench.workloads import Case
 
 KERNELS = {
@@ -83,11 +83,10 @@ def measure(name: str, chunk: int, mode: str) -> dict:
     case = Case(name, mode, "bfloat16", 8, 8192, 16, 128, 256, chunk)
     torch.manual_seed(0)
     inputs = adapter.make_inputs(case, "cuda")
-    leaves = [value for value in inputs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
+    leaves = grad_leaves(inputs)
 
     def reset() -> None:
-        for leaf in leaves:
-            leaf.grad = None
+        clear_grads(leaves)
 
     step = make_step(adapter, inputs, mode, "sum")
     flush = timing.L2Flush("cuda")

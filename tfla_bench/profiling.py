@@ -381,7 +381,7 @@ def _child(device: str, grad: str, module: str, case_json: str) -> None:
     import torch
 
     from tfla_bench import registry
-    from tfla_bench.worker import make_step
+    from tfla_bench.worker import clear_grads, grad_leaves, make_step
 
     registry.load()
     case = Case(**json.loads(case_json))
@@ -393,14 +393,12 @@ def _child(device: str, grad: str, module: str, case_json: str) -> None:
     torch.cuda.set_device(device)
     torch.manual_seed(0)
     inputs = adapter.make_inputs(case, device)
-    leaves = [value for value in inputs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
+    leaves = grad_leaves(inputs)
     step = make_step(adapter, inputs, case.mode, grad)
     for _ in range(WARMUP_CALLS):
-        for leaf in leaves:
-            leaf.grad = None
+        clear_grads(leaves)
         step()
-    for leaf in leaves:
-        leaf.grad = None
+    clear_grads(leaves)
     torch.cuda.synchronize(device)
     torch.cuda.profiler.start()
     step()

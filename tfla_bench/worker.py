@@ -224,13 +224,12 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     torch.manual_seed(0)
     inputs = adapter.make_inputs(case, device)
     inputs_bytes = memory.allocated_bytes(device)
-    leaves = [value for value in inputs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
+    leaves = grad_leaves(inputs)
     if case.mode == "fwbw" and not leaves:
         raise RuntimeError(f"{adapter.name}.make_inputs gave no tensor with requires_grad=True for fwbw")
 
     def reset_grads() -> None:
-        for leaf in leaves:
-            leaf.grad = None
+        clear_grads(leaves)
 
     step = make_step(adapter, inputs, case.mode, settings.grad)
     reset_grads()
@@ -293,6 +292,19 @@ def _monitor(device: str) -> gpustate.Monitor | None:
         return None
     # A torch without `uuid` gives an empty name, which NVML refuses: the monitor then carries a note.
     return gpustate.Monitor(str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))
+
+
+def grad_leaves(inputs: dict[str, Any]) -> list[Any]:
+    """The input tensors that take gradients: a fwbw call accumulates into their `.grad`."""
+    import torch
+
+    return [value for value in inputs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
+
+
+def clear_grads(leaves: list[Any]) -> None:
+    """Drop the gradients of `leaves`, so the next fwbw call writes them afresh instead of adding."""
+    for leaf in leaves:
+        leaf.grad = None
 
 
 def make_step(adapter: Any, inputs: dict[str, Any], mode: str, grad: str) -> Callable[[], None]:
