@@ -79,11 +79,13 @@ def pointer_or(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
 
 class ChunkSums(NamedTuple):
     """The cumulative log gates the kernels read (`gates.ChunkGates` without `a`), float32: `b`
-    `[BH, T]`, `g` and `a_max` `[BH, NC]`."""
+    `[BH, T]`, `g` and `a_max` `[BH, NC]`; for mLSTMexp also `row_max` `[BH, T]`, the within-chunk
+    prefix max of `log_i - b` (`common.fwd_kernel_gates`), else None."""
 
     b: torch.Tensor
     g: torch.Tensor
     a_max: torch.Tensor
+    row_max: torch.Tensor | None = None
 
 
 class RowDots(NamedTuple):
@@ -103,10 +105,12 @@ def gates_forward(i: torch.Tensor, f: torch.Tensor, s: Settings) -> tuple[torch.
     b = torch.empty_like(log_i)
     g = torch.empty(bh, nc, dtype=torch.float32, device=i.device)
     a_max = torch.empty_like(g)
+    row_max = torch.empty_like(log_i) if s.use_max_state else None
     fwd_kernel_gates[(bh * nc,)](
-        i, f, log_i, b, g, a_max, seq_len, nc, L=s.chunk_size, SIG_INPUT=s.gate == "sig", num_warps=4
-    )
-    return log_i, ChunkSums(b, g, a_max)
+        i, f, log_i, b, g, a_max, pointer_or(row_max, b), seq_len, nc,
+        L=s.chunk_size, SIG_INPUT=s.gate == "sig", num_warps=4,
+    )  # fmt: skip
+    return log_i, ChunkSums(b, g, a_max, row_max)
 
 
 def gates_backward(i, f, dots: RowDots, dg: torch.Tensor, s: Settings) -> tuple[torch.Tensor, torch.Tensor]:

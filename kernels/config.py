@@ -7,9 +7,8 @@ call), else `default_config`. Both are cached per shape key, so a call pays one 
 
 TFLA defaults, chosen from per-kernel timings on an H100 80GB HBM3 (bf16, Dqk 128, Dv 256, L 128,
 8 sequences x 16 heads of 8192 steps, fwbw):
-- forward output kernel: `seq_q x seq_kv` = `min(L, 128) x min(L, 64)` for mLSTMsig and
-  `min(L, 128) x min(L, 32)` for mLSTMexp (whose running-max rescaling favours short kv tiles), 8 warps,
-  2 stages; float32 inputs keep `min(L, 64)` tiles (twice the shared memory per element);
+- forward output kernel: `seq_q x seq_kv` = `min(L, 128) x min(L, 64)`, 8 warps, 2 stages; float32
+  inputs keep `min(L, 64)` tiles (twice the shared memory per element);
 - head-dim blocks `qk`, `v` (also `bwd_qk`, `bwd_v`): the largest power of two dividing the head dim,
   at most 128 (64 for float32);
 - backward dQ/dK/dV kernels: `min(L, 32) x min(L, 64)` tiles, 4 warps, 2 stages;
@@ -198,7 +197,7 @@ def _tfla_default(head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: tor
         qk = head_dim_qk
     return KernelConfig(
         seq_q=min(chunk_size, 128) if wide else seq,
-        seq_kv=min(chunk_size, 32) if gate == "exp" else seq,
+        seq_kv=seq,
         qk=qk,
         v=v,
         num_warps=8 if seq * max(qk, v) >= 64 * 128 else 4,

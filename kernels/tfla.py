@@ -55,7 +55,7 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     bh, seq_len, dqk = q.shape
     dv, nc, cfg = v.shape[-1], gates.g.shape[-1], s.config
     tfla_fwd_kernel_h[(bh * nc * (s.chunk_size // cfg.seq_q) * (dv // cfg.v),)](
-        q, k, v, gates.b, log_i, C, pointer_or(n, C), pointer_or(m, C), h,
+        q, k, v, gates.b, log_i, pointer_or(gates.row_max, gates.b), C, pointer_or(n, C), pointer_or(m, C), h,
         pointer_or(m_row, h), pointer_or(denom, h), seq_len, nc, dqk**-0.5, s.eps,
         DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_LQ=cfg.seq_q, BLOCK_LKV=cfg.seq_kv, BLOCK_DQK=cfg.qk,
         BLOCK_DV=cfg.v, USE_MAX_STATE=s.use_max_state, HAS_N=s.has_n, DOT_PRECISION=dot_precision(q.dtype),
