@@ -3,6 +3,8 @@
 import math
 import random
 
+import pytest
+
 from tfla_bench import timing
 from tfla_bench.timing import StopRule
 
@@ -142,3 +144,31 @@ def test_standalone_timing_resets_before_every_call_on_cpu():
     )
     assert (stats.reps, stats.stop, len(calls), len(resets)) == (7, "fixed", 9, 9)
     assert stats.host_gap_share is None  # no flush, spin or events on CPU
+
+
+def test_the_kernels_clock_splits_the_record_at_the_markers():
+    marker = "void at::cuda::(anonymous namespace)::spin_kernel<long>(long)"
+    record = [
+        ("fill (flush)", 0, 100),
+        (marker, 100, 300),  # the spin before call 1: the call starts when it ends
+        ("kernel a", 305, 325),
+        ("kernel b", 330, 350),
+        (marker, 352, 353),
+        ("fill (flush)", 400, 500),
+        (marker, 500, 700),
+        ("Memcpy DtoD", 702, 712),
+        (marker, 713, 714),
+    ]
+    shuffled = record[::-1]  # the record is sorted by start time first
+    assert timing.split_calls(shuffled, 2) == [50, 12]
+    with pytest.raises(RuntimeError, match="found 4 marker kernels for 3 calls"):
+        timing.split_calls(record, 3)
+    with pytest.raises(RuntimeError, match="ran no kernel"):
+        timing.split_calls([(marker, 0, 1), (marker, 2, 3)], 1)
+
+
+def test_the_kernels_clock_needs_cuda_and_a_known_name():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        timing.time_calls(lambda: None, rule=StopRule(reps=1), device="cpu", clock="kernels")
+    with pytest.raises(ValueError, match="clock must be one of"):
+        timing.time_calls(lambda: None, rule=StopRule(reps=1), device="cpu", clock="wall")

@@ -13,7 +13,8 @@ or per override) become `Case.params`; a list value there is expanded like a sha
 
 Timing: `warmup` and `reps` fix the number of untimed and timed calls (the paper's method); a spec
 without `reps` times adaptively (`rel_ci`, `budget_s`, `min_reps`, `max_reps`; see
-`tfla_bench.timing`), and one without `warmup` warms up for `warmup_s` seconds. `autotune_ms`
+`tfla_bench.timing`), and one without `warmup` warms up for `warmup_s` seconds. `clock` picks how
+a call's time is read: `events` or `kernels`. `autotune_ms`
 sets how long a library's Triton autotuner times each config in a case's first call.
 
 `chunk_size` is dropped (None) for adapters whose `uses_chunk_size` is false, and duplicate cases
@@ -65,6 +66,7 @@ TOP_KEYS = (
     "expand",
     "l2_flush",
     "cuda_graph",
+    "clock",
     "grad",
     "timeout_s",
     "autotune_ms",
@@ -73,6 +75,9 @@ TOP_KEYS = (
     "override",
 )
 GRAD_MODES = ("fixed", "sum")
+# How a timed call's time is read (`tfla_bench.timing`): CUDA events around it, or the GPU's record
+# of the kernels it ran.
+CLOCKS = ("events", "kernels")
 EXPAND_MODES = ("grid", "zip")
 # seq_len varies fastest, so consecutive cases of one kernel trace a curve over sequence length.
 _AXIS_ORDER = (
@@ -102,6 +107,8 @@ class MeasureSettings:
         min_reps, max_reps: adaptive: the fewest and the most timed calls.
         l2_flush: zero a buffer of at least 2x the L2 size before every timed call (GPU only).
         cuda_graph: capture one call in a CUDA graph and time its replays (GPU only).
+        clock: `events` (CUDA events around each call) or `kernels` (the GPU's busy time in the
+            call, from its activity record); GPU only, see `tfla_bench.timing`.
         grad: upstream gradient in fwbw: `fixed` (one `randn_like(out)` made once) or `sum` (`out.sum()`).
         timeout_s: wall-clock limit per case, first call (compile/autotune) included.
         autotune_ms: timed milliseconds per config when a library's Triton autotuner tunes in the
@@ -118,6 +125,7 @@ class MeasureSettings:
     max_reps: int = 2000
     l2_flush: bool = True
     cuda_graph: bool = False
+    clock: str = "events"
     grad: str = "fixed"
     timeout_s: float = 900.0
     autotune_ms: float = 20.0
@@ -282,6 +290,7 @@ def parse_spec(raw: dict[str, Any], source: str) -> Spec:
         max_reps=where.integer(given("max_reps"), "max_reps", minimum=1),
         l2_flush=where.boolean(given("l2_flush"), "l2_flush"),
         cuda_graph=where.boolean(given("cuda_graph"), "cuda_graph"),
+        clock=where.choice(given("clock"), "clock", CLOCKS),
         grad=where.choice(given("grad"), "grad", GRAD_MODES),
         timeout_s=where.positive_number(given("timeout_s"), "timeout_s"),
         autotune_ms=where.positive_number(given("autotune_ms"), "autotune_ms"),

@@ -1,8 +1,8 @@
 """The suite's clock checked against independent clocks, on single-kernel ops.
 
 For a device copy (an elementwise kernel that reads and writes N bytes) of 1 MB to 1 GB and a
-bf16 GEMM, `validate` sets the suite's median (`tfla_bench.timing`: cold L2, spin, CUDA events,
-adaptive reps) beside:
+bf16 GEMM, `validate` sets the suite's median (`tfla_bench.timing`: cold L2, spin, adaptive reps),
+with each of its two clocks (CUDA events, the GPU's busy time from its activity record), beside:
 
 - Nsight Compute's `gpu__time_duration.sum` for the same kernels (`tfla_bench.ncu`), profiled in
   a child process with `--clock-control none` (the GPU's own clocks, as the suite runs) and
@@ -12,7 +12,8 @@ adaptive reps) beside:
   timed, divided by `GRAPH_CALLS` (no launch gaps, and the L2 cannot hold the data anyway).
 
 Copies up to `CLEAN_FLUSH_MAX_MB` are timed once more with a flush that reads its buffer instead of
-zeroing it (`timing.L2Flush(clean=True)`), beside the same ncu time. Two more rows show the method's
+zeroing it (`timing.L2Flush(clean=True)`), beside the same ncu time. Every op is timed with the
+kernels clock after that reading flush, the match of ncu's clean, empty cache. Two more rows show the method's
 limits: an in-L2 copy timed with and without the flush (the flush must make it slower), and a call
 made of many tiny kernels launched from Python, timed with and without the spin that lets the host
 run ahead (`host_gap_share` says which calls the GPU waited in). `experiments/validate_timing.py`
@@ -61,6 +62,7 @@ class Check:
 
     op: str
     size: str
+    method: str
     suite_ms: float
     ci_rel: float
     host_gap_share: float | None
@@ -96,13 +98,15 @@ def markdown(checks: list[Check], gpu: str) -> str:
         f"Timing validation on {gpu} (suite: median, cold L2, adaptive reps; ✗: more than "
         f"{TOLERANCE:.0%} apart)",
         "",
-        "| op | size | suite ms | ±CI | host gaps | ncu ms | suite/ncu | graph/100 ms | suite/graph | note |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| op | size | clock, flush | suite ms | ±CI | host gaps | ncu ms | suite/ncu | graph/100 ms | "
+        "suite/graph | note |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for check in checks:
         gaps = "" if check.host_gap_share is None else f"{check.host_gap_share:.0%}"
         lines.append(
-            f"| {check.op} | {check.size} | {ms(check.suite_ms)} | {check.ci_rel:.2%} | {gaps} | "
+            f"| {check.op} | {check.size} | {check.method} | {ms(check.suite_ms)} | {check.ci_rel:.2%} | "
+            f"{gaps} | "
             f"{ms(check.ncu_ms)} | {ratio(check.ratio(check.ncu_ms))} | {ms(check.graph_ms)} | "
             f"{ratio(check.ratio(check.graph_ms))} | {check.note} |"
         )
@@ -135,14 +139,25 @@ def make_op(op: str, size: int, device: str) -> tuple[Callable[[], None], int]:
 
 
 def suite_time(
-    fn: Callable[[], None], device: str, *, flush: bool = True, spin: bool = True, clean_flush: bool = False
+    fn: Callable[[], None],
+    device: str,
+    *,
+    flush: bool = True,
+    spin: bool = True,
+    clean_flush: bool = False,
+    clock: str = "events",
 ):
     """The suite's measurement of `fn`, as the worker does it (`TimingStats`): a first call, then
     `timing.time_standalone`; `clean_flush` reads the flush buffer instead of zeroing it."""
     from tfla_bench import timing
 
     timing.time_first_call(fn, device)
-    return timing.time_standalone(fn, device, flush=flush, clean_flush=clean_flush, spin=spin)
+    return timing.time_standalone(fn, device, flush=flush, clean_flush=clean_flush, spin=spin, clock=clock)
+
+
+def method(clock: str, flush: bool = True, clean_flush: bool = False) -> str:
+    """The table's `clock, flush` cell."""
+    return f"{clock}, " + ("no flush" if not flush else "reading" if clean_flush else "zeroing")
 
 
 def graph_time(fn: Callable[[], None], replays: int = 10) -> float:
@@ -209,38 +224,45 @@ def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
     ops += [("gemm", n, f"{n}^3 bf16") for n in GEMM_SIZES]
     for op, size, label in ops:
         fn, data = make_op(op, size, device)
-        stats = suite_time(fn, device)
-        check = Check(op, label, stats.median_ms, stats.ci_rel, stats.host_gap_share)
-        if data >= GRAPH_MIN_L2 * l2:
-            check.graph_ms = graph_time(fn)
+        ncu_ms, note = None, ""
         if executable is not None:
             try:
-                check.ncu_ms = ncu_time(op, size, executable, log_dir / f"{op}-{size}.csv")
+                ncu_ms = ncu_time(op, size, executable, log_dir / f"{op}-{size}.csv")
             except ncu.NcuError as exc:
-                check.note = f"ncu {exc.status}: {exc.reason}"
-        checks.append(check)
+                note = f"ncu {exc.status}: {exc.reason}"
+        graph_ms = graph_time(fn) if data >= GRAPH_MIN_L2 * l2 else None
+        settings = [("events", False)]
         if op == "copy" and size <= CLEAN_FLUSH_MAX_MB << 20:
-            stats = suite_time(fn, device, clean_flush=True)
-            note = "flush reads its buffer (clean L2 lines)"
+            settings.append(("events", True))
+        settings.append(("kernels", True))
+        for clock, clean in settings:
+            stats = suite_time(fn, device, clean_flush=clean, clock=clock)
             checks.append(
-                Check(op, label, stats.median_ms, stats.ci_rel, stats.host_gap_share, check.ncu_ms, note=note)
-            )
+                Check(
+                    op, label, method(clock, clean_flush=clean), stats.median_ms, stats.ci_rel,
+                    stats.host_gap_share, ncu_ms, graph_ms, note,
+                )
+            )  # fmt: skip
     in_l2 = 4 << 20
     fn, _ = make_op("copy", in_l2, device)
     for flush in (True, False):
-        stats = suite_time(fn, device, flush=flush)
+        stats = suite_time(fn, device, flush=flush, clock="kernels")
         note = "L2 flushed before each call" if flush else "no flush: data stays in L2"
-        checks.append(Check("copy", "4 MB", stats.median_ms, stats.ci_rel, stats.host_gap_share, note=note))
-    fn, _ = make_op("tiny", 0, device)
-    graph = graph_time(fn)
-    for spin in (True, False):
-        stats = suite_time(fn, device, flush=False, spin=spin)
-        note = f"{TINY_KERNELS} kernels from Python; " + ("spin ahead" if spin else "no spin")
         checks.append(
             Check(
-                "tiny", "4 B", stats.median_ms, stats.ci_rel, stats.host_gap_share, graph_ms=graph, note=note
+                "copy", "4 MB", method("kernels", flush), stats.median_ms, stats.ci_rel, stats.host_gap_share,
+                note=note,
             )
-        )
+        )  # fmt: skip
+    fn, _ = make_op("tiny", 0, device)
+    graph = graph_time(fn)
+    for clock, spin in (("events", True), ("events", False), ("kernels", True)):
+        stats = suite_time(fn, device, flush=False, spin=spin, clock=clock)
+        note = f"{TINY_KERNELS} kernels from Python; " + ("spin ahead" if spin else "no spin")
+        cell = method(clock, flush=False)
+        row = Check("tiny", "4 B", cell, stats.median_ms, stats.ci_rel, stats.host_gap_share, graph_ms=graph)
+        row.note = note
+        checks.append(row)
     return checks
 
 

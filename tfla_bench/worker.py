@@ -258,7 +258,11 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         max_reps=settings.max_reps,
     )
     spin = timing.Spin(device, queue_s) if cuda else None
-    stats = timing.time_calls(timed, rule=rule, device=device, before_each=before_each, spin=spin)
+    clock = settings.clock if cuda else "events"
+    host_clock = "; timed by the host clock (the kernels clock needs CUDA)" if clock != settings.clock else ""
+    stats = timing.time_calls(
+        timed, rule=rule, device=device, before_each=before_each, spin=spin, clock=clock
+    )
     calls_s = time.perf_counter() - calls_began
     after = monitor.read() if monitor is not None else None
     return Measurement(
@@ -271,7 +275,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         peak_memory_bytes=peak.peak_bytes,
         peak_memory_above_inputs_bytes=peak.above_inputs_bytes,
         device=device,
-        note="" if cuda else "peak memory not measured on CPU",
+        note="" if cuda else "peak memory not measured on CPU" + host_clock,
         warmup=warmup,
         reps=stats.reps,
         ci_rel=stats.ci_rel,

@@ -126,6 +126,12 @@ class _Flags:
     cuda_graph: Annotated[
         bool | None, typer.Option("--cuda-graph/--no-cuda-graph", help="time CUDA-graph replays of one call")
     ] = None
+    clock: Annotated[
+        str | None,
+        typer.Option(
+            "--clock", help="events (CUDA events around each call) or kernels (the GPU's busy time in it)"
+        ),
+    ] = None
     grad: Annotated[
         str | None,
         typer.Option("--grad", help="fwbw upstream gradient: fixed (randn, made once) or sum (out.sum())"),
@@ -384,6 +390,8 @@ def _execute(
     clock = PhaseClock()
     if flags.grad is not None and flags.grad not in specs.GRAD_MODES:
         raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {flags.grad!r}")
+    if flags.clock is not None and flags.clock not in specs.CLOCKS:
+        raise UserError(f"--clock: expected one of {', '.join(specs.CLOCKS)}, got {flags.clock!r}")
     for flag, value, minimum in (("--warmup", flags.warmup, 0), ("--reps", flags.reps, 1)):
         if value is not None and value < minimum:
             raise UserError(f"{flag}: expected an integer >= {minimum}, got {value}")
@@ -407,6 +415,7 @@ def _execute(
         autotune_ms=flags.autotune_ms,
         l2_flush=flags.l2_flush,
         cuda_graph=flags.cuda_graph,
+        clock=flags.clock,
         grad=flags.grad,
     )
     if resume is not None and not only and not seq_lens:
