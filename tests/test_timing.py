@@ -157,10 +157,11 @@ def test_the_kernels_clock_splits_the_record_at_the_markers():
         ("fill (flush)", 400, 500),
         (marker, 500, 700),
         ("Memcpy DtoD", 702, 712),
-        (marker, 713, 714),
+        ("kernel c", 712 + timing.HOST_WAIT_NS + 1, 9000),  # the GPU waited for the host before it
+        (marker, 9001, 9002),
     ]
     shuffled = record[::-1]  # the record is sorted by start time first
-    assert timing.split_calls(shuffled, 2) == [50, 12]
+    assert timing.split_calls(shuffled, 2) == [(50, False), (8300, True)]
     with pytest.raises(RuntimeError, match="found 4 marker kernels for 3 calls"):
         timing.split_calls(record, 3)
     with pytest.raises(RuntimeError, match="ran no kernel"):

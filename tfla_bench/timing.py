@@ -35,9 +35,10 @@ of what ran (CUPTI activity records, through `torch.profiler`): a call's time ru
 the kernel before it (the spin, or a marker kernel `torch.cuda._sleep(0)`), when the GPU was free
 to start the call, to the end of its last kernel, copy or memset. That holds the dispatch of its
 first kernel (about 1 us) and the GPU's gaps between its kernels, as a back-to-back sequence of
-calls would, but no event. A marker kernel after each call closes it in the record. On an H100 it
-agreed with Nsight Compute's `gpu__time_duration` within 2% for a copy from 16 MB up
-(`tfla_bench.validation`).
+calls would; no event is recorded. A marker kernel after each call closes it in the record. A
+call counts towards `host_gap_share` when the GPU sat idle inside it for more than `HOST_WAIT_NS`.
+On an H100 the span agreed with Nsight Compute's `gpu__time_duration` within 2% for a copy from
+16 MB up (`tfla_bench.validation`).
 
 Library autotuners
 ------------------
@@ -74,6 +75,9 @@ SPIN_MAX_S = 2e-3
 BATCH_BUDGET_SHARE = 0.1
 # The kernel of `torch.cuda._sleep`, which delimits the calls in the kernel clock's record.
 MARKER_KERNEL = "spin_kernel"
+# An idle GPU inside a call for longer than this waited for the host (the kernels clock): the GPU's
+# own dispatch of a queued kernel took 1.0-1.5 us on an H100.
+HOST_WAIT_NS = 5_000
 
 
 @dataclass(frozen=True)
@@ -297,19 +301,24 @@ def time_calls(
                 spin()
             elif record is not None:
                 record.marker()
+            if record is not None:
+                fn()
+                record.marker()
+                marks.append((None, None))
+                continue
             start = _mark(cuda)
             fn()
             end = _mark(cuda)
-            if record is not None:
-                record.marker()
             if cuda and start.query():
                 gaps += 1
             marks.append((start, end))
         synchronize(device)
         if record is not None:
             began = time.perf_counter()
-            times_ms += record.call_times_ms(len(marks))
+            calls = record.calls(len(marks))
             record_s += time.perf_counter() - began
+            times_ms += [call_ns / 1e6 for call_ns, _ in calls]
+            gaps += sum(waited for _, waited in calls)
         elif cuda:
             times_ms += [start.elapsed_time(end) for start, end in marks]
         else:
@@ -317,9 +326,10 @@ def time_calls(
     return summarize(times_ms, stop, gaps / len(times_ms) if cuda else None)
 
 
-def split_calls(activities: list[tuple[str, int, int]], calls: int) -> list[int]:
-    """Each call's time in ns from the activity record of a batch of `calls` calls: from the end of
-    the marker before it to the end of its last activity.
+def split_calls(activities: list[tuple[str, int, int]], calls: int) -> list[tuple[int, bool]]:
+    """Each call's time in ns from the activity record of a batch of `calls` calls, from the end of
+    the marker before it to the end of its last activity, and whether the GPU sat idle for more than
+    `HOST_WAIT_NS` inside that window (waiting for the host to queue the call's next kernel).
 
     Args:
         activities: `(name, start_ns, end_ns)` of every kernel, copy and memset of the batch, the
@@ -336,13 +346,18 @@ def split_calls(activities: list[tuple[str, int, int]], calls: int) -> list[int]
             f"the kernels clock found {len(markers)} marker kernels for {calls} calls (2 each): the "
             "activity record lost some, or the timed call itself launches torch.cuda._sleep"
         )
-    times = []
+    results = []
     for lead, close in zip(markers[::2], markers[1::2], strict=True):
         inside = ordered[lead + 1 : close]
         if not inside:
             raise RuntimeError("the kernels clock found a call that ran no kernel, copy or memset on the GPU")
-        times.append(max(end for _, _, end in inside) - ordered[lead][2])
-    return times
+        begin = reach = ordered[lead][2]
+        waited = False
+        for _, start, end in inside:
+            waited = waited or start - reach > HOST_WAIT_NS
+            reach = max(reach, end)
+        results.append((reach - begin, waited))
+    return results
 
 
 class KernelRecord:
@@ -360,15 +375,15 @@ class KernelRecord:
         """Queue the marker kernel that delimits the calls."""
         torch.cuda._sleep(0)
 
-    def call_times_ms(self, calls: int) -> list[float]:
-        """Stop recording (after the caller's synchronize) and return each call's time in ms."""
+    def calls(self, calls: int) -> list[tuple[int, bool]]:
+        """Stop recording (after the caller's synchronize): `split_calls` of the record."""
         self._profile.stop()
         activities = [
             (event.name(), event.start_ns(), event.end_ns())
             for event in self._profile.profiler.kineto_results.events()
             if event.device_type() == torch.autograd.DeviceType.CUDA and not event.is_user_annotation()
         ]
-        return [ns / 1e6 for ns in split_calls(activities, calls)]
+        return split_calls(activities, calls)
 
 
 def time_standalone(
