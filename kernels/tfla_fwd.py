@@ -10,8 +10,8 @@ causal diagonal and over the d_qk blocks (Fig. 3). The gate is a compile-time sw
   rescales its accumulators as it grows (lines 18-21). But `D~ = b - b^T + log_i^T` holds gates only,
   so its row max is `b` plus the within-chunk prefix max of `log_i - b`, which the gate kernel stores
   (`row_max`): the kernel knows `m_comb` before its first product, weights every product by its
-  final scale and never rescales. On an H100 the running max made the kernel 1.5x as slow as
-  mLSTMsig's with the same bytes moved;
+  final scale and never rescales. On an H100 (8 x 256/512, L256) the kernel with the running max
+  took 2987 us against mLSTMsig's 1981 with the same bytes moved; without it, 1827 against 1759;
 - mLSTMsig needs no max state (section 4, appendix C.2); it has a normalizer `n` only with
   `normalize` (`HAS_N`).
 

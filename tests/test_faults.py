@@ -425,6 +425,8 @@ _flags = st.lists(
             ["--timeout", "0"],
             ["--grad", "sideways"],
             ["--grad", "sum"],
+            ["--clock", "wall"],
+            ["--clock", "events"],
             ["--kernel", "sdpa_math"],
             ["--kernel", "nope"],
             ["--gpus", "0"],
