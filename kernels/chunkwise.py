@@ -79,8 +79,10 @@ def pointer_or(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
 
 class ChunkSums(NamedTuple):
     """The cumulative log gates the kernels read (`gates.ChunkGates` without `a`), float32: `b`
-    `[BH, T]`, `g` and `a_max` `[BH, NC]`; for mLSTMexp also `row_max` `[BH, T]`, the within-chunk
-    prefix max of `log_i - b` (`common.fwd_kernel_gates`), else None."""
+    `[BH, T]`, `g` and `a_max` `[BH, NC]`; where the output kernel reads it (`KernelOps.row_max`: TFLA's
+    mLSTMexp) also `row_max` `[BH, T]`, the within-chunk prefix max of `log_i - b`
+    (`common.fwd_kernel_gates`), else None (limit_chunk's output kernel takes its rows' max from the
+    whole chunk tile, and the backward pass needs none)."""
 
     b: torch.Tensor
     g: torch.Tensor
@@ -97,20 +99,23 @@ class RowDots(NamedTuple):
     kdk_inter: torch.Tensor
 
 
-def gates_forward(i: torch.Tensor, f: torch.Tensor, s: Settings) -> tuple[torch.Tensor, ChunkSums]:
-    """Run `fwd_kernel_gates` on the gate pre-activations `[BH, T]`: the log input gates and the sums."""
+def gates_forward(
+    i: torch.Tensor, f: torch.Tensor, s: Settings, row_max: bool = False
+) -> tuple[torch.Tensor, ChunkSums]:
+    """Run `fwd_kernel_gates` on the gate pre-activations `[BH, T]`: the log input gates and the sums,
+    with `row_max` (mLSTMexp only) also `ChunkSums.row_max`."""
     bh, seq_len = i.shape
     nc = num_chunks(seq_len, s.chunk_size)
     log_i = torch.empty(bh, seq_len, dtype=torch.float32, device=i.device)
     b = torch.empty_like(log_i)
     g = torch.empty(bh, nc, dtype=torch.float32, device=i.device)
     a_max = torch.empty_like(g)
-    row_max = torch.empty_like(log_i) if s.use_max_state else None
+    prefix_max = torch.empty_like(log_i) if row_max and s.use_max_state else None
     fwd_kernel_gates[(bh * nc,)](
-        i, f, log_i, b, g, a_max, pointer_or(row_max, b), seq_len, nc,
-        L=s.chunk_size, SIG_INPUT=s.gate == "sig", num_warps=4,
+        i, f, log_i, b, g, a_max, pointer_or(prefix_max, b), seq_len, nc,
+        L=s.chunk_size, SIG_INPUT=s.gate == "sig", ROW_MAX=prefix_max is not None, num_warps=4,
     )  # fmt: skip
-    return log_i, ChunkSums(b, g, a_max, row_max)
+    return log_i, ChunkSums(b, g, a_max, prefix_max)
 
 
 def gates_backward(i, f, dots: RowDots, dg: torch.Tensor, s: Settings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,6 +190,7 @@ class KernelOps(NamedTuple):
 
     forward: Callable
     backward: Callable
+    row_max: bool = False  # `forward` reads `ChunkSums.row_max` (mLSTMexp)
 
 
 def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
@@ -196,7 +202,7 @@ def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
     bh = batch * heads
     flat = [x.reshape(bh, seq_len, -1) for x in (q, k, v)]
     i_flat, f_flat = i.reshape(bh, seq_len).contiguous(), f.reshape(bh, seq_len).contiguous()
-    log_i, gates = gates_forward(i_flat, f_flat, s)
+    log_i, gates = gates_forward(i_flat, f_flat, s, ops.row_max)
     initial = [x.reshape(bh, -1).contiguous() if x is not None else None for x in (C0, n0, m0)]
     C, n, m, C_final = states_forward(flat[1], flat[2], gates, log_i, *initial, s, with_n=s.has_n)
     h = torch.empty_like(flat[2])
@@ -211,7 +217,7 @@ def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
             n[:, nc].clone().reshape(batch, heads, dqk) if n is not None else None,
             m[:, nc].clone().reshape(batch, heads) if m is not None else None,
         )
-    saved = (flat, i_flat, f_flat, log_i, gates, C, m, m_row, denom)
+    saved = (flat, i_flat, f_flat, log_i, gates._replace(row_max=None), C, m, m_row, denom)
     return h.reshape(batch, heads, seq_len, dv), final, saved
 
 

@@ -350,16 +350,17 @@ def _maximum(x, y):
 @triton.jit
 def fwd_kernel_gates(
     i_ptr, f_ptr, log_i_ptr, b_ptr, g_ptr, a_max_ptr, row_max_ptr, T, NC,
-    L: tl.constexpr, SIG_INPUT: tl.constexpr,
+    L: tl.constexpr, SIG_INPUT: tl.constexpr, ROW_MAX: tl.constexpr,
 ):  # fmt: skip
     """The log gates of one chunk and their sums (`gates.log_gates`, `gates.chunk_gates`, eqs. 38-40):
     `log_i` (`i`, or `log sigmoid(i)` with `SIG_INPUT`), `b` (the within-chunk cumulative sum of
     `log_f = log sigmoid(f)`), `g` (the chunk's total) and `a_max = max(g - b + log_i)`, float32.
     Steps past `T` count as forget gate 1 and input gate 0, which leave every sum unchanged.
 
-    mLSTMexp (not `SIG_INPUT`) also gets `row_max[t] = max_{j <= t} (log_i[j] - b[j])` over the steps
-    of the chunk: row `t` of the log gate matrix `D~ = b - b^T + log_i^T` (eq. 44) is at most
-    `b[t] + row_max[t]`, so the output kernel knows each row's max state before any product."""
+    With `ROW_MAX` (for mLSTMexp's TFLA output kernel) it also stores `row_max[t] = max_{j <= t}
+    (log_i[j] - b[j])` over the steps of the chunk: row `t` of the log gate matrix
+    `D~ = b - b^T + log_i^T` (eq. 44) is at most `b[t] + row_max[t]`, so the output kernel knows each
+    row's max state before any product."""
     pid = tl.program_id(0)
     c = pid % NC
     bh = (pid // NC).to(tl.int64)
@@ -377,7 +378,7 @@ def fwd_kernel_gates(
     tl.store(b_ptr + offs, b, mask=valid)
     tl.store(g_ptr + bh * NC + c, g)
     tl.store(a_max_ptr + bh * NC + c, tl.max(g - b + log_i, axis=0))
-    if not SIG_INPUT:
+    if ROW_MAX:
         tl.store(row_max_ptr + offs, tl.associative_scan(log_i - b, 0, _maximum), mask=valid)
 
 

@@ -115,7 +115,7 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_g
     return dq, dk, dv, RowDots(qdq, kdk[0], kdk[1]), dg, dC0
 
 
-OPS = KernelOps(_forward, _backward)
+OPS = KernelOps(_forward, _backward, row_max=True)
 
 
 def mlstm_tfla(

@@ -259,7 +259,7 @@ def test_gate_kernels_match_the_pytorch_gates(gate):
     f[:, 5], f[:, 6], i[:, 7], i[:, 8] = 30.0, -30.0, -30.0, 30.0
     i[:, -3:], f[:, -3:] = float("-inf"), float("inf")
     s = Settings(gate, chunk, 1e-6, False, default_config("tfla", 16, 16, chunk, torch.float32, gate))
-    log_i, sums = gates_forward(i.to(DEVICE), f.to(DEVICE), s)
+    log_i, sums = gates_forward(i.to(DEVICE), f.to(DEVICE), s, row_max=True)
     ref_i, ref_f = log_gates(i.double(), f.double(), gate)
     ref = chunk_gates(ref_i, ref_f, chunk)
     assert torch.equal(log_i.isinf().cpu(), ref_i.isinf())
@@ -268,6 +268,7 @@ def test_gate_kernels_match_the_pytorch_gates(gate):
     # float32 sums of |log f| up to ~100 here: an absolute error of a few float32 ulps of 100
     for name, got in zip(("b", "g", "a_max"), sums[:3], strict=True):
         assert torch.allclose(got.cpu().double(), getattr(ref, name), rtol=1e-6, atol=3e-5), name
+    assert gates_forward(i.to(DEVICE), f.to(DEVICE), s)[1].row_max is None  # limit_chunk's: none kept
     if gate == "sig":
         assert sums.row_max is None
     else:
