@@ -294,17 +294,17 @@ def time_calls(
         began = time.perf_counter()
         record = KernelRecord() if clock == "kernels" else None
         record_s += time.perf_counter() - began
-        for _ in range(rule.next_batch(len(times_ms), elapsed_s)):
+        batch = rule.next_batch(len(times_ms), elapsed_s)
+        for _ in range(batch):
             if before_each is not None:
                 before_each()
             if spin is not None:
                 spin()
             elif record is not None:
                 record.marker()
-            if record is not None:
+            if record is not None:  # the record delimits the call: no event in the stream
                 fn()
                 record.marker()
-                marks.append((None, None))
                 continue
             start = _mark(cuda)
             fn()
@@ -315,7 +315,7 @@ def time_calls(
         synchronize(device)
         if record is not None:
             began = time.perf_counter()
-            calls = record.calls(len(marks))
+            calls = record.calls(batch)
             record_s += time.perf_counter() - began
             times_ms += [call_ns / 1e6 for call_ns, _ in calls]
             gaps += sum(waited for _, waited in calls)

@@ -259,10 +259,9 @@ def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
     for clock, spin in (("events", True), ("events", False), ("kernels", True)):
         stats = suite_time(fn, device, flush=False, spin=spin, clock=clock)
         note = f"{TINY_KERNELS} kernels from Python; " + ("spin ahead" if spin else "no spin")
+        gap_share = stats.host_gap_share
         cell = method(clock, flush=False)
-        row = Check("tiny", "4 B", cell, stats.median_ms, stats.ci_rel, stats.host_gap_share, graph_ms=graph)
-        row.note = note
-        checks.append(row)
+        checks.append(Check("tiny", "4 B", cell, stats.median_ms, stats.ci_rel, gap_share, None, graph, note))
     return checks
 
 
