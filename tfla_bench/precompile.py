@@ -72,12 +72,12 @@ from tfla_bench.worker import CrashGuard, Failure, Worker, failure_of, log_outco
 from tfla_bench.workloads import Case
 
 MAX_BATCH = 16
-MAX_SEQ_LEN = 8192
-# Triton compiles an integer argument divisible by this (and one equal to 1) as its own case.
-SPECIALIZATION = 16
 # The share of a GPU's memory that the PyTorch allocations of its precompile processes take together;
 # the rest is left to each process's CUDA context, compiled modules and library workspaces.
 MEMORY_SHARE = 0.8
+MAX_SEQ_LEN = 8192
+# Triton compiles an integer argument divisible by this (and one equal to 1) as its own case.
+SPECIALIZATION = 16
 DEFAULT_TIMEOUT_S = 900.0
 
 

@@ -29,10 +29,11 @@ Each case runs in a worker process that owns one device (`tfla_bench.worker`):
    gradient is set to None and, on GPU with `l2_flush` (default on, as in the paper), a buffer of
    max(2 x L2, 256e6) bytes is zeroed so the call starts with a cold L2; then a GPU spin lasting
    1.5x the host's queueing time lets the host queue the whole call before the GPU reaches it. Each
-   call is bracketed by CUDA events on the current stream (GPU) or `time.perf_counter` (CPU, same
-   loop). Reported: the median (the headline number), p20, p80, min, the calls made (`warmup`,
-   `reps`), the median's interval (`ci_rel`), why timing stopped (`stop`), and the share of calls
-   the GPU may have waited for the host in (`host_gap_share`). With `cuda_graph`, one call is
+   call is bracketed by CUDA events on the current stream (GPU; with `clock = "kernels"` its span in
+   the GPU's activity record instead) or `time.perf_counter` (CPU, same loop). Reported: the median
+   (the headline number), p20, p80, min, the calls made (`warmup`, `reps`), the median's interval
+   (`ci_rel`), why timing stopped (`stop`), and the share of calls the GPU may have waited for the
+   host in (`host_gap_share`). With `cuda_graph`, one call is
    captured in a CUDA graph and its replays are timed, which removes launch overhead; the flush
    still runs before each replay, outside the graph.
 6. GPU state (CUDA, with nvidia-ml-py): before anything else the worker waits, at most 1 s, for

@@ -107,8 +107,8 @@ class MeasureSettings:
         min_reps, max_reps: adaptive: the fewest and the most timed calls.
         l2_flush: zero a buffer of at least 2x the L2 size before every timed call (GPU only).
         cuda_graph: capture one call in a CUDA graph and time its replays (GPU only).
-        clock: `events` (CUDA events around each call) or `kernels` (the GPU's busy time in the
-            call, from its activity record); GPU only, see `tfla_bench.timing`.
+        clock: `events` (CUDA events around each call) or `kernels` (the call's span in the GPU's
+            activity record, from the end of the kernel before it); GPU only, see `tfla_bench.timing`.
         grad: upstream gradient in fwbw: `fixed` (one `randn_like(out)` made once) or `sum` (`out.sum()`).
         timeout_s: wall-clock limit per case, first call (compile/autotune) included.
         autotune_ms: timed milliseconds per config when a library's Triton autotuner tunes in the

@@ -2,7 +2,7 @@
 
 For a device copy (an elementwise kernel that reads and writes N bytes) of 1 MB to 1 GB and a
 bf16 GEMM, `validate` sets the suite's median (`tfla_bench.timing`: cold L2, spin, adaptive reps),
-with each of its two clocks (CUDA events, the GPU's busy time from its activity record), beside:
+with each of its two clocks (CUDA events, the call's span in the GPU's activity record), beside:
 
 - Nsight Compute's `gpu__time_duration.sum` for the same kernels (`tfla_bench.ncu`), profiled in
   a child process with `--clock-control none` (the GPU's own clocks, as the suite runs) and

@@ -129,7 +129,8 @@ class _Flags:
     clock: Annotated[
         str | None,
         typer.Option(
-            "--clock", help="events (CUDA events around each call) or kernels (the GPU's busy time in it)"
+            "--clock",
+            help="events (CUDA events around each call) or kernels (its span in the GPU's activity record)",
         ),
     ] = None
     grad: Annotated[
