@@ -477,6 +477,8 @@ def _precompile(
                 f"[yellow]precompile {result.status}[/] {result.job.case.key}{shard}: {result.error}"
                 " (the sweep runs this case as usual)"
             )
+        if result.retried:  # it runs again
+            start(1)
         progress.advance(task)
 
     total = 0
@@ -486,11 +488,10 @@ def _precompile(
         total += runs
         progress.update(task, total=total)
 
-    def retry(runs: int, processes: int) -> None:
+    def retry(kernel_mode: str, width: int) -> None:
         progress.console.print(
-            f"precompile: {runs} run(s) ran out of memory; again with {processes} process(es)"
+            f"precompile: {kernel_mode} ran out of memory; its runs now take 1/{width} of the memory"
         )
-        start(runs)
 
     with progress:
         summary = precompile(
