@@ -54,6 +54,7 @@ class FlaAdapter(Adapter):
     layout = "BTHD"
     gate_shape = GateShape(batch=2, seq_len=256, num_heads=2, head_dim_qk=64, head_dim_v=128)
     autotuned = True  # fla autotunes most chunk kernels (GLA's backward: about 100 configs in fla 0.6)
+    precompile = "sequence"  # fla's chunk kernels: the batch a constexpr, the length unspecialized
     module = ""
     function = ""
     per_channel_gate = False

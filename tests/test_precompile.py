@@ -72,6 +72,16 @@ def test_the_smaller_case_keeps_tritons_specialization(plugin_adapters):
     assert precompile.warm_case(adapter, case("test_counting", 2, 16392)).seq_len == 8191
 
 
+def test_an_adapter_whose_kernels_take_the_batch_as_a_constexpr_keeps_it(plugin_adapters, monkeypatch):
+    adapter = registry.get("test_counting")
+    monkeypatch.setattr(adapter, "precompile", "sequence")
+    shapes = [(48, 16384), (2, 3072), (2, 10008), (128, 512)]
+    warm = [precompile.warm_case(adapter, case("test_counting", b, t)) for b, t in shapes]
+    # a multiple of 1024 runs 1024 steps; another length shrinks as for every adapter
+    assert [(w.batch, w.seq_len) for w in warm] == [(48, 1024), (2, 1024), (2, 8191), (128, 512)]
+    assert registry.get("gla").precompile == registry.get("simple_gla").precompile == "sequence"
+
+
 def test_adapters_that_compile_per_shape_or_not_at_all(plugin_adapters, monkeypatch):
     cases = [case("test_counting", 64, 16384), case("test_chunked", 4, 64, chunk_size=16)]
     monkeypatch.setattr(registry.get("test_counting"), "precompile", "own")

@@ -399,7 +399,7 @@ def test_new_columns_round_trip_through_the_csv(tmp_path):
 def test_timings_json_says_where_the_time_went(sweep):
     _, cases, report = sweep
     record = phases.read(report.run_dir)
-    assert set(record["phases_s"]) == {"workers", "measuring"}
+    assert set(record["phases_s"]) == {"plan", "workers", "measuring"}
     assert record["wall_s"] >= record["phases_s"]["measuring"] > 0
     # The sleeping kernel ran into its timeout; adapters are listed by their seconds, most first.
     assert record["adapters"]["test_sleep"]["seconds"] >= TIMEOUT_S
@@ -424,7 +424,10 @@ def test_timings_split_an_adapters_time_into_first_calls_and_precompile_runs():
         "k": {"seconds": 3.0, "cases": 2, "first_call_s": 1.5, "calls_s": 0.25, "precompile_s": 7.0},
         "j": {"seconds": 0.5, "cases": 1, "first_call_s": 0.25, "calls_s": 0.125, "precompile_s": 0.0},
     }
-    row = phases.rows(record)[0]
+    table = phases.rows(record)
+    assert table[0]["part"] == "outside the phases"  # no phase ran: the whole wall time
+    assert table[0]["seconds"] == pytest.approx(record["wall_s"], abs=1e-3)
+    row = table[1]
     assert (row["part"], row["first_call_s"], row["calls_s"], row["precompile_s"]) == (
         "adapter k",
         1.5,
@@ -459,8 +462,9 @@ def test_the_timings_table_of_a_resumed_run_shows_every_attempt_and_their_total(
         "adapters": {"k": {"seconds": 90.0, "cases": 1}},
     }
     table = phases.rows({**second, "earlier": [first]})
-    assert [row["attempt"] for row in table] == [1, 1, 1, 2, 2, 2, "all"]
-    assert table[1] == {
+    assert [row["attempt"] for row in table] == [1, 1, 1, 1, 2, 2, 2, 2, "all"]
+    assert (table[1]["part"], table[1]["seconds"]) == ("outside the phases", 10.0)
+    assert table[2] == {
         "attempt": 1,
         "part": "adapter k",
         "seconds": 290.0,

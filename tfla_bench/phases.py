@@ -1,7 +1,8 @@
 """Where a sweep's time went: `timings.json` in the run directory.
 
 `PhaseClock` measures the sweep's wall time from the command's start, the time of each phase
-(`gate`: the correctness gate of `--check`; `roofs`: the GPU's measured roofs; `precompile`;
+(`gate`: the correctness gate of `--check`; `plan`: asking each adapter whether it runs here
+(importing its library) and checking each case; `roofs`: the GPU's measured roofs; `precompile`;
 `workers`: starting the workers and writing env.json; `measuring`: every case, first calls
 included; `profile`: Nsight Compute after the sweep) and, within measuring, each
 adapter's seconds and cases, the part of them spent in first calls (`first_call_s`: compiling
@@ -139,6 +140,10 @@ def _attempt_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
         {"part": f"phase {name}", "seconds": seconds, "cases": None, "share": seconds / wall}
         for name, seconds in record["phases_s"].items()
     ]
+    outside = record["wall_s"] - sum(record["phases_s"].values())
+    table.append(
+        {"part": "outside the phases", "seconds": round(outside, 3), "cases": None, "share": outside / wall}
+    )
     table += [
         {
             "part": f"adapter {name}",

@@ -19,10 +19,12 @@ the measuring workers find it done:
   integer arguments (equal to 1, divisible by 16), so the smaller case keeps that specialization:
   a batch above `MAX_BATCH` becomes `MAX_BATCH` if it is divisible by 16, a sequence above
   `MAX_SEQ_LEN` becomes `MAX_SEQ_LEN` likewise (both are multiples of 16), and a size that is not
-  divisible by 16 shrinks to one that is not either. An adapter whose kernels take sizes as
-  constexprs (`own`) runs the case itself, and one that compiles nothing into a shared cache
-  (`none`) is not run. A case whose smaller shape the adapter rejects runs as it is. A kernel
-  compiled for another specialization is compiled again by the sweep;
+  divisible by 16 shrinks to one that is not either. An adapter whose kernels take the batch as a
+  constexpr and leave the length unspecialized (`sequence`: fla's) keeps the batch and runs
+  `SEQUENCE_RUN_LEN` steps, one whose kernels take sizes as constexprs (`own`) runs the case
+  itself, and one that compiles nothing into a shared cache (`none`) is not run. A case whose
+  smaller shape the adapter rejects runs as it is. A kernel compiled for another
+  specialization or constexpr is compiled again by the sweep, in its first call;
 - `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The runs share
   the GPU's memory (`MEMORY_SHARE` of it) in slices: a run of width w may allocate 1/w of it
   (`PrecompileJob.memory_share`), and runs start in order where their slices fit, a later run
@@ -83,6 +85,11 @@ MEMORY_SHARE = 0.8
 MAX_SEQ_LEN = 8192
 # Triton compiles an integer argument divisible by this (and one equal to 1) as its own case.
 SPECIALIZATION = 16
+# The sequence length of a precompile run of an adapter whose kernels take the batch as a constexpr
+# and leave the length unspecialized (`precompile == "sequence"`, fla's): at least the kernels'
+# largest chunk (fla: 64), and a length that is a multiple of it keeps its count of chunks a
+# multiple of 16.
+SEQUENCE_RUN_LEN = 1024
 DEFAULT_TIMEOUT_S = 900.0
 
 
@@ -171,15 +178,22 @@ class PrecompileSummary:
 def warm_case(adapter: registry.Adapter, case: Case) -> Case:
     """The case a precompile run uses: the case itself for an adapter whose kernels compile per shape
     (`precompile == "own"`), else batch and seq_len shrunk to at most `MAX_BATCH` and `MAX_SEQ_LEN`
-    with Triton's specialization kept (`_same_specialization`), or the case itself when the adapter
-    rejects that shape."""
+    with Triton's specialization kept (`_same_specialization`), or for an adapter whose kernels take
+    the batch as a constexpr and leave the length unspecialized (`precompile == "sequence"`) the
+    batch kept and a multiple of `SEQUENCE_RUN_LEN` shortened to it; the case itself when the
+    adapter rejects that shape."""
     if adapter.precompile == "own":
         return case
-    smaller = dataclasses.replace(
-        case,
-        batch=_same_specialization(case.batch, MAX_BATCH),
-        seq_len=_same_specialization(case.seq_len, MAX_SEQ_LEN),
-    )
+    if adapter.precompile == "sequence" and case.seq_len % SEQUENCE_RUN_LEN == 0:
+        smaller = dataclasses.replace(case, seq_len=SEQUENCE_RUN_LEN)
+    elif adapter.precompile == "sequence":
+        smaller = dataclasses.replace(case, seq_len=_same_specialization(case.seq_len, MAX_SEQ_LEN))
+    else:
+        smaller = dataclasses.replace(
+            case,
+            batch=_same_specialization(case.batch, MAX_BATCH),
+            seq_len=_same_specialization(case.seq_len, MAX_SEQ_LEN),
+        )
     return smaller if adapter.check(smaller) is None else case
 
 

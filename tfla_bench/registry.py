@@ -123,9 +123,11 @@ class Adapter:
         precompile: what a precompile run (`tfla_bench.precompile`) of a case needs to leave the
             case's kernels compiled in the cache that every process shares: `smaller` (the default:
             compiled code depends on the shape only through Triton's specialization of integer
-            arguments, so a smaller case with the same specialization compiles it), `own` (the
-            kernels take sizes or strides as compile-time constants, so only the case's own shape
-            does), or `none` (nothing is compiled at run time into a shared cache: CUDA extensions,
+            arguments, so a smaller case with the same specialization compiles it), `sequence` (the
+            kernels take the batch as a compile-time constant, not the sequence length: a case
+            with the batch kept and the sequence shortened compiles it), `own` (the kernels take
+            sizes or strides as compile-time constants, so only the case's own shape does), or
+            `none` (nothing is compiled at run time into a shared cache: CUDA extensions,
             cuDNN, plain PyTorch, a JIT that keeps its code in the process).
         constraints: a short human-readable summary of `check`'s rules for `tfla-bench list`.
         gate_shape: the case the correctness gate runs (`tfla_bench.correctness`).

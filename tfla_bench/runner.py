@@ -408,7 +408,8 @@ def run_sweep(
             "[bold]note:[/] no CUDA device: only CPU-capable adapters run "
             f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
         )
-    decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check)
+    with clock.phase("plan"):
+        decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check)
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
     )

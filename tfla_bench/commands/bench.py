@@ -483,9 +483,11 @@ def _execute(
             f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} "
             f"kept; {clock.to_dict()['wall_s']:.1f} s; results in {run_dir / rundir.RESULTS}"
         )
+        outside = clock.to_dict()["wall_s"] - sum(clock.phases.values())
         stdout.print(
             "time per phase: "
             + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in clock.phases.items())
+            + f"; outside the phases (parsing, devices, the run directory) {outside:.1f} s"
         )
         ok_rows = [row for row in report.rows if row.status == "ok"]
         if flags.ncu and ok_rows:
