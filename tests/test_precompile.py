@@ -163,9 +163,9 @@ def test_the_queue_fits_runs_into_the_memory_and_learns_from_one_out_of_memory()
     assert not todo.ready("cuda:0")
     assert end(todo, first[0], "oom").retried
     # the queued big run with as many tokens would now start at width 2 (none is queued: batch 8 is
-    # out), and the run that ran out of memory comes back first, at width 2
-    assert [(j.case.kernel, j.case.batch, j.width) for j in todo.pending] == [("big", 4, 2), ("small", 1, 4)]
-    assert start(todo) == ("small", 1, 4)  # 1/4 is free: the small run overtakes the wide one
+    # out), and the run that ran out of memory comes back at the end, at width 2
+    assert [(j.case.kernel, j.case.batch, j.width) for j in todo.pending] == [("small", 1, 4), ("big", 4, 2)]
+    assert start(todo) == ("small", 1, 4)
     queued = [job("big", 8, 2), job("small", 2, 4), job("small", 3, 4), job("small", 5, 4)]
     todo = precompile._JobQueue(queued, ["cuda:0"], overtakes=1)
     assert start(todo) == ("big", 8, 2)

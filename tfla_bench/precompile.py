@@ -30,7 +30,7 @@ the measuring workers find it done:
   (`PrecompileJob.memory_share`), and runs start in order where their slices fit, a later run
   in the place of one that waits for memory a limited number of times (`_JobQueue`). Every run
   starts at the width of the N processes per GPU, so a run that needs more runs out of memory
-  alone; it goes back to the front of the queue at half its width (twice the memory), down to
+  alone; it goes back to the end of the queue at half its width (twice the memory), down to
   one, and the later runs of its kernel and mode with as many tokens or more start at that width
   too, instead of each running out of memory first. A worker whose run ran out of memory, or
   that has no run to start, ends its process, whose CUDA context and library workspaces no slice
@@ -373,7 +373,7 @@ class _JobQueue:
 
     `take` hands a worker the first run whose slice fits the worker's device. A run that does not
     fit yet lets at most `overtakes` later runs start before it; then the worker waits until it
-    fits. `finish` gives the slice back; a run out of memory at width w > 1 goes to the front at
+    fits. `finish` gives the slice back; a run out of memory at width w > 1 goes to the end at
     w // 2, and the queued runs of its group (`PrecompileJob.group`) with as many tokens or more
     get that width too. The queue is over when it is empty and no run is out (one that is out may
     come back).
@@ -434,8 +434,7 @@ class _JobQueue:
                     else other
                     for other in self.pending
                 ]
-                # First: the wide runs spread over the precompile instead of gathering at its end.
-                self.pending.insert(0, dataclasses.replace(job, width=wider))
+                self.pending.append(dataclasses.replace(job, width=wider))
             self.changed.notify_all()
         return result
 
