@@ -144,40 +144,28 @@ def test_the_queue_fits_runs_into_the_memory_and_learns_from_one_out_of_memory()
     def job(kernel, batch, width):
         return precompile.PrecompileJob(case(kernel, batch, 16), "plugin_adapters", 0, 1, "sum", width)
 
-    def start(todo):
-        taken = todo.take("cuda:0", threading.Event())
-        return (taken.case.kernel, taken.case.batch, taken.width)
-
-    def end(todo, run, status="ok"):
-        return todo.finish("cuda:0", precompile.PrecompileResult(run, status, 1.0, None))
-
-    queued = [job("big", 4, 4), job("big", 2, 4), job("small", 4, 4), job("big", 8, 4), job("small", 1, 4)]
-    todo = precompile._JobQueue(queued, ["cuda:0"], overtakes=1)
-    first = [todo.take("cuda:0", threading.Event()) for _ in range(4)]  # four runs of width 4 fill it
-    assert [(j.case.kernel, j.case.batch) for j in first] == [
-        ("big", 4),
-        ("big", 2),
-        ("small", 4),
-        ("big", 8),
-    ]
-    assert not todo.ready("cuda:0")
-    assert end(todo, first[0], "oom").retried
-    # the queued big run with as many tokens would now start at width 2 (none is queued: batch 8 is
-    # out), and the run that ran out of memory comes back at the end, at width 2
-    assert [(j.case.kernel, j.case.batch, j.width) for j in todo.pending] == [("small", 1, 4), ("big", 4, 2)]
-    assert start(todo) == ("small", 1, 4)
-    queued = [job("big", 8, 2), job("small", 2, 4), job("small", 3, 4), job("small", 5, 4)]
-    todo = precompile._JobQueue(queued, ["cuda:0"], overtakes=1)
-    assert start(todo) == ("big", 8, 2)
-    first_small = todo.take("cuda:0", threading.Event())
-    todo.pending.insert(0, job("big", 16, 2))  # a wide run first while 3/4 are out
-    overtaking = todo.take("cuda:0", threading.Event())
-    assert overtaking.case.batch == 3  # one run may overtake the wide one...
-    end(todo, first_small)
-    assert not todo.ready("cuda:0")  # ...then it waits, although a small run would fit
-    end(todo, overtaking)
-    assert start(todo) == ("big", 16, 2)
-    assert not end(todo, job("big", 4, 1), "oom").retried  # width 1: failed, not run again
+    queued = [job("big", 4, 4), job("big", 2, 4), job("small", 4, 4), job("big", 8, 4), job("big", 4, 4)]
+    todo = precompile._JobQueue(queued, ["cuda:0"])
+    stop = threading.Event()
+    first = [todo.take("cuda:0", stop) for _ in range(4)]  # four runs of width 4 fill the GPU
+    assert [j.case.batch for j in first] == [4, 2, 4, 8]
+    out_of_memory = precompile.PrecompileResult(first[0], "oom", 1.0, "CUDA out of memory")
+    assert todo.finish("cuda:0", out_of_memory).retried
+    # the queued big run with as many tokens now starts at width 2, and the one that ran out of
+    # memory comes back at the end, also at width 2
+    assert [(j.case.kernel, j.case.batch, j.width) for j in todo.pending] == [("big", 4, 2), ("big", 4, 2)]
+    stop_after = threading.Timer(0.5, stop.set)
+    stop_after.start()
+    assert todo.take("cuda:0", stop) is None  # 3/4 taken: a run of width 2 does not fit until one ends
+    stop_after.join()
+    stop.clear()
+    for done in first[1:3]:
+        assert not todo.finish("cuda:0", precompile.PrecompileResult(done, "ok", 1.0)).retried
+    assert todo.take("cuda:0", stop).width == 2
+    last = dataclasses.replace(job("big", 4, 1))
+    todo.out += 1
+    todo.free["cuda:0"] -= 1
+    assert not todo.finish("cuda:0", precompile.PrecompileResult(last, "oom", 1.0)).retried  # width 1: failed
 
 
 def test_a_shard_whose_configs_do_not_fit_the_gpu_is_done_not_failed(plugin_adapters):

@@ -27,17 +27,17 @@ the measuring workers find it done:
   specialization or constexpr is compiled again by the sweep, in its first call;
 - `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The runs share
   the GPU's memory (`MEMORY_SHARE` of it) in slices: a run of width w may allocate 1/w of it
-  (`PrecompileJob.memory_share`), and runs start in order where their slices fit, a later run
-  in the place of one that waits for memory a limited number of times (`_JobQueue`). Every run
-  starts at the width of the N processes per GPU, so a run that needs more runs out of memory
-  alone; it goes back to the end of the queue at half its width (twice the memory), down to
-  one, and the later runs of its kernel and mode with as many tokens or more start at that width
-  too, instead of each running out of memory first. A worker whose run ran out of memory, or
-  that has no run to start, ends its process, whose CUDA context and library workspaces no slice
-  counts, and starts a fresh one for its next run. After `worker.CRASH_REPEATS` identical
-  crashes of one kernel its other runs are not made, as in the sweep. A run that still fails (an
-  error, out of memory at width one, a crashed or hung worker) is counted, logged
-  (`precompile-<i>.log`) and left to the sweep, which runs and reports that case as always.
+  (`PrecompileJob.memory_share`), and runs start, in order, while their slices fit
+  (`_JobQueue`). Every run starts at the width of the N processes per GPU, so a run that needs
+  more runs out of memory alone; it goes back to the end of the queue at half its width (twice
+  the memory), down to one, and the later runs of its kernel and mode with as many tokens or more
+  start at that width too, instead of each running out of memory first. A worker whose run ran
+  out of memory, or whose next run waits for memory, ends its process, whose CUDA context and
+  library workspaces no slice counts, and starts a fresh one for its next run. After
+  `worker.CRASH_REPEATS` identical crashes of one kernel its other runs are not made, as in the
+  sweep. A run that still fails (an error, out of memory at width one, a crashed or hung worker)
+  is counted, logged (`precompile-<i>.log`) and left to the sweep, which runs and reports that
+  case as always.
 
 A run that finished, or failed in a way that would repeat (an error or a crash, not a lack of
 memory or time), is remembered in the Triton cache directory it compiled into (`DONE_FILE`), under
@@ -350,8 +350,7 @@ def precompile(
     processes = max(1, min(processes, len(jobs)))
     width = -(-processes // len(devices))
     on_gpu = devices[0] != "cpu"
-    queued = [dataclasses.replace(job, width=width, on_gpu=on_gpu) for job in jobs]
-    todo = _JobQueue(queued, devices, overtakes=processes)
+    todo = _JobQueue([dataclasses.replace(job, width=width, on_gpu=on_gpu) for job in jobs], devices)
     results = _run_jobs(todo, processes, devices, log_dir, timeout_s, on_result, on_retry)
     # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
     done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
@@ -371,48 +370,36 @@ class _JobQueue:
     """The runs not yet made, in order, and the memory left on each device, in whole GPUs' worth of
     the precompile's memory: a run of width w takes 1/w of it while it runs.
 
-    `take` hands a worker the first run whose slice fits the worker's device. A run that does not
-    fit yet lets at most `overtakes` later runs start before it; then the worker waits until it
-    fits. `finish` gives the slice back; a run out of memory at width w > 1 goes to the end at
-    w // 2, and the queued runs of its group (`PrecompileJob.group`) with as many tokens or more
-    get that width too. The queue is over when it is empty and no run is out (one that is out may
-    come back).
+    `take` hands a worker the first run if its slice fits the worker's device (else the worker
+    waits: a later, smaller run never overtakes it). `finish` gives the slice back; a run out of
+    memory at width w > 1 goes to the end at w // 2, and the queued runs of its group
+    (`PrecompileJob.group`) with as many tokens or more get that width too. The queue is over when
+    it is empty and no run is out (one that is out may come back).
     """
 
-    def __init__(self, jobs: list[PrecompileJob], devices: list[str], overtakes: int) -> None:
+    def __init__(self, jobs: list[PrecompileJob], devices: list[str]) -> None:
         self.pending = list(jobs)
         self.free = dict.fromkeys(devices, 1.0)
         self.out = 0
-        self.overtakes = overtakes
-        self.overtaken = 0  # runs started past the first one since it became first
         self.changed = threading.Condition()
 
     def ready(self, device: str) -> bool:
-        """Whether a run may start on `device` now (or the queue is over)."""
+        """Whether the next run fits `device` now (or the queue is over)."""
         with self.changed:
-            return self._next(device) is not None or not (self.pending or self.out)
+            return self._fits(device) or not (self.pending or self.out)
 
-    def _next(self, device: str) -> int | None:
-        """The index of the run a worker on `device` may start now, if any."""
-        free = self.free[device] + 1e-9
-        for index, job in enumerate(self.pending):
-            if 1 / job.width <= free:
-                return index
-            if index == 0 and self.overtaken >= self.overtakes:
-                return None
-        return None
+    def _fits(self, device: str) -> bool:
+        return bool(self.pending) and 1 / self.pending[0].width <= self.free[device] + 1e-9
 
     def take(self, device: str, stop: threading.Event) -> PrecompileJob | None:
-        """The next run for a worker on `device`, once one may start; None when the queue is over
-        or `stop` is set."""
+        """The next run for a worker on `device`, once it fits; None when the queue is over or `stop`
+        is set."""
         with self.changed:
             while not stop.is_set():
                 if not self.pending and not self.out:
                     return None
-                index = self._next(device)
-                if index is not None:
-                    self.overtaken = self.overtaken + 1 if index else 0
-                    job = self.pending.pop(index)
+                if self._fits(device):
+                    job = self.pending.pop(0)
                     self.free[device] -= 1 / job.width
                     self.out += 1
                     return job
