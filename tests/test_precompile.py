@@ -1,8 +1,6 @@
 """`sweep --precompile`: sharded autotuning, the smaller cases, the parallel workers and env.json (CPU)."""
 
-import dataclasses
 import json
-import threading
 
 import pytest
 import torch
@@ -129,43 +127,12 @@ def test_a_kernel_that_keeps_crashing_is_not_run_again(plugin_adapters, tmp_path
     assert (summary.runs, summary.failed) == (4, 3)
 
 
-def test_a_run_of_width_w_may_take_one_wth_of_the_precompile_memory():
-    job = precompile.PrecompileJob(case("test_counting", 4, 16), "plugin_adapters", 0, 1, "sum")
-    on_gpu = dataclasses.replace(job, width=14, on_gpu=True)
-    assert on_gpu.memory_share == pytest.approx(precompile.MEMORY_SHARE / 14)
-    assert dataclasses.replace(on_gpu, width=1).memory_share == precompile.MEMORY_SHARE
-    assert dataclasses.replace(job, width=4).memory_share == 1.0  # on the CPU nothing is limited
-    assert job.tokens == 64
-    assert job.group == dataclasses.replace(job, case=case("test_counting", 2, 4096)).group
-    assert job.group != dataclasses.replace(job, case=case("test_counting", 4, 16, mode="fwbw")).group
-
-
-def test_the_queue_fits_runs_into_the_memory_and_learns_from_one_out_of_memory():
-    def job(kernel, batch, width):
-        return precompile.PrecompileJob(case(kernel, batch, 16), "plugin_adapters", 0, 1, "sum", width)
-
-    queued = [job("big", 4, 4), job("big", 2, 4), job("small", 4, 4), job("big", 8, 4), job("big", 4, 4)]
-    todo = precompile._JobQueue(queued, ["cuda:0"])
-    stop = threading.Event()
-    first = [todo.take("cuda:0", stop) for _ in range(4)]  # four runs of width 4 fill the GPU
-    assert [j.case.batch for j in first] == [4, 2, 4, 8]
-    out_of_memory = precompile.PrecompileResult(first[0], "oom", 1.0, "CUDA out of memory")
-    assert todo.finish("cuda:0", out_of_memory).retried
-    # the queued big run with as many tokens now starts at width 2, and the one that ran out of
-    # memory comes back at the end, also at width 2
-    assert [(j.case.kernel, j.case.batch, j.width) for j in todo.pending] == [("big", 4, 2), ("big", 4, 2)]
-    stop_after = threading.Timer(0.5, stop.set)
-    stop_after.start()
-    assert todo.take("cuda:0", stop) is None  # 3/4 taken: a run of width 2 does not fit until one ends
-    stop_after.join()
-    stop.clear()
-    for done in first[1:3]:
-        assert not todo.finish("cuda:0", precompile.PrecompileResult(done, "ok", 1.0)).retried
-    assert todo.take("cuda:0", stop).width == 2
-    last = dataclasses.replace(job("big", 4, 1))
-    todo.out += 1
-    todo.free["cuda:0"] -= 1
-    assert not todo.finish("cuda:0", precompile.PrecompileResult(last, "oom", 1.0)).retried  # width 1: failed
+def test_each_process_may_take_its_share_of_the_gpu_memory():
+    assert precompile.memory_share(14, ["cuda:0"]) == pytest.approx(precompile.MEMORY_SHARE / 14)
+    assert precompile.memory_share(28, ["cuda:0", "cuda:1"]) == pytest.approx(precompile.MEMORY_SHARE / 14)
+    assert precompile.memory_share(3, ["cuda:0", "cuda:1"]) == pytest.approx(precompile.MEMORY_SHARE / 2)
+    assert precompile.memory_share(1, ["cuda:0"]) == precompile.MEMORY_SHARE
+    assert precompile.memory_share(4, ["cpu"]) == 1.0
 
 
 def test_a_shard_whose_configs_do_not_fit_the_gpu_is_done_not_failed(plugin_adapters):
@@ -177,7 +144,7 @@ def test_a_shard_whose_configs_do_not_fit_the_gpu_is_done_not_failed(plugin_adap
     assert result.status == "error" and "shared memory" in result.error
 
 
-def test_runs_out_of_memory_run_again_with_twice_the_memory(plugin_adapters, tmp_path, monkeypatch):
+def test_runs_out_of_memory_run_again_with_fewer_processes(plugin_adapters, tmp_path, monkeypatch):
     monkeypatch.setenv("TFLA_TEST_OOM_MARK", str(tmp_path / "oom-once.mark"))
     cases = [case("test_oom_once", 1, 16), case("test_oom", 1, 16), case("test_counting", 1, 16)]
     seen, retries = [], []
@@ -190,15 +157,15 @@ def test_runs_out_of_memory_run_again_with_twice_the_memory(plugin_adapters, tmp
         on_result=seen.append,
         on_retry=lambda *a: retries.append(a),
     )
-    # 3 processes (3 runs, width 3): two run out of memory and run again at width 1; test_oom never fits
-    assert sorted(retries) == [("test_oom fw", 1), ("test_oom_once fw", 1)]
-    runs = sorted((r.job.case.kernel, r.job.width, r.status, r.retried) for r in seen)
+    # 3 processes (3 runs): two run out of memory and run again, one at a time; test_oom never fits
+    assert retries == [(2, 1)]
+    runs = sorted((r.job.case.kernel, r.status, r.retried) for r in seen)
     assert runs == [
-        ("test_counting", 3, "ok", False),
-        ("test_oom", 1, "oom", False),
-        ("test_oom", 3, "oom", True),
-        ("test_oom_once", 1, "ok", False),
-        ("test_oom_once", 3, "oom", True),
+        ("test_counting", "ok", False),
+        ("test_oom", "oom", False),
+        ("test_oom", "oom", True),
+        ("test_oom_once", "ok", False),
+        ("test_oom_once", "oom", True),
     ]
     assert (summary.processes, summary.runs, summary.retried, summary.failed) == (3, 3, 2, 1)
 

@@ -25,19 +25,13 @@ the measuring workers find it done:
   itself, and one that compiles nothing into a shared cache (`none`) is not run. A case whose
   smaller shape the adapter rejects runs as it is. A kernel compiled for another
   specialization or constexpr is compiled again by the sweep, in its first call;
-- `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The runs share
-  the GPU's memory (`MEMORY_SHARE` of it) in slices: a run of width w may allocate 1/w of it
-  (`PrecompileJob.memory_share`), and runs start, in order, while their slices fit
-  (`_JobQueue`). Every run starts at the width of the N processes per GPU, so a run that needs
-  more runs out of memory alone; it goes back to the end of the queue at half its width (twice
-  the memory), down to one, and the later runs of its kernel and mode with as many tokens or more
-  start at that width too, instead of each running out of memory first. A worker whose run ran
-  out of memory, or whose next run waits for memory, ends its process, whose CUDA context and
-  library workspaces no slice counts, and starts a fresh one for its next run. After
-  `worker.CRASH_REPEATS` identical crashes of one kernel its other runs are not made, as in the
-  sweep. A run that still fails (an error, out of memory at width one, a crashed or hung worker)
-  is counted, logged (`precompile-<i>.log`) and left to the sweep, which runs and reports that
-  case as always.
+- `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The N processes
+  share the GPU: each may allocate `MEMORY_SHARE` / N of its memory (`PrecompileJob.memory_share`),
+  so a run that needs more runs out of memory alone, and such runs run again with half the
+  processes at a time (twice the share), down to one. After `worker.CRASH_REPEATS` identical
+  crashes of one kernel its other runs are not made, as in the sweep. A run that still fails (an
+  error, out of memory, a crashed or hung worker) is counted, logged (`precompile-<i>.log`) and
+  left to the sweep, which runs and reports that case as always.
 
 A run that finished, or failed in a way that would repeat (an error or a crash, not a lack of
 memory or time), is remembered in the Triton cache directory it compiled into (`DONE_FILE`), under
@@ -64,6 +58,7 @@ import functools
 import hashlib
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -103,10 +98,10 @@ class PrecompileJob:
         shard: which slice of every autotuner's configs this run tries.
         shards: how many slices (1: all configs).
         grad: the sweep's upstream-gradient mode, so fwbw compiles the same backward.
-        width: how many runs of this size share one GPU at once; the run's PyTorch allocations may
-            take `memory_share` of the GPU's memory (`torch.cuda.set_per_process_memory_fraction`),
-            so a run that needs more fails alone instead of taking its neighbours' memory.
-        on_gpu: whether the run's device is a GPU (on the CPU nothing limits its allocations).
+        memory_share: the share of the GPU's memory this run's PyTorch allocations may take
+            (`torch.cuda.set_per_process_memory_fraction`), set by `precompile` for the processes
+            running side by side, so a run that needs more fails alone instead of taking its
+            neighbours' memory.
     """
 
     case: Case
@@ -114,21 +109,7 @@ class PrecompileJob:
     shard: int
     shards: int
     grad: str
-    width: int = 1
-    on_gpu: bool = False
-
-    @property
-    def memory_share(self) -> float:
-        return MEMORY_SHARE / self.width if self.on_gpu else 1.0
-
-    @property
-    def tokens(self) -> int:
-        return self.case.batch * self.case.seq_len
-
-    @property
-    def group(self) -> str:
-        """The runs whose memory grows with their tokens alike: the case without batch and seq_len."""
-        return dataclasses.replace(self.case, batch=0, seq_len=0).key
+    memory_share: float = 1.0
 
     def run(self, adapter: registry.Adapter, device: str) -> PrecompileResult:
         """`run_job` in the worker (`tfla_bench.worker`)."""
@@ -140,7 +121,7 @@ class PrecompileJob:
 @dataclass(frozen=True)
 class PrecompileResult:
     """What one precompile run did: `ok`, `error`, `oom`, `crashed` or `timeout`, and how long it took.
-    `retried`: it ran out of memory and runs again with twice the memory."""
+    `retried`: it ran out of memory and runs again with fewer processes."""
 
     job: PrecompileJob
     status: str
@@ -159,7 +140,7 @@ class PrecompileSummary:
         runs: precompile runs (a case of an autotuned adapter counts once per shard).
         failed: runs that did not finish; their cases compile in the sweep.
         seconds: wall time.
-        retried: runs repeated with twice the memory after running out of memory (each time).
+        retried: runs repeated with fewer processes after running out of memory (each time).
         skipped: runs not made: an earlier sweep made them into the same Triton cache (`DONE_FILE`).
     """
 
@@ -325,7 +306,7 @@ def precompile(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[PrecompileResult], None] | None = None,
-    on_retry: Callable[[str, int], None] | None = None,
+    on_retry: Callable[[int, int], None] | None = None,
 ) -> PrecompileSummary:
     """Run `cases` once each (smaller, sharded: see the module docstring) in `processes` workers.
 
@@ -338,8 +319,7 @@ def precompile(
         timeout_s: per run; a worker that hangs longer is killed and replaced.
         on_start: called once with the number of runs (progress display).
         on_result: called with each run's result as it finishes (retried ones too).
-        on_retry: called with (kernel and mode, width) when a run out of memory makes the runs of its
-            kernel and mode start at a smaller width.
+        on_retry: called with (runs, processes) before runs that ran out of memory run again.
     """
     start = time.monotonic()
     planned = plan_jobs(cases, processes, grad)
@@ -347,83 +327,31 @@ def precompile(
     jobs = [job for job in planned if not done_file.has(job)]
     if on_start is not None:
         on_start(len(jobs))
-    processes = max(1, min(processes, len(jobs)))
-    width = -(-processes // len(devices))
-    on_gpu = devices[0] != "cpu"
-    todo = _JobQueue([dataclasses.replace(job, width=width, on_gpu=on_gpu) for job in jobs], devices)
-    results = _run_jobs(todo, processes, devices, log_dir, timeout_s, on_result, on_retry)
-    # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
-    done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
+    width = max(1, min(processes, len(jobs)))
+    used, pending, retried, failed = width if jobs else 0, jobs, 0, 0
+    crashes = CrashGuard()
+    while pending:
+        queued = [dataclasses.replace(job, memory_share=memory_share(width, devices)) for job in pending]
+        results = _run_jobs(queued, width, devices, log_dir, timeout_s, width > 1, crashes, on_result)
+        # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
+        done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
+        pending = [result.job for result in results if result.retried]
+        failed += sum(result.status != "ok" and not result.retried for result in results)
+        if pending:
+            width = min(max(1, width // 2), len(pending))
+            retried += len(pending)
+            if on_retry is not None:
+                on_retry(len(pending), width)
     done_file.save()
     return PrecompileSummary(
-        processes=processes if jobs else 0,
+        processes=used,
         cases=len({job.case.key for job in planned}),
         runs=len(jobs),
-        failed=sum(result.status != "ok" and not result.retried for result in results),
+        failed=failed,
         seconds=time.monotonic() - start,
-        retried=sum(result.retried for result in results),
+        retried=retried,
         skipped=len(planned) - len(jobs),
     )
-
-
-class _JobQueue:
-    """The runs not yet made, in order, and the memory left on each device, in whole GPUs' worth of
-    the precompile's memory: a run of width w takes 1/w of it while it runs.
-
-    `take` hands a worker the first run if its slice fits the worker's device (else the worker
-    waits: a later, smaller run never overtakes it). `finish` gives the slice back; a run out of
-    memory at width w > 1 goes to the end at w // 2, and the queued runs of its group
-    (`PrecompileJob.group`) with as many tokens or more get that width too. The queue is over when
-    it is empty and no run is out (one that is out may come back).
-    """
-
-    def __init__(self, jobs: list[PrecompileJob], devices: list[str]) -> None:
-        self.pending = list(jobs)
-        self.free = dict.fromkeys(devices, 1.0)
-        self.out = 0
-        self.changed = threading.Condition()
-
-    def ready(self, device: str) -> bool:
-        """Whether the next run fits `device` now (or the queue is over)."""
-        with self.changed:
-            return self._fits(device) or not (self.pending or self.out)
-
-    def _fits(self, device: str) -> bool:
-        return bool(self.pending) and 1 / self.pending[0].width <= self.free[device] + 1e-9
-
-    def take(self, device: str, stop: threading.Event) -> PrecompileJob | None:
-        """The next run for a worker on `device`, once it fits; None when the queue is over or `stop`
-        is set."""
-        with self.changed:
-            while not stop.is_set():
-                if not self.pending and not self.out:
-                    return None
-                if self._fits(device):
-                    job = self.pending.pop(0)
-                    self.free[device] -= 1 / job.width
-                    self.out += 1
-                    return job
-                self.changed.wait(0.2)
-            return None
-
-    def finish(self, device: str, result: PrecompileResult) -> PrecompileResult:
-        """Give `result`'s slice back; returns it marked `retried` when it runs again."""
-        job = result.job
-        with self.changed:
-            self.free[device] += 1 / job.width
-            self.out -= 1
-            if result.status == "oom" and job.width > 1:
-                result = dataclasses.replace(result, retried=True)
-                wider = job.width // 2
-                self.pending = [
-                    dataclasses.replace(other, width=wider)
-                    if other.group == job.group and other.tokens >= job.tokens and other.width > wider
-                    else other
-                    for other in self.pending
-                ]
-                self.pending.append(dataclasses.replace(job, width=wider))
-            self.changed.notify_all()
-        return result
 
 
 DONE_FILE = "tfla-bench-precompiled.json"
@@ -517,32 +445,40 @@ class DoneFile:
             pass
 
 
+def memory_share(processes: int, devices: list[str]) -> float:
+    """The share of its GPU's memory each of `processes` precompile processes, spread round-robin over
+    `devices`, may allocate: `MEMORY_SHARE` over the processes per GPU (1 on CPU, where it is not used)."""
+    if devices[0] == "cpu":
+        return 1.0
+    per_gpu = -(-processes // len(devices))
+    return MEMORY_SHARE / per_gpu
+
+
 def _run_jobs(
-    todo: _JobQueue,
+    jobs: list[PrecompileJob],
     processes: int,
     devices: list[str],
     log_dir: Path,
     timeout_s: float,
+    retry_oom: bool,
+    crashes: CrashGuard,
     on_result: Callable[[PrecompileResult], None] | None,
-    on_retry: Callable[[str, int], None] | None,
 ) -> list[PrecompileResult]:
-    """Run the runs of `todo` in `processes` workers. A run of a kernel that keeps crashing
-    (`worker.CrashGuard`) is not made (status `crashed`)."""
-    crashes = CrashGuard()
+    """Run `jobs` in `processes` workers; with `retry_oom`, out-of-memory results are marked retried.
+    A job of a kernel that `crashes` says keeps crashing is not run (status `crashed`)."""
+    todo: queue.SimpleQueue[PrecompileJob] = queue.SimpleQueue()
+    for job in jobs:
+        todo.put(job)
     results: list[PrecompileResult] = []
     lock = threading.Lock()
     stop = threading.Event()
-    widths: dict[str, int] = {}
 
     def serve(worker: Worker) -> None:
         try:
-            while True:
-                if not todo.ready(worker.device):
-                    # An idle process keeps memory that no slice counts (its CUDA context, library
-                    # workspaces): while the next run waits for memory, this worker gives it back.
-                    worker.stop()
-                job = todo.take(worker.device, stop)
-                if job is None:
+            while not stop.is_set():
+                try:
+                    job = todo.get_nowait()
+                except queue.Empty:
                     return
                 with lock:
                     crashed = crashes.reason(job.case.kernel)
@@ -555,21 +491,14 @@ def _run_jobs(
                     return
                 if isinstance(answer, Failure):
                     answer = PrecompileResult(job, answer.status, time.monotonic() - begun, answer.error)
-                if answer.status == "oom":
-                    worker.stop()  # what a failed call left allocated goes with the process
-                answer = todo.finish(worker.device, answer)
+                if retry_oom and answer.status == "oom":
+                    answer = dataclasses.replace(answer, retried=True)
                 with lock:
                     if crashed is None:
                         crashes.record(job.case.kernel, answer.status, answer.error)
                     results.append(answer)
-                    label = f"{job.case.kernel} {job.case.mode}"
-                    narrower = answer.retried and job.width // 2 < widths.get(label, job.width)
-                    if narrower:
-                        widths[label] = job.width // 2
                     if on_result is not None:
                         on_result(answer)
-                    if narrower and on_retry is not None:
-                        on_retry(label, job.width // 2)
         finally:
             worker.stop()
 

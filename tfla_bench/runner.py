@@ -478,8 +478,6 @@ def _precompile(
                 f"[yellow]precompile {result.status}[/] {result.job.case.key}{shard}: {result.error}"
                 " (the sweep runs this case as usual)"
             )
-        if result.retried:  # it runs again
-            start(1)
         progress.advance(task)
 
     total = 0
@@ -489,10 +487,11 @@ def _precompile(
         total += runs
         progress.update(task, total=total)
 
-    def retry(kernel_mode: str, width: int) -> None:
+    def retry(runs: int, processes: int) -> None:
         progress.console.print(
-            f"precompile: {kernel_mode} ran out of memory; its runs now take 1/{width} of the memory"
+            f"precompile: {runs} run(s) ran out of memory; again with {processes} process(es)"
         )
+        start(runs)
 
     with progress:
         summary = precompile(
