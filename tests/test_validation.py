@@ -66,7 +66,9 @@ def test_suite_agrees_with_a_back_to_back_graph_far_above_l2_and_the_flush_shows
     fn, _ = validation.make_op("copy", 512 << 20, "cuda")
     stats = validation.suite_time(fn, "cuda")
     assert stats.median_ms == pytest.approx(validation.graph_time(fn), rel=validation.TOLERANCE)
-    assert stats.host_gap_share <= 0.05
+    # The spin keeps the host out of the calls: a gap in one call (an OS hiccup; on the H100 one of a
+    # series of 6) is allowed, not two.
+    assert round(stats.host_gap_share * stats.reps) <= 1
     # No GEMM here: 100 back-to-back 8192^3 GEMMs run into the power limit (on an H100 the graph was
     # 10% slower per call than the suite's single calls); Nsight Compute is the GEMM's clock.
     small, _ = validation.make_op("copy", 4 << 20, "cuda")
