@@ -134,13 +134,19 @@ def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     return table
 
 
+def outside_s(record: dict[str, Any]) -> float:
+    """The seconds of a record's wall time in no phase: reading the spec, the devices, the run
+    directory, stopping the workers."""
+    return record["wall_s"] - sum(record["phases_s"].values())
+
+
 def _attempt_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     wall = record["wall_s"] or 1.0
     table = [
         {"part": f"phase {name}", "seconds": seconds, "cases": None, "share": seconds / wall}
         for name, seconds in record["phases_s"].items()
     ]
-    outside = record["wall_s"] - sum(record["phases_s"].values())
+    outside = outside_s(record)
     table.append(
         {"part": "outside the phases", "seconds": round(outside, 3), "cases": None, "share": outside / wall}
     )

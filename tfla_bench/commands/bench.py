@@ -32,14 +32,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tfla_bench import cluster, correctness, jobs, registry, rundir, runner, specs
+from tfla_bench import cluster, correctness, jobs, phases, registry, rundir, runner, specs
 from tfla_bench.cluster import ClusterFlags
 from tfla_bench.commands import check as check_command
 from tfla_bench.commands.options import _int_list, _ints, _names
 from tfla_bench.console import cases_table, make_console, summary_table
 from tfla_bench.errors import UserError
 from tfla_bench.paths import output_dir
-from tfla_bench.phases import PhaseClock
 from tfla_bench.specs import Spec
 from tfla_bench.workloads import Case
 
@@ -388,7 +387,7 @@ def _execute(
     """Apply measurement flags, expand (keeping the kernels `only` and lengths `seq_lens` when given),
     and either print the cases or run them (holding the run directory's lock), in this process or in
     jobs as `scheduler` says, and print the summary."""
-    clock = PhaseClock()
+    clock = phases.PhaseClock()
     if flags.grad is not None and flags.grad not in specs.GRAD_MODES:
         raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {flags.grad!r}")
     if flags.clock is not None and flags.clock not in specs.CLOCKS:
@@ -483,11 +482,10 @@ def _execute(
             f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} "
             f"kept; {clock.to_dict()['wall_s']:.1f} s; results in {run_dir / rundir.RESULTS}"
         )
-        outside = clock.to_dict()["wall_s"] - sum(clock.phases.values())
         stdout.print(
             "time per phase: "
             + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in clock.phases.items())
-            + f"; outside the phases (parsing, devices, the run directory) {outside:.1f} s"
+            + f"; outside the phases {phases.outside_s(clock.to_dict()):.1f} s"
         )
         ok_rows = [row for row in report.rows if row.status == "ok"]
         if flags.ncu and ok_rows:
@@ -507,7 +505,7 @@ def _execute_in_jobs(
     retry: frozenset[str],
     forced: str | None,
     flags: _Flags,
-    clock: PhaseClock,
+    clock: phases.PhaseClock,
     stdout: Console,
 ) -> None:
     """Submit the cases as jobs (`tfla_bench.cluster`) and, when it follows them, print the summary."""
