@@ -37,8 +37,9 @@ to start the call, to the end of its last kernel, copy or memset. That holds the
 first kernel (about 1 us) and the GPU's gaps between its kernels, as a back-to-back sequence of
 calls would; no event is recorded. A marker kernel after each call closes it in the record. A
 call counts towards `host_gap_share` when the GPU sat idle inside it for more than `HOST_WAIT_NS`.
-On an H100 the span agreed with Nsight Compute's `gpu__time_duration` within 2% for a copy from
-16 MB up (`tfla_bench.validation`).
+On an H100 80GB HBM3 the span of a copy was 0.983-1.010 of Nsight Compute's `gpu__time_duration`
+from 4 MB to 1 GiB and 0.974 at 1 MB (`results/validation/timing-h100-20261126.md`); a GPU test run
+on the same node right after gave 0.957 at 16 MB (`tfla_bench.validation`).
 
 Library autotuners
 ------------------
@@ -362,7 +363,7 @@ def split_calls(activities: list[tuple[str, int, int]], calls: int) -> list[tupl
 
 class KernelRecord:
     """The GPU's activity record of a batch of calls (`torch.profiler` with CUDA activities, which
-    reads CUPTI), from construction until `call_times_ms`."""
+    reads CUPTI), from construction until `calls`."""
 
     def __init__(self) -> None:
         from torch.profiler import ProfilerActivity, profile

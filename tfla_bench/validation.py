@@ -259,9 +259,12 @@ def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
     for clock, spin in (("events", True), ("events", False), ("kernels", True)):
         stats = suite_time(fn, device, flush=False, spin=spin, clock=clock)
         note = f"{TINY_KERNELS} kernels from Python; " + ("spin ahead" if spin else "no spin")
-        gap_share = stats.host_gap_share
-        cell = method(clock, flush=False)
-        checks.append(Check("tiny", "4 B", cell, stats.median_ms, stats.ci_rel, gap_share, None, graph, note))
+        checks.append(
+            Check(
+                "tiny", "4 B", method(clock, flush=False), stats.median_ms, stats.ci_rel,
+                stats.host_gap_share, None, graph, note,
+            )
+        )  # fmt: skip
     return checks
 
 
