@@ -20,9 +20,8 @@ gets `sum(dC_0 * C_0)`, its exact gradient, since the memory is `C_0 exp(m_0)`. 
 state on as the next call's initial state therefore chains gradients exactly.
 """
 
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
@@ -35,13 +34,13 @@ from tfla_bench.kernels.common import (
 )
 from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_name, is_pow2
 from tfla_bench.kernels.gates import GATES, num_chunks
+from tfla_bench.kernels.launch import INTERPRETED, Launches
 from tfla_bench.kernels.reference import state_names
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_CHUNK, MAX_CHUNK = 16, 4096
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 1024
-# Triton's interpreter (TRITON_INTERPRET=1, read when the kernels are defined) runs them on the CPU.
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+MAX_SIGNATURES = 256  # call signatures whose settings `settings_of` keeps (then it starts again)
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,9 @@ class Settings:
     config: KernelConfig
     final_state: bool = False  # the call returns the final state (and may get its gradient)
     float32_states: bool = False  # chunk states in float32 in HBM (`config.float32_states`)
+    # The forward kernels compiled for this instance's call signature (`settings_of`); a copy made
+    # with `replace` starts empty.
+    launches: Launches = field(default_factory=Launches, init=False, compare=False, repr=False)
 
     @property
     def use_max_state(self) -> bool:
@@ -111,9 +113,10 @@ def gates_forward(
     g = torch.empty(bh, nc, dtype=torch.float32, device=i.device)
     a_max = torch.empty_like(g)
     prefix_max = torch.empty_like(log_i) if row_max and s.use_max_state else None
-    fwd_kernel_gates[(bh * nc,)](
-        i, f, log_i, b, g, a_max, pointer_or(prefix_max, b), seq_len, nc,
-        L=s.chunk_size, SIG_INPUT=s.gate == "sig", ROW_MAX=prefix_max is not None, num_warps=4,
+    s.launches(
+        f"gates{prefix_max is not None:d}", fwd_kernel_gates, bh * nc,
+        (i, f, log_i, b, g, a_max, pointer_or(prefix_max, b), seq_len, nc),
+        dict(L=s.chunk_size, SIG_INPUT=s.gate == "sig", ROW_MAX=prefix_max is not None, num_warps=4),
     )  # fmt: skip
     return log_i, ChunkSums(b, g, a_max, prefix_max)
 
@@ -145,14 +148,18 @@ def states_forward(k, v, gates: ChunkSums, log_i, C0, n0, m0, s: Settings, with_
     n = torch.empty(bh, nc + 1, dqk, dtype=torch.float32, device=k.device) if with_n else None
     m = torch.empty(bh, nc + 1, dtype=torch.float32, device=k.device) if s.use_max_state else None
     C_final = torch.empty(bh, dqk, dv, dtype=torch.float32, device=k.device) if s.final_state else None
-    fwd_kernel_states[(bh * (dqk // cfg.state_qk) * (dv // cfg.state_v),)](
-        k, v, gates.b, log_i, gates.g, gates.a_max, pointer_or(C0, C), pointer_or(n0, C), pointer_or(m0, C),
-        C, pointer_or(n, C), pointer_or(m, C), pointer_or(C_final, C),
-        seq_len, nc,
-        DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_T=cfg.state_seq, BLOCK_DQK=cfg.state_qk, BLOCK_DV=cfg.state_v,
-        USE_MAX_STATE=s.use_max_state, HAS_N=with_n, HAS_INITIAL=C0 is not None, STORE_FINAL=s.final_state,
-        ONE_TILE=cfg.state_one_tile, DOT_PRECISION=dot_precision(k.dtype),
-        num_warps=cfg.state_num_warps, num_stages=cfg.state_num_stages,
+    grid = bh * (dqk // cfg.state_qk) * (dv // cfg.state_v)
+    initial = (pointer_or(C0, C), pointer_or(n0, C), pointer_or(m0, C))
+    outputs = (C, pointer_or(n, C), pointer_or(m, C), pointer_or(C_final, C))
+    s.launches(
+        f"states{with_n:d}{C0 is not None:d}", fwd_kernel_states, grid,
+        (k, v, gates.b, log_i, gates.g, gates.a_max, *initial, *outputs, seq_len, nc),
+        dict(
+            DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_T=cfg.state_seq, BLOCK_DQK=cfg.state_qk,
+            BLOCK_DV=cfg.state_v, USE_MAX_STATE=s.use_max_state, HAS_N=with_n, HAS_INITIAL=C0 is not None,
+            STORE_FINAL=s.final_state, ONE_TILE=cfg.state_one_tile, DOT_PRECISION=dot_precision(k.dtype),
+            num_warps=cfg.state_num_warps, num_stages=cfg.state_num_stages,
+        ),
     )  # fmt: skip
     return C, n, m, C_final
 
@@ -353,6 +360,32 @@ def resolve_config(
         return config_for(kernel, dqk, dv, chunk_size, q.dtype, gate, gpu_name(q.device))
     check_config(kernel, config, dqk, dv, chunk_size)
     return config
+
+
+def settings_of(options: tuple, tensors: tuple, make: Callable[[], Settings]) -> Settings:
+    """The `Settings` of a call: `make()`, which checks the call (raising ValueError), on the first
+    call of a signature, and the same instance on later ones, whose `launches` then call the compiled
+    forward kernels directly (`launch`).
+
+    The signature is `options` (every argument that is not a tensor, the kernel's name first) and
+    each of `tensors`' shape, dtype, device and 16-byte alignment: the tensors the forward kernels get,
+    contiguous. A call whose arguments are no tensors, or whose options cannot be hashed, gets
+    `make()` (which says what is wrong).
+    """
+    try:
+        key = (options, *[(x.shape, x.dtype, x.device, x.data_ptr() % 16) for x in tensors])
+        settings = _SIGNATURES.get(key)
+    except (AttributeError, TypeError):
+        return make()
+    if settings is None:
+        settings = make()
+        if len(_SIGNATURES) >= MAX_SIGNATURES:
+            _SIGNATURES.clear()
+        _SIGNATURES[key] = settings
+    return settings
+
+
+_SIGNATURES: dict[tuple, Settings] = {}
 
 
 def apply(ops: KernelOps, q, k, v, i, f, state: dict[str, torch.Tensor], s: Settings):

@@ -60,6 +60,7 @@ from tfla_bench.kernels.chunkwise import (
     check_state,
     dot_precision,
     resolve_config,
+    settings_of,
     states_backward,
 )
 from tfla_bench.kernels.common import dot_rows
@@ -278,10 +279,13 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     """The output kernel, one program per (d_hv block, chunk, batch*head)."""
     bh, seq_len, dqk = q.shape
     dv, nc, cfg = v.shape[-1], gates.g.shape[-1], s.config
-    limit_chunk_fwd_kernel_h[(bh * nc * (dv // cfg.v),)](
-        q, k, v, gates.b, log_i, C, n, m, h, m_row, denom, seq_len, nc, dqk**-0.5, s.eps,
-        DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_DQK=cfg.qk, BLOCK_DV=cfg.v,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    s.launches(
+        "output", limit_chunk_fwd_kernel_h, bh * nc * (dv // cfg.v),
+        (q, k, v, gates.b, log_i, C, n, m, h, m_row, denom, seq_len, nc, dqk**-0.5, s.eps),
+        dict(
+            DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_DQK=cfg.qk, BLOCK_DV=cfg.v,
+            DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ),
     )  # fmt: skip
 
 
@@ -360,14 +364,24 @@ def mlstm_limit_chunk(
         >>> h, (C, n, m) = mlstm_limit_chunk(q, k, v, i, f, return_final_state=True)
     """
     seq_len = q.shape[2] if isinstance(q, torch.Tensor) and q.dim() == 4 else 0
-    check_inputs(q, k, v, i, f, "exp", chunk_size, seq_len, eps)
-    dv = v.shape[-1]
-    reason = unsupported_reason(chunk_size, q.shape[-1], dv, q.dtype)
-    if reason is not None:
-        raise ValueError(reason)
-    state = check_state(initial_state, "exp", False, q, dv) if initial_state is not None else {}
-    config = resolve_config("limit_chunk", config, q, dv, chunk_size, "exp")
-    wide = float32_states("limit_chunk", "exp", q.shape[-1], config)
-    s = Settings("exp", chunk_size, float(eps), False, config, return_final_state, wide)
-    h, final_state = apply(OPS, q.contiguous(), k.contiguous(), v.contiguous(), i, f, state, s)
+
+    def make() -> Settings:
+        check_inputs(q, k, v, i, f, "exp", chunk_size, seq_len, eps)
+        reason = unsupported_reason(chunk_size, q.shape[-1], v.shape[-1], q.dtype)
+        if reason is not None:
+            raise ValueError(reason)
+        resolved = resolve_config("limit_chunk", config, q, v.shape[-1], chunk_size, "exp")
+        wide = float32_states("limit_chunk", "exp", q.shape[-1], resolved)
+        return Settings("exp", chunk_size, float(eps), False, resolved, return_final_state, wide)
+
+    if initial_state is not None:
+        make()  # the inputs are checked before the state
+        state = check_state(initial_state, "exp", False, q, v.shape[-1])
+        state = {name: x.float().contiguous() for name, x in state.items()}
+    else:
+        state = {}
+    q, k, v, i, f = (x.contiguous() if isinstance(x, torch.Tensor) else x for x in (q, k, v, i, f))
+    options = ("limit_chunk", chunk_size, type(chunk_size), eps, config, return_final_state)
+    s = settings_of(options, (q, k, v, i, f, *state.values()), make)
+    h, final_state = apply(OPS, q, k, v, i, f, state, s)
     return (h, final_state) if return_final_state else h

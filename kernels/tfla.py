@@ -41,6 +41,7 @@ from tfla_bench.kernels.chunkwise import (
     dot_precision,
     pointer_or,
     resolve_config,
+    settings_of,
     states_backward,
 )
 from tfla_bench.kernels.config import KernelConfig, float32_states
@@ -54,12 +55,17 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     """The output kernel, one program per (d_hv block, L_hq tile, chunk, batch*head)."""
     bh, seq_len, dqk = q.shape
     dv, nc, cfg = v.shape[-1], gates.g.shape[-1], s.config
-    tfla_fwd_kernel_h[(bh * nc * (s.chunk_size // cfg.seq_q) * (dv // cfg.v),)](
-        q, k, v, gates.b, log_i, pointer_or(gates.row_max, gates.b), C, pointer_or(n, C), pointer_or(m, C), h,
-        pointer_or(m_row, h), pointer_or(denom, h), seq_len, nc, dqk**-0.5, s.eps,
-        DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_LQ=cfg.seq_q, BLOCK_LKV=cfg.seq_kv, BLOCK_DQK=cfg.qk,
-        BLOCK_DV=cfg.v, USE_MAX_STATE=s.use_max_state, HAS_N=s.has_n, DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    s.launches(
+        "output", tfla_fwd_kernel_h, bh * nc * (s.chunk_size // cfg.seq_q) * (dv // cfg.v),
+        (
+            q, k, v, gates.b, log_i, pointer_or(gates.row_max, gates.b), C, pointer_or(n, C),
+            pointer_or(m, C), h, pointer_or(m_row, h), pointer_or(denom, h), seq_len, nc, dqk**-0.5, s.eps,
+        ),
+        dict(
+            DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_LQ=cfg.seq_q, BLOCK_LKV=cfg.seq_kv, BLOCK_DQK=cfg.qk,
+            BLOCK_DV=cfg.v, USE_MAX_STATE=s.use_max_state, HAS_N=s.has_n,
+            DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ),
     )  # fmt: skip
 
 
@@ -176,14 +182,23 @@ def mlstm_tfla(
         raise ValueError(
             f"the sequence length T={seq_len} must be a multiple of {SEQ_MULTIPLE} (or pass pad=True)"
         )
-    check_inputs(q, k, v, i, f, gate, chunk_size, seq_len + pad_steps, eps)
-    dv = v.shape[-1]
-    state = check_state(initial_state, gate, normalize, q, dv) if initial_state is not None else {}
-    config = resolve_config("tfla", config, q, dv, chunk_size, gate)
-    wide = float32_states("tfla", gate, q.shape[-1], config)
-    s = Settings(gate, chunk_size, float(eps), normalize and gate == "sig", config, return_final_state, wide)
 
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    def make() -> Settings:
+        check_inputs(q, k, v, i, f, gate, chunk_size, seq_len + pad_steps, eps)
+        resolved = resolve_config("tfla", config, q, v.shape[-1], chunk_size, gate)
+        wide = float32_states("tfla", gate, q.shape[-1], resolved)
+        sig_normalize = normalize and gate == "sig"
+        return Settings(gate, chunk_size, float(eps), sig_normalize, resolved, return_final_state, wide)
+
+    if initial_state is not None:
+        make()  # the inputs are checked before the state
+        state = check_state(initial_state, gate, normalize, q, v.shape[-1])
+        state = {name: x.float().contiguous() for name, x in state.items()}
+    else:
+        state = {}
+    q, k, v, i, f = (x.contiguous() if isinstance(x, torch.Tensor) else x for x in (q, k, v, i, f))
+    options = ("tfla", gate, chunk_size, type(chunk_size), eps, normalize, pad, config, return_final_state)
+    s = settings_of(options, (q, k, v, i, f, *state.values()), make)
     if pad_steps:
         # input gate 0 and forget gate 1: the padded steps leave the state unchanged
         q, k, v = (F.pad(x, (0, 0, 0, pad_steps)) for x in (q, k, v))
