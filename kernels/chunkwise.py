@@ -116,7 +116,7 @@ def gates_forward(
     s.launches(
         f"gates{prefix_max is not None:d}", fwd_kernel_gates, bh * nc,
         (i, f, log_i, b, g, a_max, pointer_or(prefix_max, b), seq_len, nc),
-        dict(L=s.chunk_size, SIG_INPUT=s.gate == "sig", ROW_MAX=prefix_max is not None, num_warps=4),
+        lambda: dict(L=s.chunk_size, SIG_INPUT=s.gate == "sig", ROW_MAX=prefix_max is not None, num_warps=4),
     )  # fmt: skip
     return log_i, ChunkSums(b, g, a_max, prefix_max)
 
@@ -154,7 +154,7 @@ def states_forward(k, v, gates: ChunkSums, log_i, C0, n0, m0, s: Settings, with_
     s.launches(
         f"states{with_n:d}{C0 is not None:d}", fwd_kernel_states, grid,
         (k, v, gates.b, log_i, gates.g, gates.a_max, *initial, *outputs, seq_len, nc),
-        dict(
+        lambda: dict(
             DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_T=cfg.state_seq, BLOCK_DQK=cfg.state_qk,
             BLOCK_DV=cfg.state_v, USE_MAX_STATE=s.use_max_state, HAS_N=with_n, HAS_INITIAL=C0 is not None,
             STORE_FINAL=s.final_state, ONE_TILE=cfg.state_one_tile, DOT_PRECISION=dot_precision(k.dtype),
@@ -224,7 +224,7 @@ def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
             n[:, nc].clone().reshape(batch, heads, dqk) if n is not None else None,
             m[:, nc].clone().reshape(batch, heads) if m is not None else None,
         )
-    saved = (flat, i_flat, f_flat, log_i, gates._replace(row_max=None), C, m, m_row, denom)
+    saved = (flat, i_flat, f_flat, log_i, gates, C, m, m_row, denom)
     return h.reshape(batch, heads, seq_len, dv), final, saved
 
 
@@ -235,6 +235,7 @@ class ChunkwiseFunction(torch.autograd.Function):
     def forward(ctx, ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
         h, (C_T, n_T, m_T), saved = forward_pass(ops, q, k, v, i, f, C0, n0, m0, s)
         flat, i_flat, f_flat, log_i, gates, C, m, m_row, denom = saved
+        gates = gates._replace(row_max=None)  # the backward pass needs no prefix max
         ctx.save_for_backward(*flat, i_flat, f_flat, log_i, C0, m0)
         # Kept outside save_for_backward: the backward pass may overwrite the states with their gradients.
         ctx.states = C

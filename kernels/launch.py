@@ -16,6 +16,7 @@ its interpreter (TRITON_INTERPRET=1) and while a launch hook is set (a profiler 
 """
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,16 +36,17 @@ class Launches:
     def __init__(self) -> None:
         self.sites: dict[str, tuple[Any, ...]] = {}
 
-    def __call__(self, site: str, kernel: Any, grid: int, args: tuple, kwargs: dict[str, Any]) -> None:
-        """`kernel[(grid,)](*args, **kwargs)`; the first launch at `site` keeps the compiled kernel.
+    def __call__(self, site: str, kernel: Any, grid: int, args: tuple, kwargs: Callable[[], dict]) -> None:
+        """`kernel[(grid,)](*args, **kwargs())`; the first launch at `site` keeps the compiled kernel.
 
         Args:
             site: the launch site's name, unique within one call signature.
             kernel: a `triton.jit` function.
             grid: the number of programs (a 1-D grid).
             args: the kernel's leading parameters, in order.
-            kwargs: the other parameters by name (the constexprs) and the launch options
-                (`num_warps`, `num_stages`); a parameter left out takes its default.
+            kwargs: makes the other parameters by name (the constexprs) and the launch options
+                (`num_warps`, `num_stages`); a parameter left out takes its default. Called only
+                where Triton launches, since a direct launch needs none of them.
         """
         entry = self.sites.get(site)
         if entry is not None:
@@ -52,7 +54,8 @@ class Launches:
             if not (hooks[0].calls or hooks[1].calls):
                 run(grid, 1, 1, current_stream(device), function, metadata, None, None, None, *args, *tail)
                 return
-        compiled = kernel[(grid,)](*args, **kwargs)
+        options = kwargs()
+        compiled = kernel[(grid,)](*args, **options)
         if INTERPRETED or compiled is None:
             return
         from triton import knobs
@@ -61,7 +64,7 @@ class Launches:
             compiled = compiled.result()
         # The launcher takes every parameter in order, constexprs included (it skips them).
         defaults = {param.name: param.default for param in kernel.params}
-        tail = tuple(kwargs.get(name, defaults[name]) for name in kernel.arg_names[len(args) :])
+        tail = tuple(options.get(name, defaults[name]) for name in kernel.arg_names[len(args) :])
         hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
         device = torch.cuda.current_device()
         self.sites[site] = (compiled.run, compiled.function, compiled.packed_metadata, device, tail, hooks)

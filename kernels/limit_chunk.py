@@ -282,7 +282,7 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     s.launches(
         "output", limit_chunk_fwd_kernel_h, bh * nc * (dv // cfg.v),
         (q, k, v, gates.b, log_i, C, n, m, h, m_row, denom, seq_len, nc, dqk**-0.5, s.eps),
-        dict(
+        lambda: dict(
             DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_DQK=cfg.qk, BLOCK_DV=cfg.v,
             DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ),
@@ -380,7 +380,10 @@ def mlstm_limit_chunk(
         state = {name: x.float().contiguous() for name, x in state.items()}
     else:
         state = {}
-    q, k, v, i, f = (x.contiguous() if isinstance(x, torch.Tensor) else x for x in (q, k, v, i, f))
+    try:
+        q, k, v, i, f = q.contiguous(), k.contiguous(), v.contiguous(), i.contiguous(), f.contiguous()
+    except AttributeError:
+        pass  # not tensors: `make` says which
     options = ("limit_chunk", chunk_size, type(chunk_size), eps, config, return_final_state)
     s = settings_of(options, (q, k, v, i, f, *state.values()), make)
     h, final_state = apply(OPS, q, k, v, i, f, state, s)

@@ -61,7 +61,7 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
             q, k, v, gates.b, log_i, pointer_or(gates.row_max, gates.b), C, pointer_or(n, C),
             pointer_or(m, C), h, pointer_or(m_row, h), pointer_or(denom, h), seq_len, nc, dqk**-0.5, s.eps,
         ),
-        dict(
+        lambda: dict(
             DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_LQ=cfg.seq_q, BLOCK_LKV=cfg.seq_kv, BLOCK_DQK=cfg.qk,
             BLOCK_DV=cfg.v, USE_MAX_STATE=s.use_max_state, HAS_N=s.has_n,
             DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -196,7 +196,10 @@ def mlstm_tfla(
         state = {name: x.float().contiguous() for name, x in state.items()}
     else:
         state = {}
-    q, k, v, i, f = (x.contiguous() if isinstance(x, torch.Tensor) else x for x in (q, k, v, i, f))
+    try:
+        q, k, v, i, f = q.contiguous(), k.contiguous(), v.contiguous(), i.contiguous(), f.contiguous()
+    except AttributeError:
+        pass  # not tensors: `make` says which
     options = ("tfla", gate, chunk_size, type(chunk_size), eps, normalize, pad, config, return_final_state)
     s = settings_of(options, (q, k, v, i, f, *state.values()), make)
     if pad_steps:

@@ -47,7 +47,7 @@ def compiled_launches(monkeypatch):
 def test_a_site_launches_its_compiled_kernel_directly_from_its_second_launch(compiled_launches):
     kernel, x = StandInKernel(), torch.zeros(4)
     for grid in (8, 16):
-        compiled_launches("output", kernel, grid, (x, 5), {"A": 3, "num_warps": 4})
+        compiled_launches("output", kernel, grid, (x, 5), lambda: {"A": 3, "num_warps": 4})
     assert kernel.through_triton == [((8,), (x, 5), {"A": 3, "num_warps": 4})]
     # grid, 1, 1, the stream, the function, its metadata, no launch metadata or hooks, then every
     # parameter in order: the constexprs too, B at its default (the options are not parameters)
@@ -58,14 +58,14 @@ def test_a_launch_hook_sends_every_launch_through_triton(compiled_launches):
     from triton import knobs
 
     kernel, x = StandInKernel(), torch.zeros(4)
-    compiled_launches("output", kernel, 8, (x, 5), {"A": 3})
+    compiled_launches("output", kernel, 8, (x, 5), lambda: {"A": 3})
 
     def hook(metadata) -> None:
         pass
 
     knobs.runtime.launch_enter_hook.add(hook)
     try:
-        compiled_launches("output", kernel, 8, (x, 5), {"A": 3})
+        compiled_launches("output", kernel, 8, (x, 5), lambda: {"A": 3})
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert len(kernel.through_triton) == 2 and not kernel.direct
@@ -75,7 +75,7 @@ def test_the_interpreter_runs_every_launch_through_triton(monkeypatch):
     monkeypatch.setattr(launch, "INTERPRETED", True)
     kernel, launches = StandInKernel(), launch.Launches()
     for _ in range(2):
-        launches("output", kernel, 8, (torch.zeros(4), 5), {"A": 3})
+        launches("output", kernel, 8, (torch.zeros(4), 5), lambda: {"A": 3})
     assert len(kernel.through_triton) == 2 and not launches.sites
 
 
