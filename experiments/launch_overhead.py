@@ -6,8 +6,11 @@ python experiments/launch_overhead.py OUT   (the markdown table; the H100's is i
 For each kernel at the Fig. 5 shape of its family (B8, 16 heads, Dqk 128, Dv 256, T 8192; chunk 128,
 limit_chunk 64), fw and fwbw, on one CUDA GPU:
 - `kernels`: GPU kernels one call launches (torch.profiler), torch's own ops included;
-- `queue us`: median host time to queue one call while the GPU is busy with an earlier spin, so the
-  host never waits for the GPU (a call that synchronizes inside shows its GPU time here);
+- `queue us`: median host time to queue one call of a run of back-to-back calls, as a sweep queues
+  them (the launch path of one call; a call that synchronizes inside shows its GPU time here);
+- `after sync us`: median host time to queue one call right after a synchronization, while the GPU
+  is busy with a spin: the same code from a thread that has just waited, which on the H100 node
+  takes several times longer and varies from run to run;
 - `gpu ms`: the suite's median (CUDA events, cold L2, spin ahead of the call);
 - `sync ms`: median wall time of a call between two synchronizations, as a script that times each
   call with `time.perf_counter` sees it;
@@ -35,6 +38,7 @@ KERNELS = {
 }
 SPIN_CYCLES = 50_000_000  # tens of milliseconds of GPU spin: the host never waits inside a call
 CALLS = 30
+BURSTS, BURST = 5, 20  # back-to-back calls: 5 runs of 20
 
 
 def kernels_per_call(step) -> int:
@@ -48,7 +52,22 @@ def kernels_per_call(step) -> int:
 
 
 def queue_us(step, reset) -> float:
-    """Median host time (us) to queue one call while the GPU is still busy with a spin."""
+    """Median host time (us) of one call among back-to-back calls, the GPU busy with a spin first."""
+    times = []
+    for _ in range(BURSTS):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SPIN_CYCLES)
+        for _ in range(BURST):
+            reset()
+            began = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - began) * 1e6)
+    torch.cuda.synchronize()
+    return timing.percentile(times, 50)
+
+
+def after_sync_us(step, reset) -> float:
+    """Median host time (us) to queue one call right after a synchronization, the GPU busy with a spin."""
     times = []
     for _ in range(CALLS):
         reset()
@@ -99,6 +118,7 @@ def measure(name: str, chunk: int, mode: str) -> dict:
         "mode": mode,
         "kernels": kernels_per_call(lambda: (reset(), step())),
         "queue us": queue_us(step, reset),
+        "after sync us": after_sync_us(step, reset),
         "gpu ms": gpu.median_ms,
         "sync ms": sync_ms(step, reset, flush),
     }
@@ -107,7 +127,7 @@ def measure(name: str, chunk: int, mode: str) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ["kernel", "mode", "kernels", "queue us", "gpu ms", "sync ms", "sync - gpu us"]
+    head = ["kernel", "mode", "kernels", "queue us", "after sync us", "gpu ms", "sync ms", "sync - gpu us"]
     lines = [
         f"Host launch path on {torch.cuda.get_device_name()} (bf16, B8 NH16 T8192 Dqk128 Dv256; "
         f"torch {torch.__version__})",
@@ -120,7 +140,8 @@ def markdown(rows: list[dict]) -> str:
             lines.append(f"| {row['kernel']} | {row['mode']} | {row['note']} |")
             continue
         cells = [row["kernel"], row["mode"], str(row["kernels"])]
-        cells += [f"{row['queue us']:.0f}", f"{row['gpu ms']:.3f}", f"{row['sync ms']:.3f}"]
+        cells += [f"{row['queue us']:.0f}", f"{row['after sync us']:.0f}"]
+        cells += [f"{row['gpu ms']:.3f}", f"{row['sync ms']:.3f}"]
         cells.append(f"{row['sync - gpu us']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
