@@ -37,9 +37,33 @@ def test_sharded_autotuning_tries_only_its_configs_and_restores_triton(plugin_ad
     with precompile.sharded_autotuning(0, 3):
         assert launch() == ([16, 128], [16])
         assert launch() == ([16, 128], [16])  # tuned again: the choice from dummy timings is dropped
-    with precompile.sharded_autotuning(5, 6):  # more shards than configs: still one config
-        assert launch() == ([32], [32])
+    kernel.configs_timings = {}
+    out.zero_()
+    with precompile.sharded_autotuning(5, 6):  # more shards than configs: none here, nothing launched
+        assert launch() == ([], [0])
     assert {name: Autotuner.__dict__[name] for name in originals} == originals
+
+
+def test_only_shard_0_launches_a_kernel_outside_an_autotuner(plugin_adapters):
+    """A plain kernel (and a one-config autotuner) compiles once, in shard 0, not in every shard."""
+    import triton
+
+    tuned = plugin_adapters.fill_block_kernel()
+    plain = tuned.fn
+    single = triton.autotune(configs=[triton.Config({"BLOCK": 64})], key=["n"])(plain)
+    out = torch.zeros(256, dtype=torch.int32)
+
+    def fills(kernel, **block):
+        out.zero_()
+        kernel[lambda meta: (256 // meta["BLOCK"],)](out, 256, **block)
+        return out.unique().tolist()
+
+    for shard, launched in ((0, [64]), (2, [0])):
+        with precompile.sharded_autotuning(shard, 3):
+            assert fills(plain, BLOCK=64) == launched
+            assert fills(single) == launched
+            assert fills(tuned) == [(16, 32, 64)[shard]]  # its own config, shard 2 included
+    assert fills(plain, BLOCK=32) == [32]  # restored: launched outside any shard
 
 
 def test_warm_cases_and_the_plan(plugin_adapters):

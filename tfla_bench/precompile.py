@@ -11,9 +11,12 @@ the measuring workers find it done:
   every other case runs once, N different cases at a time;
 - `sharded_autotuning`: in shard j of N each autotuner tries only its configs j, j + N, ...; a try
   is one untimed call with a dummy timing, and its result is neither written to Triton's
-  autotuning cache on disk nor kept in memory. A shard whose every config is out of the GPU's
-  shared memory or registers (Triton's `OutOfResources`) is done, not failed: the sweep's
-  autotuner skips those configs too;
+  autotuning cache on disk nor kept in memory. An autotuner with no config j (fewer configs than
+  shards; one config counts as none but in shard 0) and a kernel launched outside any autotuner
+  are launched in shard 0 only: the other shards skip the launch, so no two processes compile the
+  same kernel side by side (a skipped launch leaves its outputs unwritten, and the kernels after
+  it run on them). A shard whose every config is out of the GPU's shared memory or registers
+  (Triton's `OutOfResources`) is done, not failed: the sweep's autotuner skips those configs too;
 - `warm_case`: inputs smaller than the case's where the adapter allows it (`Adapter.precompile`).
   Compiled Triton code depends on a shape only through constexprs and the specialization of
   integer arguments (equal to 1, divisible by 16), so the smaller case keeps that specialization:
@@ -114,7 +117,8 @@ class PrecompileJob:
     def run(self, adapter: registry.Adapter, device: str) -> PrecompileResult:
         """`run_job` in the worker (`tfla_bench.worker`)."""
         done = run_job(adapter, self, device)
-        log_outcome(f"precompile {done.status} {done.error or ''}")
+        shard = f" shard {self.shard + 1}/{self.shards}" if self.shards > 1 else ""
+        log_outcome(f"precompile {done.status}{shard} in {done.seconds:.1f} s {done.error or ''}")
         return done
 
 
@@ -216,28 +220,49 @@ def _one_untimed_call(kernel_call: Callable[[], None], quantiles: Any = None, **
     return [0.0] * len(quantiles) if quantiles else 0.0
 
 
+class _NoConfigHere(Exception):
+    """An autotuner has no config in this shard (raised inside `sharded_autotuning` only)."""
+
+
 @contextmanager
 def sharded_autotuning(shard: int, shards: int) -> Iterator[None]:
     """Within the block, every Triton autotuner of this process tries only its configs `shard`,
-    `shard + shards`, ... (at least one), calls each once without timing it, writes nothing to the
-    autotuning cache on disk and forgets its choice after each call. Restores Triton on exit.
+    `shard + shards`, ..., calls each once without timing it, writes nothing to the autotuning cache
+    on disk and forgets its choice after each call; an autotuner with none of them, and in a shard
+    other than 0 every kernel launched outside an autotuner, is not launched (module docstring).
+    Restores Triton on exit.
 
     Args:
         shard: which slice, 0 <= shard < shards.
         shards: how many slices.
     """
     from triton.runtime.autotuner import Autotuner
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
 
     names = ("run", "prune_configs", "check_disk_cache", "do_bench")
     originals = {name: Autotuner.__dict__[name] for name in names}
+    plain_runs = {cls: cls.__dict__["run"] for cls in (JITFunction, InterpretedFunction)}
+    tuning = threading.local()  # how many autotuner calls this thread is inside
 
     def prune_configs(self: Autotuner, kwargs: dict[str, Any]) -> list[Any]:
-        configs = originals["prune_configs"](self, kwargs)
-        return configs[shard::shards] or configs[shard % len(configs) :][:1]
+        configs = originals["prune_configs"](self, kwargs)[shard::shards]
+        if not configs:
+            raise _NoConfigHere
+        return configs
 
     def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         self.cache.clear()  # a choice made from dummy timings must not outlive the call
-        return originals["run"](self, *args, **kwargs)
+        if len(self.configs) == 1 and shard != 0:
+            return None
+        tuning.depth = getattr(tuning, "depth", 0) + 1
+        try:
+            return originals["run"](self, *args, **kwargs)
+        except _NoConfigHere:
+            self.nargs = None
+            return None
+        finally:
+            tuning.depth -= 1
 
     def check_disk_cache(
         self: Autotuner, tuning_key: Any, configs: Any, bench_fn: Callable[[], None]
@@ -245,19 +270,33 @@ def sharded_autotuning(shard: int, shards: int) -> Iterator[None]:
         bench_fn()
         return False
 
-    patches = {
-        "run": run,
-        "prune_configs": prune_configs,
-        "check_disk_cache": check_disk_cache,
-        "do_bench": property(lambda self: _one_untimed_call),
+    def plain_run(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run_in_shard_0(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if shard != 0 and not getattr(tuning, "depth", 0):
+                return None
+            return original(self, *args, **kwargs)
+
+        return run_in_shard_0
+
+    patches: dict[Any, dict[str, Any]] = {
+        Autotuner: {
+            "run": run,
+            "prune_configs": prune_configs,
+            "check_disk_cache": check_disk_cache,
+            "do_bench": property(lambda self: _one_untimed_call),
+        },
+        **{cls: {"run": plain_run(original)} for cls, original in plain_runs.items()},
     }
-    for name, patch in patches.items():
-        setattr(Autotuner, name, patch)
+    for cls, methods in patches.items():
+        for name, patch in methods.items():
+            setattr(cls, name, patch)
     try:
         yield
     finally:
         for name, original in originals.items():
             setattr(Autotuner, name, original)
+        for cls, original in plain_runs.items():
+            cls.run = original
 
 
 def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> PrecompileResult:
