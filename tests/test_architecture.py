@@ -43,6 +43,7 @@ LAYERS = (
         "tfla_bench.gpustate",
         "tfla_bench.worker",
         "tfla_bench.correctness",
+        "tfla_bench.availability",
         "tfla_bench.precompile",
         "tfla_bench.rundir",
         "tfla_bench.envinfo",
