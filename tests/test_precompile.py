@@ -39,8 +39,10 @@ def test_sharded_autotuning_tries_only_its_configs_and_restores_triton(plugin_ad
         assert launch() == ([16, 128], [16])  # tuned again: the choice from dummy timings is dropped
     kernel.configs_timings = {}
     out.zero_()
+    kernel.best_config = None
     with precompile.sharded_autotuning(5, 6):  # more shards than configs: none here, nothing launched
         assert launch() == ([], [0])
+        assert kernel.best_config is kernel.configs[0]  # still named, for callers that read it
     assert {name: Autotuner.__dict__[name] for name in originals} == originals
 
 
@@ -61,7 +63,9 @@ def test_only_shard_0_launches_a_kernel_outside_an_autotuner(plugin_adapters):
     for shard, launched in ((0, [64]), (2, [0])):
         with precompile.sharded_autotuning(shard, 3):
             assert fills(plain, BLOCK=64) == launched
+            single.best_config = None
             assert fills(single) == launched
+            assert single.best_config is single.configs[0]
             assert fills(tuned) == [(16, 32, 64)[shard]]  # its own config, shard 2 included
     assert fills(plain, BLOCK=32) == [32]  # restored: launched outside any shard
 

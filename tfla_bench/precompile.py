@@ -15,7 +15,8 @@ the measuring workers find it done:
   shards; one config counts as none but in shard 0) and a kernel launched outside any autotuner
   are launched in shard 0 only: the other shards skip the launch, so no two processes compile the
   same kernel side by side (a skipped launch leaves its outputs unwritten, and the kernels after
-  it run on them). A shard whose every config is out of the GPU's shared memory or registers
+  it run on them; a skipped autotuner's `best_config` is its first config, which mamba_ssm reads
+  after a launch). A shard whose every config is out of the GPU's shared memory or registers
   (Triton's `OutOfResources`) is done, not failed: the sweep's autotuner skips those configs too;
 - `warm_case`: inputs smaller than the case's where the adapter allows it (`Adapter.precompile`).
   Compiled Triton code depends on a shape only through constexprs and the specialization of
@@ -253,13 +254,15 @@ def sharded_autotuning(shard: int, shards: int) -> Iterator[None]:
 
     def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         self.cache.clear()  # a choice made from dummy timings must not outlive the call
+        # A launch not made still names a config: callers read it (mamba_ssm sizes buffers by it).
         if len(self.configs) == 1 and shard != 0:
+            self.best_config = self.configs[0]
             return None
         tuning.depth = getattr(tuning, "depth", 0) + 1
         try:
             return originals["run"](self, *args, **kwargs)
         except _NoConfigHere:
-            self.nargs = None
+            self.nargs, self.best_config = None, self.configs[0]
             return None
         finally:
             tuning.depth -= 1
