@@ -90,34 +90,6 @@ class Unavailable(_Tiny):
         return "needs the package frobnicate"
 
 
-# Set by the test of the plan's availability checks: only there do these two adapters crash or hang.
-CHECK_FAULTS_ENV = "TFLA_TEST_CHECK_FAULTS"
-
-
-@register
-class CheckAborts(_Tiny):
-    """Its library's import kills the process (with `CHECK_FAULTS_ENV` set)."""
-
-    name = "test_check_aborts"
-
-    def available(self) -> str | None:
-        if os.environ.get(CHECK_FAULTS_ENV):
-            os.abort()
-        return None
-
-
-@register
-class CheckHangs(_Tiny):
-    """Its library's import never returns (with `CHECK_FAULTS_ENV` set)."""
-
-    name = "test_check_hangs"
-
-    def available(self) -> str | None:
-        if os.environ.get(CHECK_FAULTS_ENV):
-            time.sleep(3600)
-        return None
-
-
 @register
 class Oom(_Tiny):
     """Runs out of device memory (raised on purpose, so it also happens on CPU)."""

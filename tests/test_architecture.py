@@ -43,7 +43,6 @@ LAYERS = (
         "tfla_bench.gpustate",
         "tfla_bench.worker",
         "tfla_bench.correctness",
-        "tfla_bench.availability",
         "tfla_bench.precompile",
         "tfla_bench.rundir",
         "tfla_bench.envinfo",

@@ -112,11 +112,6 @@ def precompile_log(index: int) -> str:
     return f"precompile-{index}.log"
 
 
-def plan_log(index: int) -> str:
-    """The log file of the process that asked adapter `index` of the plan whether it runs here."""
-    return f"plan-{index}.log"
-
-
 def shard_dir(round_number: int, index: int) -> str:
     """The run directory of job `index` of submission `round_number`, relative to the run's."""
     return f"{SHARDS}/{round_number}-{index}"

@@ -100,7 +100,6 @@ import torch
 from rich.console import Console
 
 from tfla_bench import envinfo, registry, rundir
-from tfla_bench.availability import availability
 from tfla_bench.console import case_label, make_console, progress_bar, row_line
 from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.kernels import config as kernel_config
@@ -320,16 +319,11 @@ def decide(
 
 
 def plan(
-    cases: list[Case],
-    *,
-    cuda: bool,
-    failed_check: dict[str, str] | None = None,
-    reasons: dict[str, str | None] | None = None,
+    cases: list[Case], *, cuda: bool, failed_check: dict[str, str] | None = None
 ) -> tuple[list[ResultRow], list[_Planned]]:
-    """Split cases into rows decided now and cases to run (with their analytic counts). `reasons`:
-    each adapter's `available()` by name, asked here for an adapter it leaves out."""
+    """Split cases into rows decided now and cases to run (with their analytic counts)."""
     failed_check = failed_check or {}
-    reasons = dict(reasons or {})
+    reasons: dict[str, str | None] = {}
     decided, to_run = [], []
     for case in cases:
         adapter = registry.get(case.kernel)
@@ -415,8 +409,7 @@ def run_sweep(
             f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
         )
     with clock.phase("plan"):
-        reasons = availability(cases, devices, run_dir)
-        decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check, reasons=reasons)
+        decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check)
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
     )
