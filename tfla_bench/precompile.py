@@ -85,10 +85,11 @@ MAX_SEQ_LEN = 8192
 # Triton compiles an integer argument divisible by this (and one equal to 1) as its own case.
 SPECIALIZATION = 16
 # The sequence length of a precompile run of an adapter whose kernels take the batch as a constexpr
-# and leave the length unspecialized (`precompile == "sequence"`, fla's): at least the kernels'
-# largest chunk (fla: 64), and a length that is a multiple of it keeps its count of chunks a
-# multiple of 16.
-SEQUENCE_RUN_LEN = 1024
+# and leave the length unspecialized (`precompile == "sequence"`, fla's): fla 0.6's chunk kernels
+# take `T` with `do_not_specialize=['T']` and count their chunks inside (`tl.cdiv(T, BT)`), so any
+# length of at least one chunk (BT = 64) compiles the same code; two chunks keep the run small,
+# where 1024 steps at the sweep's batch ran out of memory beside 13 other processes.
+SEQUENCE_RUN_LEN = 128
 DEFAULT_TIMEOUT_S = 900.0
 
 
