@@ -389,6 +389,27 @@ def settings_of(options: tuple, tensors: tuple, make: Callable[[], Settings]) ->
 _SIGNATURES: dict[tuple, Settings] = {}
 
 
+def prepare_call(options: tuple, make: Callable[[], Settings], q, k, v, i, f, initial_state, gate, normalize):
+    """What an entry point (`mlstm_tfla`, `mlstm_limit_chunk`) runs `apply` with: its `Settings`
+    (`settings_of`), the inputs made contiguous and the initial state by name (`check_state`, float32,
+    contiguous; {} for none). `make()` checks the inputs before the state is checked.
+
+    Returns:
+        `(settings, (q, k, v, i, f), state)`.
+    """
+    if initial_state is not None:
+        make()
+        state = check_state(initial_state, gate, normalize, q, v.shape[-1])
+        state = {name: x.float().contiguous() for name, x in state.items()}
+    else:
+        state = {}
+    try:
+        q, k, v, i, f = q.contiguous(), k.contiguous(), v.contiguous(), i.contiguous(), f.contiguous()
+    except AttributeError:
+        pass  # not tensors: `make` says which
+    return settings_of(options, (q, k, v, i, f, *state.values()), make), (q, k, v, i, f), state
+
+
 def apply(ops: KernelOps, q, k, v, i, f, state: dict[str, torch.Tensor], s: Settings):
     """Run `ops` on contiguous `[B, NH, T, D]` inputs and gate pre-activations `[B, NH, T]`, through
     autograd where a gradient is wanted (else without its bookkeeping); returns `h` and, with

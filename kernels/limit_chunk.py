@@ -57,10 +57,9 @@ from tfla_bench.kernels.chunkwise import (
     Settings,
     apply,
     check_inputs,
-    check_state,
     dot_precision,
+    prepare_call,
     resolve_config,
-    settings_of,
     states_backward,
 )
 from tfla_bench.kernels.common import dot_rows
@@ -374,17 +373,7 @@ def mlstm_limit_chunk(
         wide = float32_states("limit_chunk", "exp", q.shape[-1], resolved)
         return Settings("exp", chunk_size, float(eps), False, resolved, return_final_state, wide)
 
-    if initial_state is not None:
-        make()  # the inputs are checked before the state
-        state = check_state(initial_state, "exp", False, q, v.shape[-1])
-        state = {name: x.float().contiguous() for name, x in state.items()}
-    else:
-        state = {}
-    try:
-        q, k, v, i, f = q.contiguous(), k.contiguous(), v.contiguous(), i.contiguous(), f.contiguous()
-    except AttributeError:
-        pass  # not tensors: `make` says which
     options = ("limit_chunk", chunk_size, type(chunk_size), eps, config, return_final_state)
-    s = settings_of(options, (q, k, v, i, f, *state.values()), make)
+    s, (q, k, v, i, f), state = prepare_call(options, make, q, k, v, i, f, initial_state, "exp", False)
     h, final_state = apply(OPS, q, k, v, i, f, state, s)
     return (h, final_state) if return_final_state else h

@@ -37,11 +37,10 @@ from tfla_bench.kernels.chunkwise import (
     Settings,
     apply,
     check_inputs,
-    check_state,
     dot_precision,
     pointer_or,
+    prepare_call,
     resolve_config,
-    settings_of,
     states_backward,
 )
 from tfla_bench.kernels.config import KernelConfig, float32_states
@@ -190,18 +189,8 @@ def mlstm_tfla(
         sig_normalize = normalize and gate == "sig"
         return Settings(gate, chunk_size, float(eps), sig_normalize, resolved, return_final_state, wide)
 
-    if initial_state is not None:
-        make()  # the inputs are checked before the state
-        state = check_state(initial_state, gate, normalize, q, v.shape[-1])
-        state = {name: x.float().contiguous() for name, x in state.items()}
-    else:
-        state = {}
-    try:
-        q, k, v, i, f = q.contiguous(), k.contiguous(), v.contiguous(), i.contiguous(), f.contiguous()
-    except AttributeError:
-        pass  # not tensors: `make` says which
     options = ("tfla", gate, chunk_size, type(chunk_size), eps, normalize, pad, config, return_final_state)
-    s = settings_of(options, (q, k, v, i, f, *state.values()), make)
+    s, (q, k, v, i, f), state = prepare_call(options, make, q, k, v, i, f, initial_state, gate, normalize)
     if pad_steps:
         # input gate 0 and forget gate 1: the padded steps leave the state unchanged
         q, k, v = (F.pad(x, (0, 0, 0, pad_steps)) for x in (q, k, v))
