@@ -408,6 +408,10 @@ def test_timings_json_says_where_the_time_went(sweep):
     entries = record["adapters"].values()
     assert all(0 <= entry["first_call_s"] + entry["calls_s"] <= entry["seconds"] for entry in entries)
     assert sum(entry["cases"] for entry in record["adapters"].values()) == report.dispatched
+    # Every adapter of the sweep has its share of the plan, and the shares fit in the plan phase.
+    assert {case.kernel for case in cases} <= set(record["adapters"])
+    plan_s = [entry["plan_s"] for entry in record["adapters"].values()]
+    assert all(s >= 0 for s in plan_s) and sum(plan_s) <= record["phases_s"]["plan"]
     table = phases.rows(record)
     assert table[-1] == {"part": "wall", "seconds": record["wall_s"], "cases": None, "share": 1.0}
 
@@ -416,23 +420,39 @@ def test_timings_split_an_adapters_time_into_first_calls_and_precompile_runs():
     clock = phases.PhaseClock()
     clock.add_precompile("k", 3.0)
     clock.add_precompile("k", 4.0)
+    clock.add_plan("k", 0.5)
     clock.add_case("k", 2.0, first_call_s=1.5, calls_s=0.25)
     clock.add_case("k", 1.0, first_call_s=None)  # a crashed case has no first call
     clock.add_case("j", 0.5, first_call_s=0.25, calls_s=0.125)
     record = clock.to_dict()
     assert record["adapters"] == {
-        "k": {"seconds": 3.0, "cases": 2, "first_call_s": 1.5, "calls_s": 0.25, "precompile_s": 7.0},
-        "j": {"seconds": 0.5, "cases": 1, "first_call_s": 0.25, "calls_s": 0.125, "precompile_s": 0.0},
+        "k": {
+            "seconds": 3.0,
+            "cases": 2,
+            "first_call_s": 1.5,
+            "calls_s": 0.25,
+            "precompile_s": 7.0,
+            "plan_s": 0.5,
+        },
+        "j": {
+            "seconds": 0.5,
+            "cases": 1,
+            "first_call_s": 0.25,
+            "calls_s": 0.125,
+            "precompile_s": 0.0,
+            "plan_s": 0.0,
+        },
     }
     table = phases.rows(record)
     assert table[0]["part"] == "outside the phases"  # no phase ran: the whole wall time
     assert table[0]["seconds"] == pytest.approx(record["wall_s"], abs=1e-3)
     row = table[1]
-    assert (row["part"], row["first_call_s"], row["calls_s"], row["precompile_s"]) == (
+    assert (row["part"], row["first_call_s"], row["calls_s"], row["precompile_s"], row["plan_s"]) == (
         "adapter k",
         1.5,
         0.25,
         7.0,
+        0.5,
     )
 
 
@@ -445,7 +465,14 @@ def test_a_resumed_run_keeps_the_earlier_timings(tmp_path):
     again.write(tmp_path)
     record = phases.read(tmp_path)
     assert record["phases_s"] == {} and record["earlier"][0]["adapters"] == {
-        "k": {"seconds": 0.5, "cases": 1, "first_call_s": 0.0, "calls_s": 0.0, "precompile_s": 0.0}
+        "k": {
+            "seconds": 0.5,
+            "cases": 1,
+            "first_call_s": 0.0,
+            "calls_s": 0.0,
+            "precompile_s": 0.0,
+            "plan_s": 0.0,
+        }
     }
     assert phases.read(tmp_path / "missing") is None
 
@@ -473,6 +500,7 @@ def test_the_timings_table_of_a_resumed_run_shows_every_attempt_and_their_total(
         "first_call_s": None,  # a record written before first calls were counted
         "calls_s": None,
         "precompile_s": None,
+        "plan_s": None,
     }
     assert table[-1] == {"attempt": "all", "part": "wall", "seconds": 400.0, "cases": None, "share": 1.0}
 

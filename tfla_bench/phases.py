@@ -8,8 +8,10 @@ included; `profile`: Nsight Compute after the sweep) and, within measuring, each
 adapter's seconds and cases, the part of them spent in first calls (`first_call_s`: compiling
 and autotuning), the part from there to the last timed call (`calls_s`: warm-up, the memory call,
 the timed calls with their L2 flushes and spins; the rest is making inputs, reading NVML, freeing
-memory and passing the row), and its precompile runs' seconds (`precompile_s`, summed over the
-processes, which run side by side). With several GPUs the per-adapter seconds add up over the
+memory and passing the row), its precompile runs' seconds (`precompile_s`, summed over the
+processes, which run side by side) and its share of the plan (`plan_s`: asking it whether it runs
+here, which imports its library, and checking its cases; an adapter whose cases were all decided
+without running has this alone). With several GPUs the per-adapter seconds add up over the
 workers, so they may exceed the measuring phase. The sweep writes the record after every row as
 well as at its end, so a sweep that is killed leaves its time up to its last row. A resumed run
 keeps the earlier attempts under `earlier`.
@@ -67,10 +69,21 @@ class PhaseClock:
         """Count one precompile run of a case of `adapter` that took `seconds`."""
         self._entry(adapter)["precompile_s"] += seconds
 
+    def add_plan(self, adapter: str, seconds: float) -> None:
+        """Count `seconds` of the plan spent on `adapter` (its availability, a case's checks)."""
+        self._entry(adapter)["plan_s"] += seconds
+
     def _entry(self, adapter: str) -> dict[str, float]:
         return self.adapters.setdefault(
             adapter,
-            {"seconds": 0.0, "cases": 0, "first_call_s": 0.0, "calls_s": 0.0, "precompile_s": 0.0},
+            {
+                "seconds": 0.0,
+                "cases": 0,
+                "first_call_s": 0.0,
+                "calls_s": 0.0,
+                "precompile_s": 0.0,
+                "plan_s": 0.0,
+            },
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,6 +102,7 @@ class PhaseClock:
                     "first_call_s": round(entry["first_call_s"], 3),
                     "calls_s": round(entry["calls_s"], 3),
                     "precompile_s": round(entry["precompile_s"], 3),
+                    "plan_s": round(entry["plan_s"], 3),
                 }
                 for name, entry in sorted(self.adapters.items(), key=lambda item: -item[1]["seconds"])
             },
@@ -159,6 +173,7 @@ def _attempt_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
             "first_call_s": entry.get("first_call_s"),
             "calls_s": entry.get("calls_s"),
             "precompile_s": entry.get("precompile_s"),
+            "plan_s": entry.get("plan_s"),
         }
         for name, entry in record["adapters"].items()
     ]

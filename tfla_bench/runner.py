@@ -319,17 +319,25 @@ def decide(
 
 
 def plan(
-    cases: list[Case], *, cuda: bool, failed_check: dict[str, str] | None = None
+    cases: list[Case],
+    *,
+    cuda: bool,
+    failed_check: dict[str, str] | None = None,
+    clock: PhaseClock | None = None,
 ) -> tuple[list[ResultRow], list[_Planned]]:
-    """Split cases into rows decided now and cases to run (with their analytic counts)."""
+    """Split cases into rows decided now and cases to run (with their analytic counts); with `clock`,
+    the seconds spent on each adapter go to its `plan_s`."""
     failed_check = failed_check or {}
     reasons: dict[str, str | None] = {}
     decided, to_run = [], []
     for case in cases:
+        began = time.monotonic()
         adapter = registry.get(case.kernel)
         if adapter.name not in reasons:
             reasons[adapter.name] = adapter.available()
         row = decide(case, adapter, cuda=cuda, unavailable=reasons[adapter.name], failed_check=failed_check)
+        if clock is not None:
+            clock.add_plan(adapter.name, time.monotonic() - began)
         if row is not None:
             decided.append(row)
         else:
@@ -409,7 +417,7 @@ def run_sweep(
             f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
         )
     with clock.phase("plan"):
-        decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check)
+        decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check, clock=clock)
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
     )
