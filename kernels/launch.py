@@ -7,7 +7,7 @@ metadata for its hooks before it calls the compiled kernel's launcher; for our k
 Python cost more still (23-40 us).
 
 `Launches` keeps the compiled kernel of each launch site (`gates`, `states`, `output`) for one
-`chunkwise.Settings` instance, which `chunkwise.call_settings` makes once per call signature: the
+`chunkwise.Settings` instance, which `chunkwise.settings_of` makes once per call signature: the
 shapes, dtypes, devices and 16-byte alignment of the inputs, and every option. Everything Triton
 specializes a forward launch on follows from that signature (the kernels' integers from the
 shapes, the constexprs from the settings, every other pointer from an allocation of ours), so a

@@ -291,16 +291,15 @@ def sharded_autotuning(shard: int, shards: int) -> Iterator[None]:
         },
         **{cls: {"run": plain_run(original)} for cls, original in plain_runs.items()},
     }
+    saved = [(cls, name, cls.__dict__[name]) for cls, methods in patches.items() for name in methods]
     for cls, methods in patches.items():
         for name, patch in methods.items():
             setattr(cls, name, patch)
     try:
         yield
     finally:
-        for name, original in originals.items():
-            setattr(Autotuner, name, original)
-        for cls, original in plain_runs.items():
-            cls.run = original
+        for cls, name, original in saved:
+            setattr(cls, name, original)
 
 
 def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> PrecompileResult:
