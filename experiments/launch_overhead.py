@@ -38,7 +38,7 @@ KERNELS = {
 }
 SPIN_CYCLES = 50_000_000  # tens of milliseconds of GPU spin: the host never waits inside a call
 CALLS = 30
-BURSTS, BURST = 5, 20  # back-to-back calls: 5 runs of 20
+BURSTS, BURST = 10, 20  # back-to-back calls: 10 runs of 20
 
 
 def kernels_per_call(step) -> int:

@@ -3,11 +3,12 @@ the launches of the gate and chunk-state kernels (`common`), and the autograd gl
 
 Both turn the gate pre-activations into log gates and their chunk sums (`common.fwd_kernel_gates`)
 and run the same chunk-state kernels before their output kernel. Each kernel module supplies a
-`KernelOps` pair on `[BH, T, D]` inputs: `forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom,
-settings)`, the output kernel on the forward states, writing `h` and, where the gate has them, the
-per-row max state `m_row` and denominator `denom` (else None), and
-`backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_grad, settings)`,
-returning `(dq, dk, dv, row_dots, dg, dC0)`: the row dot products (`RowDots`) and the chunk-sum
+`KernelOps` pair: `forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, settings)` on contiguous
+`[B, NH, T, D]` tensors (the kernels index them as `[BH, T, D]`; `log_i` is `[BH, T]`), the output
+kernel on the forward states, writing `h` and, where the gate has them, the per-row max state
+`m_row` and denominator `denom` (else None), and `backward(q, k, v, dh, log_i, gates, C, m, m_row,
+denom, dC_final, initial_grad, settings)` on `[BH, T, D]` tensors, returning
+`(dq, dk, dv, row_dots, dg, dC0)`: the row dot products (`RowDots`) and the chunk-sum
 gradients (from `states_backward`) from which `common.bwd_kernel_gates` forms the gate gradients,
 and `dC0` the initial state's gradient (float32 `[BH, Dqk, Dv]` when `initial_grad`, else None).
 `backward` may overwrite the forward states `C` (TFLA writes the state gradients into them); a
@@ -101,17 +102,22 @@ class RowDots(NamedTuple):
     kdk_inter: torch.Tensor
 
 
+def float32_rows(count: int, rows: int, columns: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """`count` float32 `[rows, columns]` buffers from one allocation (they live and die together)."""
+    return torch.empty(count, rows, columns, dtype=torch.float32, device=device).unbind()
+
+
 def gates_forward(
-    i: torch.Tensor, f: torch.Tensor, s: Settings, row_max: bool = False
+    i: torch.Tensor, f: torch.Tensor, s: Settings, row_max: bool = False, out: tuple | None = None
 ) -> tuple[torch.Tensor, ChunkSums]:
-    """Run `fwd_kernel_gates` on the gate pre-activations `[BH, T]`: the log input gates and the sums,
-    with `row_max` (mLSTMexp only) also `ChunkSums.row_max`."""
-    bh, seq_len = i.shape
+    """Run `fwd_kernel_gates` on the gate pre-activations (`[BH, T]`, or `[B, NH, T]` contiguous): the
+    log input gates `[BH, T]` and the sums, with `row_max` (mLSTMexp only) also `ChunkSums.row_max`.
+    `out`: the float32 `[BH, T]` buffers of `log_i` and `b`, else allocated here."""
+    seq_len = i.shape[-1]
+    bh = i.numel() // seq_len
     nc = num_chunks(seq_len, s.chunk_size)
-    log_i = torch.empty(bh, seq_len, dtype=torch.float32, device=i.device)
-    b = torch.empty_like(log_i)
-    g = torch.empty(bh, nc, dtype=torch.float32, device=i.device)
-    a_max = torch.empty_like(g)
+    log_i, b = out if out is not None else float32_rows(2, bh, seq_len, i.device)
+    g, a_max = float32_rows(2, bh, nc, i.device)
     prefix_max = torch.empty_like(log_i) if row_max and s.use_max_state else None
     s.launches(
         f"gates{prefix_max is not None:d}", fwd_kernel_gates, bh * nc,
@@ -135,11 +141,12 @@ def gates_backward(i, f, dots: RowDots, dg: torch.Tensor, s: Settings) -> tuple[
 
 
 def states_forward(k, v, gates: ChunkSums, log_i, C0, n0, m0, s: Settings, with_n: bool):
-    """Run `fwd_kernel_states` from the initial state `C0, n0, m0` (float32, or all None: the empty
-    memory): the states before every chunk and the final one, `C` in the input dtype (float32 with
-    `s.float32_states`), `n` and `m` in float32, and with `s.final_state` the final `C` in float32
-    (else None)."""
-    bh, seq_len, dqk = k.shape
+    """Run `fwd_kernel_states` on `k, v` (`[BH, T, D]`, or `[B, NH, T, D]` contiguous) from the initial
+    state `C0, n0, m0` (contiguous float32, or all None: the empty memory): the states before every
+    chunk and the final one, `C` in the input dtype (float32 with `s.float32_states`), `n` and `m` in
+    float32, and with `s.final_state` the final `C` in float32 (else None)."""
+    bh, seq_len = log_i.shape
+    dqk = k.shape[-1]
     dv = v.shape[-1]
     nc = gates.g.shape[-1]
     cfg = s.config
@@ -193,7 +200,7 @@ def states_backward(
 
 
 class KernelOps(NamedTuple):
-    """The forward and backward passes of one kernel on `[BH, T, D]` inputs (module docstring)."""
+    """The forward and backward passes of one kernel (module docstring)."""
 
     forward: Callable
     backward: Callable
@@ -201,21 +208,22 @@ class KernelOps(NamedTuple):
 
 
 def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
-    """The forward pass on `[B, NH, T, D]` inputs and gate pre-activations `[B, NH, T]`: the gate
-    kernel, the state kernel and `ops.forward`. Returns `h`, the final state `(C_T, n_T, m_T)` (None
-    each without `s.final_state`) and what the backward pass needs."""
+    """The forward pass on contiguous `[B, NH, T, D]` inputs and gate pre-activations `[B, NH, T]`:
+    the gate kernel, the state kernel and `ops.forward`, which take them as they are (the kernels
+    index `[BH, T, D]` from the pointers; `log_i` has the shape `[BH, T]`). Returns `h`, the final
+    state `(C_T, n_T, m_T)` (None each without `s.final_state`) and what the backward pass needs."""
     batch, heads, seq_len, dqk = q.shape
     dv = v.shape[-1]
     bh = batch * heads
-    flat = [x.reshape(bh, seq_len, -1) for x in (q, k, v)]
-    i_flat, f_flat = i.reshape(bh, seq_len).contiguous(), f.reshape(bh, seq_len).contiguous()
-    log_i, gates = gates_forward(i_flat, f_flat, s, ops.row_max)
-    initial = [x.reshape(bh, -1).contiguous() if x is not None else None for x in (C0, n0, m0)]
-    C, n, m, C_final = states_forward(flat[1], flat[2], gates, log_i, *initial, s, with_n=s.has_n)
-    h = torch.empty_like(flat[2])
-    m_row = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.use_max_state else None
-    denom = torch.empty(bh, seq_len, dtype=torch.float32, device=q.device) if s.has_n else None
-    ops.forward(*flat, log_i, gates, C, n, m, h, m_row, denom, s)
+    # log_i and b, then the output kernel's m_row and denom where it writes them: the backward pass
+    # keeps all of them
+    rows = float32_rows(2 + s.use_max_state + s.has_n, bh, seq_len, q.device)
+    log_i, gates = gates_forward(i, f, s, ops.row_max, out=rows[:2])
+    C, n, m, C_final = states_forward(k, v, gates, log_i, C0, n0, m0, s, with_n=s.has_n)
+    h = torch.empty_like(v)
+    m_row = rows[2] if s.use_max_state else None
+    denom = rows[-1] if s.has_n else None
+    ops.forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s)
     final = (None, None, None)
     if s.final_state:
         nc = gates.g.shape[-1]
@@ -224,8 +232,8 @@ def forward_pass(ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
             n[:, nc].clone().reshape(batch, heads, dqk) if n is not None else None,
             m[:, nc].clone().reshape(batch, heads) if m is not None else None,
         )
-    saved = (flat, i_flat, f_flat, log_i, gates, C, m, m_row, denom)
-    return h.reshape(batch, heads, seq_len, dv), final, saved
+    saved = (log_i, gates, C, m, m_row, denom)
+    return h, final, saved
 
 
 class ChunkwiseFunction(torch.autograd.Function):
@@ -234,9 +242,9 @@ class ChunkwiseFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ops: KernelOps, q, k, v, i, f, C0, n0, m0, s: Settings):
         h, (C_T, n_T, m_T), saved = forward_pass(ops, q, k, v, i, f, C0, n0, m0, s)
-        flat, i_flat, f_flat, log_i, gates, C, m, m_row, denom = saved
+        log_i, gates, C, m, m_row, denom = saved
         gates = gates._replace(row_max=None)  # the backward pass needs no prefix max
-        ctx.save_for_backward(*flat, i_flat, f_flat, log_i, C0, m0)
+        ctx.save_for_backward(q, k, v, i, f, log_i, C0, m0)
         # Kept outside save_for_backward: the backward pass may overwrite the states with their gradients.
         ctx.states = C
         ctx.fwd = (gates, m, m_row, denom)
@@ -254,11 +262,14 @@ class ChunkwiseFunction(torch.autograd.Function):
         gates, m, m_row, denom = ctx.fwd
         s = ctx.settings
         batch, heads, seq_len, dqk, dv = ctx.shape
+        bh = batch * heads
+        q, k, v = (x.reshape(bh, seq_len, -1) for x in (q, k, v))
+        i, f = i.reshape(bh, seq_len), f.reshape(bh, seq_len)
         C = ctx.states
         ctx.states = None
         if C is None:  # a second backward through the same graph: recompute the forward states
-            initial = [x.reshape(batch * heads, -1) if x is not None else None for x in (C0, None, m0)]
-            C, _, _, _ = states_forward(k, v, gates, log_i, *initial, replace(s, final_state=False), False)
+            without_final = replace(s, final_state=False)
+            C, _, _, _ = states_forward(k, v, gates, log_i, C0, None, m0, without_final, False)
         dh = torch.zeros_like(v) if dh is None else dh.reshape(v.shape).contiguous()
         dq, dk, dvv, dots, dg, dC0_flat = ctx.ops.backward(
             q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_T, C0 is not None, s
@@ -369,12 +380,12 @@ def settings_of(options: tuple, tensors: tuple, make: Callable[[], Settings]) ->
     forward kernels directly (`launch`).
 
     The signature is `options` (every argument that is not a tensor, the kernel's name first) and
-    each of `tensors`' shape, dtype, device and 16-byte alignment: the tensors the forward kernels get,
-    contiguous. A call whose arguments are no tensors, or whose options cannot be hashed, gets
-    `make()` (which says what is wrong).
+    each of `tensors`' shape, dtype, device index (-1 on the CPU) and 16-byte alignment: the tensors
+    the forward kernels get, contiguous. A call whose arguments are no tensors, or whose options
+    cannot be hashed, gets `make()` (which says what is wrong).
     """
     try:
-        key = (options, *[(x.shape, x.dtype, x.device, x.data_ptr() % 16) for x in tensors])
+        key = (options, *[(x.shape, x.dtype, x.get_device(), x.data_ptr() % 16) for x in tensors])
         settings = _SIGNATURES.get(key)
     except (AttributeError, TypeError):
         return make()

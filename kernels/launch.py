@@ -13,6 +13,13 @@ specializes a forward launch on follows from that signature (the kernels' intege
 shapes, the constexprs from the settings, every other pointer from an allocation of ours), so a
 site's second launch calls the compiled launcher directly. Triton does every launch itself under
 its interpreter (TRITON_INTERPRET=1) and while a launch hook is set (a profiler such as Proton).
+
+A direct launch passes each tensor as its address. Given a tensor, Triton's C launcher calls its
+`data_ptr` and asks the driver what kind of pointer it is (`cuPointerGetAttribute`, which catches
+a CPU tensor); given an integer it takes the address as it is. Our tensors come from PyTorch's CUDA
+allocator on the device of the call signature, whose addresses are device addresses. Where the
+compiled kernel needs no scratch memory, the launch skips Triton's Python wrapper as well and calls
+the C launcher itself.
 """
 
 import os
@@ -23,6 +30,7 @@ import torch
 
 # Triton's interpreter (TRITON_INTERPRET=1, read when the kernels are defined) runs them on the CPU.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DATA_PTR = torch.Tensor.data_ptr
 
 
 def current_stream(device: int) -> int:
@@ -43,16 +51,19 @@ class Launches:
             site: the launch site's name, unique within one call signature.
             kernel: a `triton.jit` function.
             grid: the number of programs (a 1-D grid).
-            args: the kernel's leading parameters, in order.
+            args: the kernel's leading parameters, in order: its tensors first (a site with a tensor
+                after a scalar is launched through Triton every time).
             kwargs: makes the other parameters by name (the constexprs) and the launch options
                 (`num_warps`, `num_stages`); a parameter left out takes its default. Called only
                 where Triton launches, since a direct launch needs none of them.
         """
         entry = self.sites.get(site)
         if entry is not None:
-            run, function, metadata, device, tail, hooks = entry
+            run, head, metadata, device, pointers, tail, hooks = entry
             if not (hooks[0].calls or hooks[1].calls):
-                run(grid, 1, 1, current_stream(device), function, metadata, None, None, None, *args, *tail)
+                addresses, scalars = map(DATA_PTR, args[:pointers]), args[pointers:]
+                stream = current_stream(device)
+                run(grid, 1, 1, stream, *head, metadata, None, None, None, *addresses, *scalars, *tail)
                 return
         options = kwargs()
         compiled = kernel[(grid,)](*args, **options)
@@ -67,4 +78,14 @@ class Launches:
         tail = tuple(options.get(name, defaults[name]) for name in kernel.arg_names[len(args) :])
         hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
         device = torch.cuda.current_device()
-        self.sites[site] = (compiled.run, compiled.function, compiled.packed_metadata, device, tail, hooks)
+        run, head = compiled.run, (compiled.function,)
+        scratch = getattr(run, "global_scratch_size", 0) or getattr(run, "profile_scratch_size", 0)
+        if getattr(run, "launch", None) is not None and not scratch:
+            # The C launcher: the function, then the cooperative-grid and PDL flags and the two scratch
+            # buffers (none) that Triton's wrapper adds.
+            head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None)
+            run = run.launch
+        pointers = next((n for n, x in enumerate(args) if not isinstance(x, torch.Tensor)), len(args))
+        if any(isinstance(x, torch.Tensor) for x in args[pointers:]):
+            return  # a tensor after a scalar: Triton launches this site every time
+        self.sites[site] = (run, head, compiled.packed_metadata, device, pointers, tail, hooks)

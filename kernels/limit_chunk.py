@@ -276,8 +276,8 @@ DEFAULT_CHUNK_SIZE = 64
 
 def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     """The output kernel, one program per (d_hv block, chunk, batch*head)."""
-    bh, seq_len, dqk = q.shape
-    dv, nc, cfg = v.shape[-1], gates.g.shape[-1], s.config
+    bh, seq_len = log_i.shape
+    dqk, dv, nc, cfg = q.shape[-1], v.shape[-1], gates.g.shape[-1], s.config
     s.launches(
         "output", limit_chunk_fwd_kernel_h, bh * nc * (dv // cfg.v),
         (q, k, v, gates.b, log_i, C, n, m, h, m_row, denom, seq_len, nc, dqk**-0.5, s.eps),

@@ -52,8 +52,8 @@ SEQ_MULTIPLE = 16
 
 def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     """The output kernel, one program per (d_hv block, L_hq tile, chunk, batch*head)."""
-    bh, seq_len, dqk = q.shape
-    dv, nc, cfg = v.shape[-1], gates.g.shape[-1], s.config
+    bh, seq_len = log_i.shape
+    dqk, dv, nc, cfg = q.shape[-1], v.shape[-1], gates.g.shape[-1], s.config
     s.launches(
         "output", tfla_fwd_kernel_h, bh * nc * (s.chunk_size // cfg.seq_q) * (dv // cfg.v),
         (

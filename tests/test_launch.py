@@ -50,8 +50,41 @@ def test_a_site_launches_its_compiled_kernel_directly_from_its_second_launch(com
         compiled_launches("output", kernel, grid, (x, 5), lambda: {"A": 3, "num_warps": 4})
     assert kernel.through_triton == [((8,), (x, 5), {"A": 3, "num_warps": 4})]
     # grid, 1, 1, the stream, the function, its metadata, no launch metadata or hooks, then every
-    # parameter in order: the constexprs too, B at its default (the options are not parameters)
-    assert kernel.direct == [(16, 1, 1, 1234, "function", "metadata", None, None, None, x, 5, 3, 7)]
+    # parameter in order, a tensor as its address: the constexprs too, B at its default (the options
+    # are not parameters)
+    expected = (16, 1, 1, 1234, "function", "metadata", None, None, None, x.data_ptr(), 5, 3, 7)
+    assert kernel.direct == [expected]
+
+
+class StandInLauncher:
+    """Triton's `CudaLauncher` as `Launches` reads it: the C launcher and what Triton's wrapper adds."""
+
+    launch_cooperative_grid, launch_pdl, profile_scratch_size = False, True, 0
+
+    def __init__(self, global_scratch_size: int) -> None:
+        self.global_scratch_size = global_scratch_size
+        self.wrapped: list[tuple] = []
+        self.launched: list[tuple] = []
+
+    def __call__(self, *args) -> None:
+        self.wrapped.append(args)
+
+    def launch(self, *args) -> None:
+        self.launched.append(args)
+
+
+@pytest.mark.parametrize("scratch", [0, 128])
+def test_a_kernel_without_scratch_memory_skips_tritons_wrapper(compiled_launches, scratch):
+    kernel, x = StandInKernel(), torch.zeros(4)
+    launcher = kernel.compiled.run = StandInLauncher(scratch)
+    for _ in range(2):
+        compiled_launches("output", kernel, 8, (x, 5), lambda: {"A": 3})
+    common = ("metadata", None, None, None, x.data_ptr(), 5, 3, 7)
+    if scratch:  # Triton's wrapper allocates the scratch memory
+        assert launcher.wrapped == [(8, 1, 1, 1234, "function", *common)] and not launcher.launched
+    else:  # the cooperative-grid and PDL flags, then no scratch buffers
+        assert launcher.launched == [(8, 1, 1, 1234, "function", False, True, None, None, *common)]
+        assert not launcher.wrapped
 
 
 def test_a_launch_hook_sends_every_launch_through_triton(compiled_launches):
@@ -120,3 +153,10 @@ def test_a_second_call_of_a_signature_computes_its_own_inputs(monkeypatch):
     assert len(chunkwise._SIGNATURES) == 1
     monkeypatch.setattr(chunkwise, "_SIGNATURES", {})
     assert torch.equal(again, mlstm_tfla(*inputs(1), gate="exp", chunk_size=16))
+
+
+def test_a_site_with_a_tensor_after_a_scalar_launches_through_triton(compiled_launches):
+    kernel, x = StandInKernel(), torch.zeros(4)
+    for _ in range(2):
+        compiled_launches("output", kernel, 8, (5, x), lambda: {"A": 3})
+    assert len(kernel.through_triton) == 2 and not kernel.direct
