@@ -235,4 +235,37 @@ class Autotuned(_Tiny):
         return inputs["x"]
 
 
-ADAPTERS = (Abort, Sleep, Slow, Unavailable, Oom, OomOnce, Raise, Chunked, Counting, Autotuned)
+@register
+class ProcessA(_Tiny):
+    """Appends its name and process id to the file named by `TFLA_TEST_PID_LOG` at each case (so a
+    test sees which process measured which case)."""
+
+    name = "test_process_a"
+
+    def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
+        with open(os.environ["TFLA_TEST_PID_LOG"], "a") as log:
+            log.write(f"{self.name} {os.getpid()}\n")
+        return super().make_inputs(case, device)
+
+
+@register
+class ProcessB(ProcessA):
+    """`ProcessA` under another name."""
+
+    name = "test_process_b"
+
+
+ADAPTERS = (
+    Abort,
+    Sleep,
+    Slow,
+    Unavailable,
+    Oom,
+    OomOnce,
+    Raise,
+    Chunked,
+    Counting,
+    Autotuned,
+    ProcessA,
+    ProcessB,
+)

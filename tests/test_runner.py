@@ -109,7 +109,9 @@ def test_every_failure_becomes_a_row_and_the_sweep_goes_on(sweep):
             assert row.peak_memory_bytes is None and row.peak_memory_above_inputs_bytes is None
             assert "not measured" in row.note
     assert report.decided == 1 and report.dispatched == len(cases) - 1
-    assert report.worker_starts == 3  # the first, then one after the abort and one after the hang
+    # one process per adapter that ran: the crash and the hang ended processes that the next
+    # adapter would have left anyway
+    assert report.worker_starts == 6
 
 
 def test_csv_schema_and_env_json(sweep):
@@ -341,8 +343,26 @@ def test_a_kernel_that_keeps_crashing_the_same_way_is_not_rerun(tmp_path):
     assert all(
         row.error.startswith("not run: the previous 2 cases") and "SIGABRT" in row.error for row in skipped
     )
-    assert report.worker_starts == 1 + worker.CRASH_REPEATS
+    # the first process, one after each crash but the last, and sdpa_math's own
+    assert report.worker_starts == worker.CRASH_REPEATS + 1
     assert {row.status for row in report.rows if row.case.kernel == "sdpa_math"} == {"ok"}
+
+
+def test_each_adapter_measures_in_a_process_of_its_own(tmp_path, monkeypatch):
+    log = tmp_path / "pids.log"
+    monkeypatch.setenv("TFLA_TEST_PID_LOG", str(log))
+    spec = tiny_spec(["test_process_a", "test_process_b", "sdpa_math"], ["fw", "fwbw"])
+    report = runner.run_sweep(spec, specs.expand(spec), tmp_path / "run", devices=["cpu"])
+    assert {row.status for row in report.rows} == {"ok"}
+    pids: dict[str, set[str]] = {}
+    for line in log.read_text().splitlines():
+        name, pid = line.split()
+        pids.setdefault(name, set()).add(pid)
+    # both cases of an adapter in one process, each adapter in another one
+    assert len(pids["test_process_a"]) == len(pids["test_process_b"]) == 1
+    assert pids["test_process_a"] != pids["test_process_b"]
+    assert report.worker_starts == 3
+    assert multiprocessing.active_children() == []
 
 
 def test_git_sha_named_in_the_env_wins_over_a_stale_checkout(monkeypatch):

@@ -7,8 +7,9 @@ Each case runs in a worker process that owns one device (`tfla_bench.worker`):
 1. Inputs: `torch.manual_seed(0)`, then `adapter.make_inputs(case, device)` in the library's layout
    and value ranges. The memory allocated right after is the inputs baseline.
 2. First call: one call between two synchronizations, timed with `time.perf_counter`, is
-   `first_call_s`. It contains Triton compilation and autotuning, cuDNN plan building and lazy
-   imports, which is why it is kept apart from the runtime. After `--precompile N`
+   `first_call_s`. It contains Triton compilation and autotuning, cuDNN plan building and the
+   imports that the adapter's `available` does not make (the worker made those before its first
+   case), which is why it is kept apart from the runtime. After `--precompile N`
    (`tfla_bench.precompile`) the kernels are already compiled, so it should hold mostly the
    autotuner's timing runs, each config timed for `autotune_ms` (20 ms; Triton's own 100 ms,
    `timing.autotuning_budget`). Those are kept in Triton's cache directory
@@ -60,8 +61,10 @@ Robustness
   abort, segfault, LLVM assertion) and `timeout` (no result within `timeout_s`, first call
   included; the worker is killed), both with the last lines of the worker's log. The worker is
   replaced before the next case; the sweep goes on.
-- One persistent worker per device (spawned, so torch import and CUDA init are paid once per
-  worker), cases sent one at a time. Cases are sharded over devices by a stable hash of
+- One worker process per device and adapter, spawned, cases sent one at a time: what a library
+  leaves in its process cannot change another library's times (`tfla_bench.worker`). While an
+  adapter measures, a spare process initializes the device and imports the next adapter's library,
+  so the switch costs the old process's exit. Cases are sharded over devices by a stable hash of
   `Case.key`, so a resumed run gives every case the same device.
 - The run directory and its files belong to `tfla_bench.rundir`: rows are appended to
   `results.csv` as they finish, one write and one fsync each; `env.json` is written before the
@@ -622,9 +625,17 @@ def _dispatch(
 
     def serve(worker: Worker, shard: list[_Planned]) -> None:
         try:
-            for planned in shard:
+            current = None
+            for index, planned in enumerate(shard):
                 if stop.is_set():
                     return
+                if planned.case.kernel != current:
+                    if current is not None:
+                        worker.switch()  # each adapter measures in a process of its own
+                    current = planned.case.kernel
+                    upcoming = next((p for p in shard[index:] if p.case.kernel != current), None)
+                    if upcoming is not None:
+                        worker.start_spare(upcoming.case.kernel, type(upcoming.adapter).__module__)
                 with lock:
                     progress.update(task, description=case_label(planned.case))
                     crashed = crashes.reason(planned.case.kernel)

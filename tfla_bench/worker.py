@@ -1,11 +1,15 @@
-"""The isolated benchmark worker: one spawned process per device that measures cases one after another.
+"""The isolated benchmark worker: a spawned process on one device that measures cases one after another.
 
 The parent (`tfla_bench.runner`, the correctness gate of `tfla_bench.correctness` and
 `tfla_bench.precompile`) talks to a worker through a pipe. The worker imports torch and initializes
-CUDA once, sends a `DeviceInfo`, then answers each job with what the job's own
-`run(adapter, device)` returns: a job brings the work it does in the worker (a `Job` measures a
-case into a `Measurement`; the gate's and precompile's jobs live in their modules), so the worker
-knows no job type. Jobs travel pickled, so their module is imported in the worker. Its
+CUDA, sends a `DeviceInfo`, then answers each job with what the job's own `run(adapter, device)`
+returns: a job brings the work it does in the worker (a `Job` measures a case into a
+`Measurement`; the gate's and precompile's jobs live in their modules), so the worker knows no job
+type. The sweep gives each adapter a process of its own (`Worker.switch`): what one library leaves
+in its process (its CUDA modules, handles, allocations and settings) changed another library's
+times there by up to 8% on an H100, where each alone in its process repeated within 0.3%. A spare
+process (`Worker.start_spare`) starts, initializes the device and imports the next adapter's library
+while the current adapter measures. Jobs travel pickled, so their module is imported in the worker. Its
 stdout and stderr go to a log file in the run directory (`worker-<i>.log`), so messages printed
 by native code (an LLVM assertion, a segfault's faulthandler trace) are kept; the parent quotes
 the last lines of the log when the worker dies.
@@ -403,13 +407,33 @@ def _adapter_for(job: WorkerJob) -> Any:
         return registry.get(job.case.kernel)
 
 
+def _preload(kernel: str, module: str) -> None:
+    """Import an adapter's library ahead of its first case; a failure is the first case's to report."""
+    from tfla_bench import registry
+    from tfla_bench.errors import UserError
+
+    try:
+        try:
+            adapter = registry.get(kernel)
+        except UserError:
+            importlib.import_module(module)
+            adapter = registry.get(kernel)
+        adapter.available()
+    except Exception:  # the case itself runs the same code and reports what fails
+        traceback.print_exc()
+
+
 def autotune_cache_setting() -> str:
     """The value of `AUTOTUNE_CACHE_ENV` that the workers run with: the environment's, else "1"."""
     return os.environ.get(AUTOTUNE_CACHE_ENV, "1")
 
 
-def worker_main(conn: Connection, device: str, log_path: str) -> None:
-    """Entry point of the worker process: redirect output to the log, then serve jobs until told to stop."""
+def worker_main(conn: Connection, device: str, log_path: str, preload: tuple[str, str] | None = None) -> None:
+    """Entry point of the worker process: redirect output to the log, then serve jobs until told to stop.
+
+    `preload`: an adapter's name and module, whose library is imported (`available`) before the
+    worker says it is ready.
+    """
     os.environ[AUTOTUNE_CACHE_ENV] = autotune_cache_setting()
     # Stays open for the process's lifetime: it backs file descriptors 1 and 2.
     log = open(log_path, "a", buffering=1)
@@ -418,7 +442,8 @@ def worker_main(conn: Connection, device: str, log_path: str) -> None:
     # Ctrl-C in the terminal reaches the whole process group; the parent decides and kills us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable()
-    print(f"=== worker pid {os.getpid()} on {device}", file=sys.stderr, flush=True)
+    # Skipped by `summarize_log`: a spare writes it while another process's case runs.
+    log_outcome(f"worker pid {os.getpid()} on {device}")
 
     import torch
 
@@ -427,7 +452,10 @@ def worker_main(conn: Connection, device: str, log_path: str) -> None:
     registry.load()
     if timing.is_cuda(device):
         torch.cuda.set_device(device)
-    conn.send(("ready", _device_info(device)))
+    info = _device_info(device)
+    if preload is not None:
+        _preload(*preload)
+    conn.send(("ready", info))
     while True:
         try:
             job = conn.recv()
@@ -440,7 +468,8 @@ def worker_main(conn: Connection, device: str, log_path: str) -> None:
 
 
 class Worker:
-    """The parent's handle on one worker process; restarts it after a crash or a timeout.
+    """The parent's handle on one worker process; restarts it after a crash or a timeout, and replaces
+    it by a fresh one (`switch`), the spare when one was started (`start_spare`).
 
     Args:
         device: `cpu` or `cuda:<i>`.
@@ -454,6 +483,8 @@ class Worker:
         self.starts = 0
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
+        self._ready = False
+        self._spare: tuple[multiprocessing.process.BaseProcess, Connection] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -462,16 +493,33 @@ class Worker:
 
     def launch(self) -> None:
         """Start the process without waiting for it to be ready."""
+        self._process, self._conn = self._spawn(None)
+        self._ready = False
+
+    def start_spare(self, kernel: str, module: str) -> None:
+        """Start the process that the next `switch` goes on in: it initializes the device and imports
+        the library of the adapter `kernel` (registered by `module`) while this one measures."""
+        self._kill_spare()
+        self._spare = self._spawn((kernel, module))
+
+    def switch(self) -> None:
+        """Stop the process and go on in the spare, or in a fresh process at the next call."""
+        self._stop_process()
+        if self._spare is not None:
+            (self._process, self._conn), self._spare = self._spare, None
+            self._ready = False
+
+    def _spawn(self, preload: tuple[str, str] | None) -> tuple[Any, Connection]:
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
         process = context.Process(
-            target=worker_main, args=(child_conn, self.device, str(self.log_path)), daemon=True
+            target=worker_main, args=(child_conn, self.device, str(self.log_path), preload), daemon=True
         )
         process.start()
         # Without the parent's copy of the child's end, the pipe reports EOF when the worker dies.
         child_conn.close()
-        self._process, self._conn = process, parent_conn
         self.starts += 1
+        return process, parent_conn
 
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> str | None:
         """Wait for the worker's `DeviceInfo`; returns None, or why the worker did not start."""
@@ -479,6 +527,7 @@ class Worker:
         outcome = self._receive(timeout_s)
         if isinstance(outcome, tuple) and outcome[0] == "ready":
             self.info = outcome[1]
+            self._ready = True
             return None
         reason = "did not start within the timeout" if outcome == "timeout" else self._death()
         self.kill()
@@ -490,7 +539,7 @@ class Worker:
         if isinstance(answer, Failure):
             return Measurement(status=answer.status, device=self.device, error=answer.error)
         if answer.fatal:
-            self.stop()
+            self._stop_process()
         return answer
 
     def call(self, job: WorkerJob, timeout_s: float) -> Any:
@@ -499,6 +548,7 @@ class Worker:
         (`timeout`; the worker is killed). A later call starts a fresh worker."""
         if not self.alive:
             self.launch()
+        if not self._ready:
             failure = self.wait_ready()
             if failure is not None:
                 return Failure("crashed", failure[:MAX_ERROR_CHARS])
@@ -520,9 +570,13 @@ class Worker:
         return Failure("crashed", _join(death, self._tail(offset)))
 
     def stop(self) -> None:
-        """Ask the worker to exit, and kill it if it does not. Safe while the thread serving the worker
-        kills it (after a Ctrl-C): the pipe and process are read once, and a pipe closed meanwhile
-        is a worker already gone."""
+        """Ask the worker to exit, and kill it if it does not; kill the spare. Safe while the thread
+        serving the worker kills it (after a Ctrl-C): the pipe and process are read once, and a pipe
+        closed meanwhile is a worker already gone."""
+        self._stop_process()
+        self._kill_spare()
+
+    def _stop_process(self) -> None:
         with self._lock:
             conn, process = self._conn, self._process
         if conn is not None and process is not None and process.is_alive():
@@ -545,13 +599,23 @@ class Worker:
             self._process, self._conn = None, None
 
     def interrupt(self) -> None:
-        """Kill the process only (safe from another thread): the thread serving this worker sees
-        it die and returns; its pipe is closed later by `stop` or `kill` in that thread. Waits for
-        the process to be reaped, so no worker outlives an interrupted sweep."""
-        process = self._process
-        if process is not None and process.is_alive():
-            process.kill()
-            process.join(INTERRUPT_JOIN_S)
+        """Kill the process and the spare only (safe from another thread): the thread serving this
+        worker sees it die and returns; its pipe is closed later by `stop` or `kill` in that thread.
+        Waits for the processes to be reaped, so no worker outlives an interrupted sweep."""
+        spare = self._spare
+        for process in (self._process, spare[0] if spare is not None else None):
+            if process is not None and process.is_alive():
+                process.kill()
+                process.join(INTERRUPT_JOIN_S)
+
+    def _kill_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            process, conn = spare
+            if process.is_alive():
+                process.kill()
+            process.join(10)
+            conn.close()
 
     def _receive(self, timeout_s: float) -> tuple[str, Any] | str:
         """A message, or `timeout`, or `died`."""
