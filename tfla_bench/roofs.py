@@ -288,20 +288,30 @@ def _graph_copy_bytes_per_s(size_bytes: int, copies: int, device: str, method: s
     return 2 * source.numel() * 4 * copies / (median_ms * 1e-3)
 
 
-def for_sweep(device: str) -> dict[str, Any]:
-    """The roofs of `device`'s GPU for `env.json`: saved ones, else measured now in a child process.
+def start_for_sweep(device: str) -> subprocess.Popen:
+    """Start the child process that loads the saved roofs of `device`'s GPU, or measures them now; a
+    sweep starts it before its plan and reads it with `for_sweep`."""
+    command = [sys.executable, "-m", "tfla_bench.roofs", device]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def for_sweep(device: str, child: subprocess.Popen | None = None) -> dict[str, Any]:
+    """The roofs of `device`'s GPU for `env.json`: saved ones, else measured now in a child process
+    (`child`, from `start_for_sweep`, or one started here).
 
     Returns:
         `MeasuredRoofs.to_dict()`, or `{"error": reason}` when the child failed (the sweep goes on).
     """
-    command = [sys.executable, "-m", "tfla_bench.roofs", device]
+    child = child or start_for_sweep(device)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
+        stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
         return {"error": f"measuring the roofs took more than {CHILD_TIMEOUT_S:g} s"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    lines = stdout.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        tail = (stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
         return {"error": f"measuring the roofs failed: {tail}"}
     return json.loads(lines[-1])
 

@@ -63,8 +63,9 @@ Robustness
   replaced before the next case; the sweep goes on.
 - One worker process per device and adapter, spawned, cases sent one at a time: what a library
   leaves in its process cannot change another library's times (`tfla_bench.worker`). While an
-  adapter measures, a spare process initializes the device and imports the next adapter's library,
-  so the switch costs the old process's exit. Cases are sharded over devices by a stable hash of
+  adapter measures, spare processes for the next `SPARES_AHEAD` adapters initialize the device and
+  import their libraries, and the process before exits in the background, so a switch seldom
+  waits. Cases are sharded over devices by a stable hash of
   `Case.key`, so a resumed run gives every case the same device.
 - The run directory and its files belong to `tfla_bench.rundir`: rows are appended to
   `results.csv` as they finish, one write and one fsync each; `env.json` is written before the
@@ -92,6 +93,7 @@ import hashlib
 import itertools
 import json
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterable
@@ -103,6 +105,7 @@ import torch
 from rich.console import Console
 
 from tfla_bench import envinfo, registry, rundir
+from tfla_bench import roofs as roofs_module
 from tfla_bench.console import case_label, make_console, progress_bar, row_line
 from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.kernels import config as kernel_config
@@ -380,8 +383,9 @@ def run_sweep(
             get status `failed_check` without running.
         precompile_processes: with N > 0, compile the cases' kernels in N processes first
             (`tfla_bench.precompile`; what it did goes to `env.json` under `precompile`).
-        roofs: on CUDA, record the GPU's measured roofs in `env.json` under `roofs`, measured first
-            in a child process when none are saved (`tfla_bench.roofs`).
+        roofs: on CUDA, record the GPU's measured roofs in `env.json` under `roofs`, loaded, or
+            measured when none are saved, by a child process that runs beside the plan
+            (`tfla_bench.roofs`).
         console: where progress goes (default: stderr).
         clock: the command's `PhaseClock` (a gate before the sweep is in it); default one started
             here. Written as `timings.json` when the sweep ends, interrupted or not.
@@ -419,8 +423,16 @@ def run_sweep(
             "[bold]note:[/] no CUDA device: only CPU-capable adapters run "
             f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
         )
-    with clock.phase("plan"):
-        decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check, clock=clock)
+    # The roofs' child process (GPU work) runs while the plan imports the adapters' libraries (host work).
+    roofs_child = roofs_module.start_for_sweep(devices[0]) if roofs and cuda else None
+    try:
+        with clock.phase("plan"):
+            decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check, clock=clock)
+    except BaseException:
+        if roofs_child is not None:
+            roofs_child.kill()
+            roofs_child.communicate()
+        raise
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
     )
@@ -433,9 +445,12 @@ def run_sweep(
         if decided:
             console.print(f"{len(decided)} case(s) not run (unavailable, unsupported or failed check)")
         measured_roofs = None
-        if roofs and cuda and to_run:
+        if roofs_child is not None and to_run:
             with clock.phase("roofs"):
-                measured_roofs = _roofs(devices[0], console)
+                measured_roofs = _roofs(devices[0], roofs_child, console)
+        elif roofs_child is not None:
+            roofs_child.kill()
+            roofs_child.communicate()
         precompiled = None
         if precompile_processes > 0 and to_run:
             with clock.phase("precompile"):
@@ -535,14 +550,13 @@ def _precompile(
     return summary
 
 
-def _roofs(device: str, console: Console) -> dict:
-    """The measured roofs of `device`'s GPU for env.json (saved ones, else measured now), with one line."""
-    from tfla_bench import roofs
-
+def _roofs(device: str, child: subprocess.Popen, console: Console) -> dict:
+    """The measured roofs of `device`'s GPU for env.json (saved ones, else measured now by `child`),
+    with one line."""
     console.print(
         "measured roofs: the saved ones of this GPU and driver, or measured now (`tfla-bench roofs`)"
     )
-    record = roofs.for_sweep(device)
+    record = roofs_module.for_sweep(device, child)
     if "error" in record:
         console.print(f"[yellow]measured roofs: {record['error']}[/] (the sweep goes on without them)")
     else:
@@ -625,17 +639,21 @@ def _dispatch(
 
     def serve(worker: Worker, shard: list[_Planned]) -> None:
         try:
-            current = None
-            for index, planned in enumerate(shard):
+            # Each adapter measures in a process of its own; the processes of the next SPARES_AHEAD
+            # adapters start while it measures (`Worker.start_spare`).
+            order = list(dict.fromkeys(planned.case.kernel for planned in shard))
+            modules = {planned.case.kernel: type(planned.adapter).__module__ for planned in shard}
+            current, started = None, 1  # the first adapter runs in the worker's own process
+            for planned in shard:
                 if stop.is_set():
                     return
                 if planned.case.kernel != current:
                     if current is not None:
-                        worker.switch()  # each adapter measures in a process of its own
+                        worker.switch()
                     current = planned.case.kernel
-                    upcoming = next((p for p in shard[index:] if p.case.kernel != current), None)
-                    if upcoming is not None:
-                        worker.start_spare(upcoming.case.kernel, type(upcoming.adapter).__module__)
+                    while started < min(order.index(current) + 1 + SPARES_AHEAD, len(order)):
+                        worker.start_spare(order[started], modules[order[started]])
+                        started += 1
                 with lock:
                     progress.update(task, description=case_label(planned.case))
                     crashed = crashes.reason(planned.case.kernel)
@@ -693,6 +711,11 @@ def _dispatch(
             raise
     if errors:
         raise errors[0]
+
+
+# Spare worker processes kept starting ahead of the adapter that measures: one took 6-10 s to be
+# ready on an H100 node (torch, CUDA, the library), longer than some adapters measure.
+SPARES_AHEAD = 2
 
 
 def _gpu_name(worker: Worker) -> str:

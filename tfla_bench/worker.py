@@ -7,12 +7,12 @@ returns: a job brings the work it does in the worker (a `Job` measures a case in
 `Measurement`; the gate's and precompile's jobs live in their modules), so the worker knows no job
 type. The sweep gives each adapter a process of its own (`Worker.switch`): what one library leaves
 in its process (its CUDA modules, handles, allocations and settings) changed another library's
-times there by up to 8% on an H100, where each alone in its process repeated within 0.3%. A spare
-process (`Worker.start_spare`) starts, initializes the device and imports the next adapter's library
-while the current adapter measures. Jobs travel pickled, so their module is imported in the worker. Its
-stdout and stderr go to a log file in the run directory (`worker-<i>.log`), so messages printed
-by native code (an LLVM assertion, a segfault's faulthandler trace) are kept; the parent quotes
-the last lines of the log when the worker dies.
+times there by up to 8% on an H100, where each alone in its process repeated within 0.3%. Spare
+processes (`Worker.start_spare`) start, initialize the device and import the next adapters'
+libraries while the current adapter measures. Jobs travel pickled, so their module is imported
+in the worker. Its stdout and stderr go to a log file in the run directory (`worker-<i>.log`), so
+messages printed by native code (an LLVM assertion, a segfault's faulthandler trace) are kept;
+the parent quotes the last lines of the log when the worker dies.
 
 Outcomes: Python exceptions are caught inside the worker (`oom` for CUDA out-of-memory, after
 which the cache is emptied and the worker goes on; `error` for anything else, with the message's
@@ -469,7 +469,7 @@ def worker_main(conn: Connection, device: str, log_path: str, preload: tuple[str
 
 class Worker:
     """The parent's handle on one worker process; restarts it after a crash or a timeout, and replaces
-    it by a fresh one (`switch`), the spare when one was started (`start_spare`).
+    it by a fresh one (`switch`), the oldest spare when one was started (`start_spare`).
 
     Args:
         device: `cpu` or `cuda:<i>`.
@@ -484,7 +484,8 @@ class Worker:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
         self._ready = False
-        self._spare: tuple[multiprocessing.process.BaseProcess, Connection] | None = None
+        self._spares: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+        self._retiring: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
         self._lock = threading.Lock()
 
     @property
@@ -497,17 +498,27 @@ class Worker:
         self._ready = False
 
     def start_spare(self, kernel: str, module: str) -> None:
-        """Start the process that the next `switch` goes on in: it initializes the device and imports
-        the library of the adapter `kernel` (registered by `module`) while this one measures."""
-        self._kill_spare()
-        self._spare = self._spawn((kernel, module))
+        """Start a process for a later `switch` to go on in (the spares in the order started): it
+        initializes the device and imports the library of the adapter `kernel` (registered by
+        `module`) while this one measures."""
+        self._spares.append(self._spawn((kernel, module)))
 
     def switch(self) -> None:
-        """Stop the process and go on in the spare, or in a fresh process at the next call."""
-        self._stop_process()
-        if self._spare is not None:
-            (self._process, self._conn), self._spare = self._spare, None
-            self._ready = False
+        """Ask the process to exit and go on in the spare (or in a fresh process at the next call)
+        without waiting for the exit: the spare is ready, and the old process's teardown needs no GPU
+        time. `stop` reaps it, killing it if it has not exited."""
+        self._reap()
+        with self._lock:
+            old = (self._process, self._conn) if self._process is not None else None
+            self._process, self._conn, self._ready = None, None, False
+        if old is not None:
+            try:
+                old[1].send(None)
+            except (BrokenPipeError, OSError):
+                pass  # already gone
+            self._retiring.append(old)
+        if self._spares:
+            self._process, self._conn = self._spares.pop(0)
 
     def _spawn(self, preload: tuple[str, str] | None) -> tuple[Any, Connection]:
         context = multiprocessing.get_context("spawn")
@@ -570,11 +581,26 @@ class Worker:
         return Failure("crashed", _join(death, self._tail(offset)))
 
     def stop(self) -> None:
-        """Ask the worker to exit, and kill it if it does not; kill the spare. Safe while the thread
+        """Ask the worker to exit, and kill it if it does not; kill the spares. Safe while the thread
         serving the worker kills it (after a Ctrl-C): the pipe and process are read once, and a pipe
         closed meanwhile is a worker already gone."""
         self._stop_process()
-        self._kill_spare()
+        self._kill_spares()
+        self._reap(wait_s=10)
+
+    def _reap(self, wait_s: float = 0.0) -> None:
+        """Forget the processes that `switch` asked to exit once they have; after `wait_s`, kill them."""
+        still = []
+        for process, conn in self._retiring:
+            process.join(wait_s)
+            if process.is_alive() and wait_s > 0:
+                process.kill()
+                process.join(10)
+            if process.is_alive():
+                still.append((process, conn))
+            else:
+                conn.close()
+        self._retiring = still
 
     def _stop_process(self) -> None:
         with self._lock:
@@ -602,16 +628,15 @@ class Worker:
         """Kill the process and the spare only (safe from another thread): the thread serving this
         worker sees it die and returns; its pipe is closed later by `stop` or `kill` in that thread.
         Waits for the processes to be reaped, so no worker outlives an interrupted sweep."""
-        spare = self._spare
-        for process in (self._process, spare[0] if spare is not None else None):
+        others = [process for process, _ in (*self._spares, *self._retiring)]
+        for process in (self._process, *others):
             if process is not None and process.is_alive():
                 process.kill()
                 process.join(INTERRUPT_JOIN_S)
 
-    def _kill_spare(self) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            process, conn = spare
+    def _kill_spares(self) -> None:
+        spares, self._spares = self._spares, []
+        for process, conn in spares:
             if process.is_alive():
                 process.kill()
             process.join(10)
