@@ -1,6 +1,7 @@
 """notebooks/reproduce_fig5.ipynb executes top to bottom on CPU.
 
-It reads the newest committed `results/runs/fig5_consttoken-*/` run; when none is committed the
+It reads the newest committed `results/runs/fig5_consttoken-*/` run of every kernel (not one
+narrowed with `--kernel`, which `selection.json` records); when none is committed the
 test writes a synthetic run to a temporary folder and points the notebook at it through
 `TFLA_BENCH_RUN_DIR`. The kernel is this interpreter (a kernelspec written to a temporary
 `JUPYTER_PATH`), so a user-wide `python3` kernelspec cannot swap in another Python.
@@ -26,9 +27,16 @@ NOTEBOOK = REPO / "notebooks" / "reproduce_fig5.ipynb"
 KERNEL_NAME = "tfla-bench-test"
 
 
+def every_kernel(run: Path) -> bool:
+    selection = run / "selection.json"
+    return not selection.is_file() or not json.loads(selection.read_text()).get("kernels")
+
+
 def committed_runs() -> list[Path]:
     return sorted(
-        p for p in (REPO / "results" / "runs").glob("fig5_consttoken-*") if (p / "results.csv").is_file()
+        p
+        for p in (REPO / "results" / "runs").glob("fig5_consttoken-*")
+        if (p / "results.csv").is_file() and every_kernel(p)
     )
 
 
