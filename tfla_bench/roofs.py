@@ -295,6 +295,12 @@ def start_for_sweep(device: str) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def cancel(child: subprocess.Popen) -> None:
+    """Kill a child of `start_for_sweep` whose roofs are not wanted, and reap it."""
+    child.kill()
+    child.communicate()
+
+
 def for_sweep(device: str, child: subprocess.Popen | None = None) -> dict[str, Any]:
     """The roofs of `device`'s GPU for `env.json`: saved ones, else measured now in a child process
     (`child`, from `start_for_sweep`, or one started here).
@@ -306,8 +312,7 @@ def for_sweep(device: str, child: subprocess.Popen | None = None) -> dict[str, A
     try:
         stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        child.kill()
-        child.communicate()
+        cancel(child)
         return {"error": f"measuring the roofs took more than {CHILD_TIMEOUT_S:g} s"}
     lines = stdout.strip().splitlines()
     if child.returncode != 0 or not lines:

@@ -430,8 +430,7 @@ def run_sweep(
             decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check, clock=clock)
     except BaseException:
         if roofs_child is not None:
-            roofs_child.kill()
-            roofs_child.communicate()
+            roofs_module.cancel(roofs_child)
         raise
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
@@ -449,8 +448,7 @@ def run_sweep(
             with clock.phase("roofs"):
                 measured_roofs = _roofs(devices[0], roofs_child, console)
         elif roofs_child is not None:
-            roofs_child.kill()
-            roofs_child.communicate()
+            roofs_module.cancel(roofs_child)
         precompiled = None
         if precompile_processes > 0 and to_run:
             with clock.phase("precompile"):

@@ -510,15 +510,14 @@ class Worker:
         self._reap()
         with self._lock:
             old = (self._process, self._conn) if self._process is not None else None
-            self._process, self._conn, self._ready = None, None, False
+            self._process, self._conn = self._spares.pop(0) if self._spares else (None, None)
+            self._ready = False
         if old is not None:
             try:
                 old[1].send(None)
             except (BrokenPipeError, OSError):
                 pass  # already gone
             self._retiring.append(old)
-        if self._spares:
-            self._process, self._conn = self._spares.pop(0)
 
     def _spawn(self, preload: tuple[str, str] | None) -> tuple[Any, Connection]:
         context = multiprocessing.get_context("spawn")
