@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from worker_jobs import EnvironmentJob
+from worker_jobs import EnvironmentJob, ProcessJob
 
 from tfla_bench import phases, registry, rundir, runner, specs, timing, worker
 from tfla_bench.errors import UserError
@@ -565,3 +565,23 @@ def test_workers_keep_autotuner_choices_on_disk_unless_the_environment_says_othe
     finally:
         process.stop()
     assert worker.autotune_cache_setting() == expected
+
+
+def test_a_switch_goes_on_in_the_oldest_spare_which_imported_its_adapters_module(tmp_path):
+    (case,) = specs.expand(tiny_spec(["sdpa_math"], ["fw"], seq_len=[16]))
+    process = worker.Worker("cpu", tmp_path / "worker.log")
+    try:
+        first, _ = process.call(ProcessJob(case, "plugin_adapters"), timeout_s=120)
+        process.start_spare("test_counting", "plugin_adapters")
+        process.start_spare("sdpa_math", "tfla_bench.baselines.sdpa_math")
+        process.switch()
+        second, imported = process.call(ProcessJob(case, "plugin_adapters"), timeout_s=120)
+        process.switch()
+        third, _ = process.call(ProcessJob(case, "plugin_adapters"), timeout_s=120)
+        process.switch()  # no spare left: a fresh process at the next call
+        fourth, _ = process.call(ProcessJob(case, "plugin_adapters"), timeout_s=120)
+    finally:
+        process.stop()
+    assert len({first, second, third, fourth}) == 4 and imported
+    assert process.starts == 4
+    assert multiprocessing.active_children() == []

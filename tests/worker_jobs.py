@@ -16,3 +16,17 @@ class EnvironmentJob:
 
     def run(self, adapter: object, device: str) -> str | None:
         return os.environ.get(self.name)
+
+
+@dataclass(frozen=True)
+class ProcessJob:
+    """Answers the worker's process id and whether the module `module` is imported there."""
+
+    case: Case
+    module: str
+    adapter_module: str = "tfla_bench.baselines.sdpa_math"
+
+    def run(self, adapter: object, device: str) -> tuple[int, bool]:
+        import sys
+
+        return os.getpid(), self.module in sys.modules

@@ -63,9 +63,10 @@ Robustness
   replaced before the next case; the sweep goes on.
 - One worker process per device and adapter, spawned, cases sent one at a time: what a library
   leaves in its process cannot change another library's times (`tfla_bench.worker`). While an
-  adapter measures, spare processes for the next `SPARES_AHEAD` adapters initialize the device and
-  import their libraries, and the process before exits in the background, so a switch seldom
-  waits. Cases are sharded over devices by a stable hash of
+  adapter measures on a GPU, spare processes for the next `SPARES_AHEAD` adapters initialize the
+  device and import their libraries, and the process before exits in the background, so a switch
+  seldom waits (on the CPU, where they would share the cores with the timed calls, the next
+  process starts after the adapter's last case). Cases are sharded over devices by a stable hash of
   `Case.key`, so a resumed run gives every case the same device.
 - The run directory and its files belong to `tfla_bench.rundir`: rows are appended to
   `results.csv` as they finish, one write and one fsync each; `env.json` is written before the
@@ -637,8 +638,10 @@ def _dispatch(
 
     def serve(worker: Worker, shard: list[_Planned]) -> None:
         try:
-            # Each adapter measures in a process of its own; the processes of the next SPARES_AHEAD
-            # adapters start while it measures (`Worker.start_spare`).
+            # Each adapter measures in a process of its own; on a GPU the processes of the next
+            # SPARES_AHEAD adapters start while it measures (`Worker.start_spare`). On the CPU they
+            # would take the cores that the timed calls run on.
+            ahead = SPARES_AHEAD if worker.device.startswith("cuda") else 0
             order = list(dict.fromkeys(planned.case.kernel for planned in shard))
             modules = {planned.case.kernel: type(planned.adapter).__module__ for planned in shard}
             current, started = None, 1  # the first adapter runs in the worker's own process
@@ -649,7 +652,9 @@ def _dispatch(
                     if current is not None:
                         worker.switch()
                     current = planned.case.kernel
-                    while started < min(order.index(current) + 1 + SPARES_AHEAD, len(order)):
+                    position = order.index(current)
+                    started = max(started, position + 1)  # without a spare it starts afresh
+                    while started < min(position + 1 + ahead, len(order)):
                         worker.start_spare(order[started], modules[order[started]])
                         started += 1
                 with lock:
