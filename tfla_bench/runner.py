@@ -118,6 +118,10 @@ from tfla_bench.worker import CrashGuard, Job, Measurement, Worker, autotune_cac
 from tfla_bench.workloads import Case
 
 RUNS_DIR = Path("results") / "runs"
+# Spare worker processes kept starting ahead of the adapter that measures. With one, a spare that
+# imported mamba_ssm or fla was not ready when the adapter before it ended on the H100 node:
+# `mamba2_split_conv` and `gla` took 12.7 and 12.3 s in the sweep, 5.9 and 6.2 s in a shared worker.
+SPARES_AHEAD = 2
 
 
 @dataclass
@@ -714,11 +718,6 @@ def _dispatch(
             raise
     if errors:
         raise errors[0]
-
-
-# Spare worker processes kept starting ahead of the adapter that measures: one took 6-10 s to be
-# ready on an H100 node (torch, CUDA, the library), longer than some adapters measure.
-SPARES_AHEAD = 2
 
 
 def _gpu_name(worker: Worker) -> str:

@@ -3,16 +3,16 @@
 The parent (`tfla_bench.runner`, the correctness gate of `tfla_bench.correctness` and
 `tfla_bench.precompile`) talks to a worker through a pipe. The worker imports torch and initializes
 CUDA, sends a `DeviceInfo`, then answers each job with what the job's own `run(adapter, device)`
-returns: a job brings the work it does in the worker (a `Job` measures a case into a
-`Measurement`; the gate's and precompile's jobs live in their modules), so the worker knows no job
-type. The sweep gives each adapter a process of its own (`Worker.switch`): what one library leaves
-in its process (its CUDA modules, handles, allocations and settings) changed another library's
-times there by up to 8% on an H100, where each alone in its process repeated within 0.3%. Spare
-processes (`Worker.start_spare`) start, initialize the device and import the next adapters'
-libraries while the current adapter measures. Jobs travel pickled, so their module is imported
-in the worker. Its stdout and stderr go to a log file in the run directory (`worker-<i>.log`), so
-messages printed by native code (an LLVM assertion, a segfault's faulthandler trace) are kept;
-the parent quotes the last lines of the log when the worker dies.
+returns: a job brings the work it does in the worker (a `Job` measures a case into a `Measurement`;
+the gate's and precompile's jobs live in their modules), so the worker knows no job type. The sweep
+gives each adapter a process of its own (`Worker.switch`): what one library leaves in its process
+changed another library's times there by up to 8% on an H100 (LightningAttention-2's fwbw, which
+alone in its process repeated within 0.4%). On a GPU, spare processes (`Worker.start_spare`) start,
+initialize the device and import the next adapters' libraries while the current adapter measures.
+Jobs travel pickled, so their module is imported in the worker. Its stdout and stderr go to a log
+file in the run directory (`worker-<i>.log`), so messages printed by native code (an LLVM assertion,
+a segfault's faulthandler trace) are kept; the parent quotes the last lines of the log when the
+worker dies.
 
 Outcomes: Python exceptions are caught inside the worker (`oom` for CUDA out-of-memory, after
 which the cache is emptied and the worker goes on; `error` for anything else, with the message's
@@ -513,10 +513,7 @@ class Worker:
             self._process, self._conn = self._spares.pop(0) if self._spares else (None, None)
             self._ready = False
         if old is not None:
-            try:
-                old[1].send(None)
-            except (BrokenPipeError, OSError):
-                pass  # already gone
+            _ask_to_exit(old[1])
             self._retiring.append(old)
 
     def _spawn(self, preload: tuple[str, str] | None) -> tuple[Any, Connection]:
@@ -592,35 +589,25 @@ class Worker:
         still = []
         for process, conn in self._retiring:
             process.join(wait_s)
-            if process.is_alive() and wait_s > 0:
-                process.kill()
-                process.join(10)
-            if process.is_alive():
+            if process.is_alive() and not wait_s:
                 still.append((process, conn))
             else:
-                conn.close()
+                _end(process, conn)
         self._retiring = still
 
     def _stop_process(self) -> None:
         with self._lock:
             conn, process = self._conn, self._process
         if conn is not None and process is not None and process.is_alive():
-            try:
-                conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
+            _ask_to_exit(conn)
             process.join(10)
         self.kill()
 
     def kill(self) -> None:
         """Kill the worker process (if any) and forget it."""
         with self._lock:
-            if self._process is not None:
-                if self._process.is_alive():
-                    self._process.kill()
-                self._process.join(10)
-            if self._conn is not None:
-                self._conn.close()
+            if self._process is not None and self._conn is not None:
+                _end(self._process, self._conn)
             self._process, self._conn = None, None
 
     def interrupt(self) -> None:
@@ -636,10 +623,7 @@ class Worker:
     def _kill_spares(self) -> None:
         spares, self._spares = self._spares, []
         for process, conn in spares:
-            if process.is_alive():
-                process.kill()
-            process.join(10)
-            conn.close()
+            _end(process, conn)
 
     def _receive(self, timeout_s: float) -> tuple[str, Any] | str:
         """A message, or `timeout`, or `died`."""
@@ -685,6 +669,22 @@ class Worker:
             handle.seek(offset)
             text = handle.read().decode("utf-8", errors="replace")
         return summarize_log(text)
+
+
+def _ask_to_exit(conn: Connection) -> None:
+    """Send a worker the message that ends its loop (nothing when its pipe is already closed)."""
+    try:
+        conn.send(None)
+    except (BrokenPipeError, OSError):
+        pass  # the worker is already gone
+
+
+def _end(process: multiprocessing.process.BaseProcess, conn: Connection) -> None:
+    """Kill `process` if it still runs, reap it and close its pipe."""
+    if process.is_alive():
+        process.kill()
+    process.join(10)
+    conn.close()
 
 
 def summarize_log(text: str) -> str:
