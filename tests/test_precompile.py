@@ -1,6 +1,7 @@
 """`sweep --precompile`: sharded autotuning, the smaller cases, the parallel workers and env.json (CPU)."""
 
 import json
+import threading
 
 import pytest
 import torch
@@ -172,30 +173,79 @@ def test_a_shard_whose_configs_do_not_fit_the_gpu_is_done_not_failed(plugin_adap
     assert result.status == "error" and "shared memory" in result.error
 
 
-def test_runs_out_of_memory_run_again_with_fewer_processes(plugin_adapters, tmp_path, monkeypatch):
+def test_runs_out_of_memory_run_again_with_a_larger_share_beside_the_others(
+    plugin_adapters, tmp_path, monkeypatch
+):
     monkeypatch.setenv("TFLA_TEST_OOM_MARK", str(tmp_path / "oom-once.mark"))
     cases = [case("test_oom_once", 1, 16), case("test_oom", 1, 16), case("test_counting", 1, 16)]
-    seen, retries = [], []
+    seen, retries, runs = [], [], []
     summary = precompile.precompile(
         cases,
         4,
         ["cpu"],
         tmp_path,
         timeout_s=120,
+        on_start=runs.append,
         on_result=seen.append,
-        on_retry=lambda *a: retries.append(a),
+        on_retry=lambda job, processes: retries.append((job.case.kernel, processes)),
     )
-    # 3 processes (3 runs): two run out of memory and run again, one at a time; test_oom never fits
-    assert retries == [(2, 1)]
-    runs = sorted((r.job.case.kernel, r.status, r.retried) for r in seen)
-    assert runs == [
+    # 3 processes (3 runs): two run out of memory and run again as if one process ran; test_oom
+    # never fits
+    assert sorted(retries) == [("test_oom", 1), ("test_oom_once", 1)]
+    outcomes = sorted((r.job.case.kernel, r.status, r.retried) for r in seen)
+    assert outcomes == [
         ("test_counting", "ok", False),
         ("test_oom", "oom", False),
         ("test_oom", "oom", True),
         ("test_oom_once", "ok", False),
         ("test_oom_once", "oom", True),
     ]
+    assert runs == [3, 1, 1]
     assert (summary.processes, summary.runs, summary.retried, summary.failed) == (3, 3, 2, 1)
+
+
+def _queue(jobs, processes, devices=("cuda:0",)):
+    retries = []
+    todo = precompile._Queue(jobs, processes, list(devices), lambda job, w: retries.append(w))
+    return todo, retries
+
+
+def test_the_queue_starts_a_run_only_where_the_shares_leave_room_for_it():
+    jobs = [precompile.PrecompileJob(case("test_counting", 1, t), "m", 0, 1, "sum") for t in (16, 32, 48, 64)]
+    todo, retries = _queue(jobs, 4)
+    first = [todo.take("cuda:0") for _ in range(4)]
+    assert [w for _, w in first] == [4] * 4
+    assert first[0][0].memory_share == pytest.approx(precompile.MEMORY_SHARE / 4)
+    # the first runs out of memory: it comes back first, as one of 2, and needs two free quarters
+    assert todo.finish("cuda:0", *first[0], out_of_memory=True)
+    assert retries == [2]
+    assert todo.waiting[0][1] == 2
+    assert todo.waiting[0][0].memory_share == pytest.approx(precompile.MEMORY_SHARE / 2)
+    taken = []
+    thread = threading.Thread(target=lambda: taken.append(todo.take("cuda:0")))
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive()  # one quarter free: it waits
+    assert not todo.finish("cuda:0", *first[1], out_of_memory=False)
+    thread.join(5)
+    assert taken[0][0].case == first[0][0].case and taken[0][1] == 2
+    # as one process it does not come back
+    assert not todo.finish("cuda:0", taken[0][0], 1, out_of_memory=True)
+
+
+def test_the_queue_ends_once_no_run_is_left_or_under_way():
+    jobs = [precompile.PrecompileJob(case("test_counting", 1, 16), "m", 0, 1, "sum")]
+    todo, _ = _queue(jobs, 2, devices=("cuda:0", "cuda:1"))
+    job, width = todo.take("cuda:1")
+    ended = []
+    thread = threading.Thread(target=lambda: ended.append(todo.take("cuda:0")))
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive()  # the run under way may come back
+    todo.finish("cuda:1", job, width, out_of_memory=False)
+    thread.join(5)
+    assert ended == [None]
+    assert todo.take("cuda:1") is None
 
 
 def test_sweep_precompiles_first_and_records_it(plugin_adapters, tmp_path, monkeypatch):

@@ -30,9 +30,11 @@ the measuring workers find it done:
   smaller shape the adapter rejects runs as it is. A kernel compiled for another
   specialization or constexpr is compiled again by the sweep, in its first call;
 - `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The N processes
-  share the GPU: each may allocate `MEMORY_SHARE` / N of its memory (`PrecompileJob.memory_share`),
-  so a run that needs more runs out of memory alone, and such runs run again with half the
-  processes at a time (twice the share), down to one. After `worker.CRASH_REPEATS` identical
+  share the GPU: a run may allocate `MEMORY_SHARE` / N of its memory (`PrecompileJob.memory_share`),
+  so a run that needs more runs out of memory alone. Such a run goes back to the front of the queue
+  with twice the share, as if half the processes ran, down to one, while the others go on: a run
+  starts only when the shares of the runs beside it on its GPU leave room for its own
+  (`_Queue`), and the processes stay up throughout. After `worker.CRASH_REPEATS` identical
   crashes of one kernel its other runs are not made, as in the sweep. A run that still fails (an
   error, out of memory, a crashed or hung worker) is counted, logged (`precompile-<i>.log`) and
   left to the sweep, which runs and reports that case as always.
@@ -57,12 +59,12 @@ and 46 s of first calls (`results/runs/gla_big-20261121-165808`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
 import json
 import os
-import queue
 import sys
 import threading
 import time
@@ -348,7 +350,7 @@ def precompile(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[PrecompileResult], None] | None = None,
-    on_retry: Callable[[int, int], None] | None = None,
+    on_retry: Callable[[PrecompileJob, int], None] | None = None,
 ) -> PrecompileSummary:
     """Run `cases` once each (smaller, sharded: see the module docstring) in `processes` workers.
 
@@ -359,9 +361,10 @@ def precompile(
         log_dir: where each worker writes `precompile-<i>.log`.
         grad: the sweep's upstream-gradient mode.
         timeout_s: per run; a worker that hangs longer is killed and replaced.
-        on_start: called once with the number of runs (progress display).
+        on_start: called once with the number of runs, and with 1 for each run made again (progress).
         on_result: called with each run's result as it finishes (retried ones too).
-        on_retry: called with (runs, processes) before runs that ran out of memory run again.
+        on_retry: called with a run that ran out of memory and the number of processes whose share
+            of the memory it runs again with.
     """
     start = time.monotonic()
     planned = plan_jobs(cases, processes, grad)
@@ -370,28 +373,25 @@ def precompile(
     if on_start is not None:
         on_start(len(jobs))
     width = max(1, min(processes, len(jobs)))
-    used, pending, retried, failed = width if jobs else 0, jobs, 0, 0
-    crashes = CrashGuard()
-    while pending:
-        queued = [dataclasses.replace(job, memory_share=memory_share(width, devices)) for job in pending]
-        results = _run_jobs(queued, width, devices, log_dir, timeout_s, width > 1, crashes, on_result)
-        # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
-        done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
-        pending = [result.job for result in results if result.retried]
-        failed += sum(result.status != "ok" and not result.retried for result in results)
-        if pending:
-            width = min(max(1, width // 2), len(pending))
-            retried += len(pending)
-            if on_retry is not None:
-                on_retry(len(pending), width)
+
+    def retry(job: PrecompileJob, processes: int) -> None:
+        if on_start is not None:
+            on_start(1)
+        if on_retry is not None:
+            on_retry(job, processes)
+
+    todo = _Queue(jobs, width, devices, retry)
+    results = _run_jobs(todo, width, devices, log_dir, timeout_s, CrashGuard(), on_result)
+    # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
+    done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
     done_file.save()
     return PrecompileSummary(
-        processes=used,
+        processes=width if jobs else 0,
         cases=len({job.case.key for job in planned}),
         runs=len(jobs),
-        failed=failed,
+        failed=sum(result.status != "ok" and not result.retried for result in results),
         seconds=time.monotonic() - start,
-        retried=retried,
+        retried=sum(result.retried for result in results),
         skipped=len(planned) - len(jobs),
     )
 
@@ -496,32 +496,92 @@ def memory_share(processes: int, devices: list[str]) -> float:
     return MEMORY_SHARE / per_gpu
 
 
+class _Queue:
+    """The runs left, handed to the worker threads one at a time, so that the runs on a GPU never
+    hold more than its memory share (`MEMORY_SHARE`) together.
+
+    A run made as one of w processes (`widths`) holds 1/w of its GPU's budget, w counted per GPU
+    (`memory_share`); one that ran out of memory comes back (`finish`) at the front of the queue as
+    one of half as many, down to one. A worker waits while the run at the front does not fit beside
+    the runs on its GPU, so a large run is never passed over, and while the queue is empty but runs
+    are still under way, which may come back.
+    """
+
+    def __init__(
+        self,
+        jobs: list[PrecompileJob],
+        processes: int,
+        devices: list[str],
+        on_retry: Callable[[PrecompileJob, int], None],
+    ) -> None:
+        self.devices, self.on_retry = devices, on_retry
+        self.waiting: collections.deque[tuple[PrecompileJob, int]] = collections.deque(
+            (dataclasses.replace(job, memory_share=memory_share(processes, devices)), processes)
+            for job in jobs
+        )
+        self.held = dict.fromkeys(devices, 0.0)  # of each GPU's budget, by the runs under way
+        self.running = 0
+        self.stopped = False
+        self.changed = threading.Condition()
+
+    def _part(self, processes: int) -> float:
+        return 1.0 / -(-processes // len(self.devices))
+
+    def take(self, device: str) -> tuple[PrecompileJob, int] | None:
+        """The next run for a worker on `device` and its width, once it fits; None when all are done."""
+        with self.changed:
+            while True:
+                if self.stopped or (not self.waiting and not self.running):
+                    return None
+                if self.waiting:
+                    job, processes = self.waiting[0]
+                    if self.held[device] + self._part(processes) <= 1.0 + 1e-9:
+                        self.waiting.popleft()
+                        self.held[device] += self._part(processes)
+                        self.running += 1
+                        return job, processes
+                self.changed.wait()
+
+    def finish(self, device: str, job: PrecompileJob, processes: int, out_of_memory: bool) -> bool:
+        """A run is over; one that ran out of memory with more than one process's share goes back
+        with twice the share. Returns whether it went back."""
+        with self.changed:
+            self.held[device] -= self._part(processes)
+            self.running -= 1
+            again = out_of_memory and processes > 1 and not self.stopped
+            if again:
+                fewer = max(1, processes // 2)
+                job = dataclasses.replace(job, memory_share=memory_share(fewer, self.devices))
+                self.waiting.appendleft((job, fewer))
+                self.on_retry(job, fewer)
+            self.changed.notify_all()
+            return again
+
+    def stop(self) -> None:
+        with self.changed:
+            self.stopped = True
+            self.changed.notify_all()
+
+
 def _run_jobs(
-    jobs: list[PrecompileJob],
+    todo: _Queue,
     processes: int,
     devices: list[str],
     log_dir: Path,
     timeout_s: float,
-    retry_oom: bool,
     crashes: CrashGuard,
     on_result: Callable[[PrecompileResult], None] | None,
 ) -> list[PrecompileResult]:
-    """Run `jobs` in `processes` workers; with `retry_oom`, out-of-memory results are marked retried.
-    A job of a kernel that `crashes` says keeps crashing is not run (status `crashed`)."""
-    todo: queue.SimpleQueue[PrecompileJob] = queue.SimpleQueue()
-    for job in jobs:
-        todo.put(job)
+    """Run the jobs of `todo` in `processes` workers; out-of-memory results that go back to the queue
+    are marked retried. A job of a kernel that `crashes` says keeps crashing is not run (status
+    `crashed`)."""
     results: list[PrecompileResult] = []
     lock = threading.Lock()
-    stop = threading.Event()
 
     def serve(worker: Worker) -> None:
         try:
-            while not stop.is_set():
-                try:
-                    job = todo.get_nowait()
-                except queue.Empty:
-                    return
+            while (taken := todo.take(worker.device)) is not None:
+                job, width = taken
                 with lock:
                     crashed = crashes.reason(job.case.kernel)
                 begun = time.monotonic()
@@ -529,12 +589,12 @@ def _run_jobs(
                     answer = PrecompileResult(job, "crashed", 0.0, crashed)
                 else:
                     answer = worker.call(job, timeout_s)
-                if stop.is_set():
-                    return
                 if isinstance(answer, Failure):
                     answer = PrecompileResult(job, answer.status, time.monotonic() - begun, answer.error)
-                if retry_oom and answer.status == "oom":
+                if todo.finish(worker.device, job, width, answer.status == "oom"):
                     answer = dataclasses.replace(answer, retried=True)
+                if todo.stopped:
+                    return
                 with lock:
                     if crashed is None:
                         crashes.record(job.case.kernel, answer.status, answer.error)
@@ -556,7 +616,7 @@ def _run_jobs(
             while thread.is_alive():
                 thread.join(0.2)
     except KeyboardInterrupt:
-        stop.set()
+        todo.stop()
         for worker in workers:
             worker.interrupt()
         raise

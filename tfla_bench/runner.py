@@ -111,7 +111,7 @@ from tfla_bench.console import case_label, make_console, progress_bar, row_line
 from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.kernels import config as kernel_config
 from tfla_bench.phases import PhaseClock
-from tfla_bench.precompile import DONE_FILE, PrecompileResult, PrecompileSummary, precompile
+from tfla_bench.precompile import DONE_FILE, PrecompileJob, PrecompileResult, PrecompileSummary, precompile
 from tfla_bench.rundir import ResultRow
 from tfla_bench.specs import Spec, parse_spec
 from tfla_bench.worker import CrashGuard, Job, Measurement, Worker, autotune_cache_setting
@@ -339,16 +339,16 @@ def plan(
     """Split cases into rows decided now and cases to run (with their analytic counts); with `clock`,
     the seconds spent on each adapter go to its `plan_s`."""
     failed_check = failed_check or {}
-    reasons: dict[str, str | None] = {}
+    # On a GPU the adapters' libraries load in processes of their own, side by side (`availability`).
+    asked = registry.availability([case.kernel for case in cases], parallel=cuda)
+    if clock is not None:
+        for name, (_, seconds) in asked.items():
+            clock.add_plan(name, seconds)
     decided, to_run = [], []
     for case in cases:
-        began = time.monotonic()
         adapter = registry.get(case.kernel)
-        if adapter.name not in reasons:
-            reasons[adapter.name] = adapter.available()
-        row = decide(case, adapter, cuda=cuda, unavailable=reasons[adapter.name], failed_check=failed_check)
-        if clock is not None:
-            clock.add_plan(adapter.name, time.monotonic() - began)
+        unavailable = asked[adapter.name][0]
+        row = decide(case, adapter, cuda=cuda, unavailable=unavailable, failed_check=failed_check)
         if row is not None:
             decided.append(row)
         else:
@@ -516,11 +516,15 @@ def _precompile(
         total += runs
         progress.update(task, total=total)
 
-    def retry(runs: int, processes: int) -> None:
-        progress.console.print(
-            f"precompile: {runs} run(s) ran out of memory; again with {processes} process(es)"
-        )
-        start(runs)
+    told: set[int] = set()
+
+    def retry(job: PrecompileJob, processes: int) -> None:
+        if processes not in told:  # one line per share, not per run
+            told.add(processes)
+            progress.console.print(
+                f"precompile: runs that ran out of memory run again beside the others, each with "
+                f"{job.memory_share:.0%} of the GPU's memory (the first: {job.case.key})"
+            )
 
     with progress:
         summary = precompile(
