@@ -340,7 +340,7 @@ def plan(
     the seconds spent on each adapter go to its `plan_s`."""
     failed_check = failed_check or {}
     # On a GPU the adapters' libraries load in processes of their own, side by side (`availability`).
-    asked = registry.availability([case.kernel for case in cases], parallel=cuda)
+    asked = registry.availability([case.kernel for case in cases], parallel=False)
     if clock is not None:
         for name, (_, seconds) in asked.items():
             clock.add_plan(name, seconds)
