@@ -1,10 +1,9 @@
-"""Test-only adapters (CPU) whose worker segfaults or writes garbage to its output, or whose process
-dies when asked whether it runs here; `plugin_adapters.Sleep` is the one that hangs.
+"""Test-only adapters (CPU) whose worker segfaults or writes garbage to its output;
+`plugin_adapters.Sleep` is the one that hangs.
 
-The fault-injection suite names this module in `TFLA_BENCH_PLUGINS` of the sweeps it starts in
+Only the fault-injection suite names this module, in `TFLA_BENCH_PLUGINS` of the sweeps it starts in
 subprocesses: importing it registers these adapters (and those of `plugin_adapters`), which no
-in-process test may meet. The one registry test that imports it does so into a copy of the
-registry, restored after it.
+in-process test may meet.
 """
 
 from __future__ import annotations
@@ -45,14 +44,3 @@ class Garbage(_Tiny):
         print("\x1b[2J\rstatus=ok median_ms=0", end="")
         print("Traceback (most recent call last):", file=sys.stderr)
         return inputs["x"] * inputs["w"]
-
-
-@register
-class DiesWhenAsked(_Tiny):
-    """Its process dies when asked whether it runs here, as a broken library's import may."""
-
-    name = "test_dies_when_asked"
-    packages = ("frobnicate",)
-
-    def available(self) -> str | None:
-        os._exit(3)

@@ -210,25 +210,33 @@ def _queue(jobs, processes, devices=("cuda:0",)):
     return todo, retries
 
 
-def test_the_queue_starts_a_run_only_where_the_shares_leave_room_for_it():
-    jobs = [precompile.PrecompileJob(case("test_counting", 1, t), "m", 0, 1, "sum") for t in (16, 32, 48, 64)]
+def test_the_queue_starts_a_run_only_where_the_shares_leave_room_and_lets_spare_processes_go():
+    jobs = [
+        precompile.PrecompileJob(case("test_counting", 1, t), "m", 0, 1, "sum") for t in (16, 32, 48, 64, 80)
+    ]
     todo, retries = _queue(jobs, 4)
     first = [todo.take("cuda:0") for _ in range(4)]
     assert [w for _, w in first] == [4] * 4
     assert first[0][0].memory_share == pytest.approx(precompile.MEMORY_SHARE / 4)
-    # the first runs out of memory: it comes back first, as one of 2, and needs two free quarters
+    # the first runs out of memory: it goes to the end, as one of 2 processes (two quarters)
     assert todo.finish("cuda:0", *first[0], out_of_memory=True)
     assert retries == [2]
-    assert todo.waiting[0][1] == 2
-    assert todo.waiting[0][0].memory_share == pytest.approx(precompile.MEMORY_SHARE / 2)
+    assert [(j.case.seq_len, w) for j, w in todo.waiting] == [(80, 4), (16, 2)]
+    assert todo.waiting[1][0].memory_share == pytest.approx(precompile.MEMORY_SHARE / 2)
+    assert not todo.finish("cuda:0", *first[1], out_of_memory=False)
+    fifth = todo.take("cuda:0")
+    assert fifth[0].case.seq_len == 80
+    # three quarters held: the run of two quarters does not fit, and of the 4 processes 2 leave
+    assert todo.take("cuda:0") is None and todo.take("cuda:0") is None
+    assert todo.up["cuda:0"] == 2
     taken = []
     thread = threading.Thread(target=lambda: taken.append(todo.take("cuda:0")))
     thread.start()
     thread.join(0.3)
-    assert thread.is_alive()  # one quarter free: it waits
-    assert not todo.finish("cuda:0", *first[1], out_of_memory=False)
+    assert thread.is_alive()  # 2 processes up, as many as the run needs: it waits
+    assert not todo.finish("cuda:0", *first[2], out_of_memory=False)
     thread.join(5)
-    assert taken[0][0].case == first[0][0].case and taken[0][1] == 2
+    assert taken[0][0].case.seq_len == 16 and taken[0][1] == 2
     # as one process it does not come back
     assert not todo.finish("cuda:0", taken[0][0], 1, out_of_memory=True)
 

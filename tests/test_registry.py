@@ -109,21 +109,3 @@ def test_origin_of_an_entry_point_and_of_a_plugins_env_module(scratch_registry, 
 def test_a_built_in_module_imported_before_load_is_still_built_in():
     assert registry._origin_of_module("tfla_bench.baselines.gla") == "built-in tfla_bench.baselines.gla"
     assert registry._origin_of_module("my_package.adapters") == "module my_package.adapters"
-
-
-def test_availability_in_processes_of_their_own_matches_asking_here(plugin_adapters):
-    names = ["test_counting", "test_unavailable", "sdpa_math", "tfla_sig"]
-    here = registry.availability(names, parallel=False)
-    apart = registry.availability(names, parallel=True)
-    assert {n: reason for n, (reason, _) in apart.items()} == {n: reason for n, (reason, _) in here.items()}
-    assert apart["test_unavailable"][0] == "needs the package frobnicate"
-    assert all(seconds >= 0 for _, seconds in apart.values())
-
-
-def test_a_process_that_dies_when_asked_takes_only_its_own_library_with_it(plugin_adapters, monkeypatch):
-    monkeypatch.setattr(registry, "_ADAPTERS", dict(registry._ADAPTERS))
-    fault_adapters = pytest.importorskip("fault_adapters")
-    registry.register(fault_adapters.DiesWhenAsked)
-    answers = registry.availability(["test_dies_when_asked", "test_counting", "sdpa_math"], parallel=True)
-    assert answers["test_dies_when_asked"][0].startswith("checking it failed in a process of its own")
-    assert answers["test_counting"][0] is None and answers["sdpa_math"][0] is None

@@ -10,11 +10,11 @@ and autotuning), the part from there to the last timed call (`calls_s`: warm-up,
 the timed calls with their L2 flushes and spins; the rest is making inputs, reading NVML, freeing
 memory and passing the row), its precompile runs' seconds (`precompile_s`, summed over the
 processes, which run side by side) and its share of the plan (`plan_s`: asking it whether it runs
-here, which imports its library, on a GPU in a process of its library's own beside the others; an
-adapter whose cases were all decided without running has this alone). With several GPUs the
-per-adapter seconds add up over the workers, so they may exceed the measuring phase. The sweep
-writes the record after every row as well as at its end, so a sweep that is killed leaves its time
-up to its last row. A resumed run keeps the earlier attempts under `earlier`.
+here, which imports its library, and checking its cases; an adapter whose cases were all decided
+without running has this alone). With several GPUs the per-adapter seconds add up over the
+workers, so they may exceed the measuring phase. The sweep writes the record after every row as
+well as at its end, so a sweep that is killed leaves its time up to its last row. A resumed run
+keeps the earlier attempts under `earlier`.
 """
 
 from __future__ import annotations

@@ -31,10 +31,11 @@ the measuring workers find it done:
   specialization or constexpr is compiled again by the sweep, in its first call;
 - `precompile`: runs the jobs and returns a `PrecompileSummary` for `env.json`. The N processes
   share the GPU: a run may allocate `MEMORY_SHARE` / N of its memory (`PrecompileJob.memory_share`),
-  so a run that needs more runs out of memory alone. Such a run goes back to the front of the queue
-  with twice the share, as if half the processes ran, down to one, while the others go on: a run
-  starts only when the shares of the runs beside it on its GPU leave room for its own
-  (`_Queue`), and the processes stay up throughout. After `worker.CRASH_REPEATS` identical
+  so a run that needs more runs out of memory alone. Such a run goes back to the end of the queue
+  with twice the share, as if half the processes ran, down to one: a run starts only when the
+  shares of the runs beside it on its GPU leave room for its own, and a process that would wait
+  for that while more are up than the run needs leaves, so its memory goes to the larger runs
+  (`_Queue`). A process that leaves is not replaced. After `worker.CRASH_REPEATS` identical
   crashes of one kernel its other runs are not made, as in the sweep. A run that still fails (an
   error, out of memory, a crashed or hung worker) is counted, logged (`precompile-<i>.log`) and
   left to the sweep, which runs and reports that case as always.
@@ -500,11 +501,15 @@ class _Queue:
     """The runs left, handed to the worker threads one at a time, so that the runs on a GPU never
     hold more than its memory share (`MEMORY_SHARE`) together.
 
-    A run made as one of w processes (`widths`) holds 1/w of its GPU's budget, w counted per GPU
-    (`memory_share`); one that ran out of memory comes back (`finish`) at the front of the queue as
-    one of half as many, down to one. A worker waits while the run at the front does not fit beside
-    the runs on its GPU, so a large run is never passed over, and while the queue is empty but runs
-    are still under way, which may come back.
+    A run made as one of w processes holds 1/w of its GPU's budget, w counted per GPU
+    (`memory_share`); one that ran out of memory goes back (`finish`) to the end of the queue as one
+    of half as many, down to one, so the larger runs come after the others, as they would in rounds
+    of fewer processes, but start as soon as there is room. A worker waits while the run at the
+    front does not fit beside the runs on its GPU, so a large run is never passed over, and while
+    the queue is empty but runs are still under way, which may come back. A worker that would wait
+    while more processes are up on its GPU than the run at the front is one of leaves (`take`
+    returns None): every process holds memory of its own besides its share (its CUDA context and
+    loaded modules, about 2 GB on an H100 in the Fig. 5 sweep), which the larger runs need.
     """
 
     def __init__(
@@ -520,39 +525,46 @@ class _Queue:
             for job in jobs
         )
         self.held = dict.fromkeys(devices, 0.0)  # of each GPU's budget, by the runs under way
+        self.up = {device: len(range(index, processes, len(devices))) for index, device in enumerate(devices)}
         self.running = 0
         self.stopped = False
         self.changed = threading.Condition()
 
-    def _part(self, processes: int) -> float:
-        return 1.0 / -(-processes // len(self.devices))
+    def _per_gpu(self, processes: int) -> int:
+        return -(-processes // len(self.devices))
 
     def take(self, device: str) -> tuple[PrecompileJob, int] | None:
-        """The next run for a worker on `device` and its width, once it fits; None when all are done."""
+        """The next run for a worker on `device` and its width, once it fits; None when all are done
+        or the worker is to leave."""
         with self.changed:
             while True:
                 if self.stopped or (not self.waiting and not self.running):
                     return None
                 if self.waiting:
                     job, processes = self.waiting[0]
-                    if self.held[device] + self._part(processes) <= 1.0 + 1e-9:
+                    part = 1.0 / self._per_gpu(processes)
+                    if self.held[device] + part <= 1.0 + 1e-9:
                         self.waiting.popleft()
-                        self.held[device] += self._part(processes)
+                        self.held[device] += part
                         self.running += 1
                         return job, processes
+                    if self.up[device] > self._per_gpu(processes):
+                        self.up[device] -= 1
+                        self.changed.notify_all()
+                        return None
                 self.changed.wait()
 
     def finish(self, device: str, job: PrecompileJob, processes: int, out_of_memory: bool) -> bool:
         """A run is over; one that ran out of memory with more than one process's share goes back
         with twice the share. Returns whether it went back."""
         with self.changed:
-            self.held[device] -= self._part(processes)
+            self.held[device] -= 1.0 / self._per_gpu(processes)
             self.running -= 1
             again = out_of_memory and processes > 1 and not self.stopped
             if again:
                 fewer = max(1, processes // 2)
                 job = dataclasses.replace(job, memory_share=memory_share(fewer, self.devices))
-                self.waiting.appendleft((job, fewer))
+                self.waiting.append((job, fewer))
                 self.on_retry(job, fewer)
             self.changed.notify_all()
             return again

@@ -31,13 +31,9 @@ returns the reason it cannot run, so a missing package is a row with a reason, n
 from __future__ import annotations
 
 import importlib
-import multiprocessing
 import os
 import pkgutil
-import sys
-import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -322,53 +318,6 @@ def adapters() -> list[Adapter]:
     """Every registered adapter, sorted by family and name."""
     load()
     return sorted(_ADAPTERS.values(), key=lambda a: (a.family, a.name))
-
-
-def _available_here(adapters: list[tuple[str, str]]) -> dict[str, tuple[str | None, float]]:
-    """`available()` of the adapters named in `(name, module)` pairs, each with its seconds, in this
-    process (a child process of `availability`, which imports the adapters' modules first)."""
-    answers = {}
-    for name, module in adapters:
-        if module not in sys.modules:
-            importlib.import_module(module)
-        began = time.monotonic()
-        answers[name] = (get(name).available(), time.monotonic() - began)
-    return answers
-
-
-def availability(names: list[str], *, parallel: bool) -> dict[str, tuple[str | None, float]]:
-    """Each adapter's `available()` reason and the seconds it took.
-
-    `available()` imports the adapter's library to tell a broken install from a working one, which
-    takes seconds for some (mlstm_kernels, mamba_ssm, FA4's CUTLASS DSL). With `parallel`, the
-    adapters of each library (the first of their `packages`) are asked in a spawned process of
-    their own, all at once, so the imports take as long as the slowest one rather than their sum,
-    and this process imports none of those libraries. A process that dies gives its adapters the
-    reason.
-    """
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for name in dict.fromkeys(names):
-        adapter = get(name)
-        module = type(adapter).__module__
-        groups.setdefault(adapter.packages[0] if adapter.packages else module, []).append((name, module))
-    if not parallel or len(groups) < 2:
-        return {name: answer for group in groups.values() for name, answer in _available_here(group).items()}
-    answers: dict[str, tuple[str | None, float]] = {}
-    context = multiprocessing.get_context("spawn")
-    # One pool per library, so a child that dies takes only its own library's adapters with it.
-    pools = {key: ProcessPoolExecutor(1, mp_context=context) for key in groups}
-    try:
-        asked = {key: pools[key].submit(_available_here, group) for key, group in groups.items()}
-        for key, future in asked.items():
-            try:
-                answers.update(future.result())
-            except Exception as exc:  # the child died (BrokenProcessPool) or raised
-                reason = f"checking it failed in a process of its own: {exception_line(exc)}"
-                answers.update(dict.fromkeys((name for name, _ in groups[key]), (reason, 0.0)))
-    finally:
-        for pool in pools.values():
-            pool.shutdown(wait=True, cancel_futures=True)
-    return answers
 
 
 def families() -> set[str]:

@@ -339,16 +339,16 @@ def plan(
     """Split cases into rows decided now and cases to run (with their analytic counts); with `clock`,
     the seconds spent on each adapter go to its `plan_s`."""
     failed_check = failed_check or {}
-    # On a GPU the adapters' libraries load in processes of their own, side by side (`availability`).
-    asked = registry.availability([case.kernel for case in cases], parallel=False)
-    if clock is not None:
-        for name, (_, seconds) in asked.items():
-            clock.add_plan(name, seconds)
+    reasons: dict[str, str | None] = {}
     decided, to_run = [], []
     for case in cases:
+        began = time.monotonic()
         adapter = registry.get(case.kernel)
-        unavailable = asked[adapter.name][0]
-        row = decide(case, adapter, cuda=cuda, unavailable=unavailable, failed_check=failed_check)
+        if adapter.name not in reasons:
+            reasons[adapter.name] = adapter.available()
+        row = decide(case, adapter, cuda=cuda, unavailable=reasons[adapter.name], failed_check=failed_check)
+        if clock is not None:
+            clock.add_plan(adapter.name, time.monotonic() - began)
         if row is not None:
             decided.append(row)
         else:
@@ -522,7 +522,7 @@ def _precompile(
         if processes not in told:  # one line per share, not per run
             told.add(processes)
             progress.console.print(
-                f"precompile: runs that ran out of memory run again beside the others, each with "
+                f"precompile: runs that ran out of memory run again at the end of the queue, each with "
                 f"{job.memory_share:.0%} of the GPU's memory (the first: {job.case.key})"
             )
 
