@@ -382,7 +382,7 @@ def precompile(
             on_retry(job, processes)
 
     todo = _Queue(jobs, width, devices, retry)
-    results = _run_jobs(todo, width, devices, log_dir, timeout_s, CrashGuard(), on_result)
+    results = _run_jobs(todo, width, devices, log_dir, timeout_s, CrashGuard(), on_result) if jobs else []
     # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
     done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
     done_file.save()
