@@ -493,8 +493,12 @@ def memory_share(processes: int, devices: list[str]) -> float:
     `devices`, may allocate: `MEMORY_SHARE` over the processes per GPU (1 on CPU, where it is not used)."""
     if devices[0] == "cpu":
         return 1.0
-    per_gpu = -(-processes // len(devices))
-    return MEMORY_SHARE / per_gpu
+    return MEMORY_SHARE / _per_gpu(processes, devices)
+
+
+def _per_gpu(processes: int, devices: list[str]) -> int:
+    """How many of `processes`, spread round-robin over `devices`, the first device gets."""
+    return -(-processes // len(devices))
 
 
 class _Queue:
@@ -525,13 +529,11 @@ class _Queue:
             for job in jobs
         )
         self.held = dict.fromkeys(devices, 0.0)  # of each GPU's budget, by the runs under way
+        # worker i runs on devices[i % len(devices)]
         self.up = {device: len(range(index, processes, len(devices))) for index, device in enumerate(devices)}
         self.running = 0
         self.stopped = False
         self.changed = threading.Condition()
-
-    def _per_gpu(self, processes: int) -> int:
-        return -(-processes // len(self.devices))
 
     def take(self, device: str) -> tuple[PrecompileJob, int] | None:
         """The next run for a worker on `device` and its width, once it fits; None when all are done
@@ -542,13 +544,13 @@ class _Queue:
                     return None
                 if self.waiting:
                     job, processes = self.waiting[0]
-                    part = 1.0 / self._per_gpu(processes)
+                    part = 1.0 / _per_gpu(processes, self.devices)
                     if self.held[device] + part <= 1.0 + 1e-9:
                         self.waiting.popleft()
                         self.held[device] += part
                         self.running += 1
                         return job, processes
-                    if self.up[device] > self._per_gpu(processes):
+                    if self.up[device] > _per_gpu(processes, self.devices):
                         self.up[device] -= 1
                         self.changed.notify_all()
                         return None
@@ -558,7 +560,7 @@ class _Queue:
         """A run is over; one that ran out of memory with more than one process's share goes back
         with twice the share. Returns whether it went back."""
         with self.changed:
-            self.held[device] -= 1.0 / self._per_gpu(processes)
+            self.held[device] -= 1.0 / _per_gpu(processes, self.devices)
             self.running -= 1
             again = out_of_memory and processes > 1 and not self.stopped
             if again:

@@ -523,7 +523,7 @@ def _precompile(
             told.add(processes)
             progress.console.print(
                 f"precompile: runs that ran out of memory run again at the end of the queue, each with "
-                f"{job.memory_share:.0%} of the GPU's memory (the first: {job.case.key})"
+                f"{job.memory_share:.0%} of the memory (the first: {job.case.key})"
             )
 
     with progress:

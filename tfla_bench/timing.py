@@ -46,10 +46,10 @@ Library autotuners
 A Triton autotuner (in fla and Mamba 2; LightningAttention-2 and the official mLSTM chunkwise
 kernels have none) times every config on its first call at a new tuning key with
 `triton.testing.do_bench`: 25 ms of warm-up and 100 ms of timed calls per config, the L2 cleared
-before each. `autotuning_budget` shortens that
-for the autotuners that bring no benchmark of their own (`autotune_ms` of the spec): they still
-time every config at the case's own shape on an otherwise idle GPU, over `autotune_ms` ms after
-`autotune_ms / 4` ms of warm-up, at least one call each.
+before each. `autotuning_budget` shortens that for the autotuners that bring no benchmark of their
+own (`autotune_ms` of the spec): they still time every config at the case's own shape on an
+otherwise idle GPU, over `autotune_ms` ms after `autotune_ms / 4` ms of warm-up, at least one call
+each.
 """
 
 from __future__ import annotations
