@@ -5,10 +5,12 @@ The parent (`tfla_bench.runner`, the correctness gate of `tfla_bench.correctness
 CUDA, sends a `DeviceInfo`, then answers each job with what the job's own `run(adapter, device)`
 returns: a job brings the work it does in the worker (a `Job` measures a case into a `Measurement`;
 the gate's and precompile's jobs live in their modules), so the worker knows no job type. The sweep
-gives each adapter a process of its own (`Worker.switch`): what one library leaves in its process
-changed another library's times there by up to 8% on an H100 (LightningAttention-2's fwbw, which
-alone in its process repeated within 0.4%). On a GPU, spare processes (`Worker.start_spare`) start,
-initialize the device and import the next adapters' libraries while the current adapter measures.
+gives each adapter a process of its own (`Worker.switch`), so no library's state in a process can
+move another library's times: on an H100, LightningAttention-2's fwbw in a process shared by every
+adapter of Fig. 5 was up to 8% off two sweeps of it alone, which agreed within 0.4% (other GPU work
+before it moves it as well: README, "How timing works"). On a GPU, spare processes
+(`Worker.start_spare`) start, initialize the device and import the next adapters' libraries while
+the current adapter measures.
 Jobs travel pickled, so their module is imported in the worker. Its stdout and stderr go to a log
 file in the run directory (`worker-<i>.log`), so messages printed by native code (an LLVM assertion,
 a segfault's faulthandler trace) are kept; the parent quotes the last lines of the log when the
