@@ -6,15 +6,14 @@ CUDA, sends a `DeviceInfo`, then answers each job with what the job's own `run(a
 returns: a job brings the work it does in the worker (a `Job` measures a case into a `Measurement`;
 the gate's and precompile's jobs live in their modules), so the worker knows no job type. The sweep
 gives each adapter a process of its own (`Worker.switch`), so no library's state in a process can
-move another library's times: on an H100, LightningAttention-2's fwbw in a process shared by every
-adapter of Fig. 5 was up to 8% off two sweeps of it alone, which agreed within 0.4% (other GPU work
-before it moves it as well: README, "How timing works"). On a GPU, spare processes
-(`Worker.start_spare`) start, initialize the device and import the next adapters' libraries while
-the current adapter measures.
-Jobs travel pickled, so their module is imported in the worker. Its stdout and stderr go to a log
-file in the run directory (`worker-<i>.log`), so messages printed by native code (an LLVM assertion,
-a segfault's faulthandler trace) are kept; the parent quotes the last lines of the log when the
-worker dies.
+move another library's times: on an H100, LightningAttention-2's fwbw at 32,768 steps took 47.11
+and 48.43 ms in a process shared by every adapter of Fig. 5, 5.4-7.8% less than in two sweeps of it
+alone (51.12 and 51.17 ms); other GPU work before it moves it as well (README, "How timing works").
+On a GPU, spare processes (`Worker.start_spare`) start, initialize the device and import the next
+adapters' libraries while the current adapter measures. Jobs travel pickled, so their module is
+imported in the worker. Its stdout and stderr go to a log file in the run directory
+(`worker-<i>.log`), so messages printed by native code (an LLVM assertion, a segfault's
+faulthandler trace) are kept; the parent quotes the last lines of the log when the worker dies.
 
 Outcomes: Python exceptions are caught inside the worker (`oom` for CUDA out-of-memory, after
 which the cache is emptied and the worker goes on; `error` for anything else, with the message's
