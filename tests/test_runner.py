@@ -12,7 +12,7 @@ import pytest
 import torch
 from worker_jobs import EnvironmentJob, ProcessJob
 
-from tfla_bench import phases, registry, rundir, runner, specs, timing, worker
+from tfla_bench import gpustate, phases, registry, rundir, runner, specs, timing, worker
 from tfla_bench.errors import UserError
 from tfla_bench.kernels import config as kernel_config
 from tfla_bench.specs import MeasureSettings
@@ -224,6 +224,41 @@ def test_fw_never_calls_backward(plugin_adapters):
     assert result.status == "ok"
     assert plugin_adapters.Counting.counter.forwards == 4
     assert plugin_adapters.Counting.counter.backwards == 0
+
+
+class CappingMonitor:
+    """A stand-in NVML monitor: full clock before a case, the power cap from its first timed calls on."""
+
+    def __init__(self, caps: bool):
+        later = gpustate.Reading(1755, 2619, 60, 690.0, "sw_power_cap") if caps else None
+        full = gpustate.Reading(1980, 2619, 50, 300.0, "none")
+        self.readings = iter([full, later or full, later or full])
+
+    def settle(self):
+        return 0.0
+
+    def read(self):
+        return next(self.readings)
+
+
+@pytest.mark.parametrize("caps", [True, False])
+def test_a_case_whose_power_cap_sets_in_while_timed_is_timed_again_at_the_capped_clock(
+    plugin_adapters, monkeypatch, caps
+):
+    monkeypatch.setattr(worker, "_monitor", lambda device: CappingMonitor(caps))
+    adapter = registry.get("test_counting")
+    adapter.reset()
+    result = measure_case(adapter, counting_case("fw"), MeasureSettings(warmup=1, reps=3), "cpu")
+    assert result.status == "ok", result.error
+    counter = plugin_adapters.Counting.counter
+    if caps:
+        # The first series' three calls became warm-up; three more were timed.
+        assert (result.warmup, result.reps, counter.forwards) == (4, 3, 1 + 1 + 3 + 3)
+        assert "timed again under sw_power_cap (SM 1980 -> 1755 MHz" in result.note
+        assert result.gpu_state["sm_mhz_after"] == 1755 and result.gpu_state["throttled"]
+    else:
+        assert (result.warmup, result.reps, counter.forwards) == (1, 3, 1 + 1 + 3)
+        assert "timed again" not in result.note
 
 
 def test_percentiles_and_summary():

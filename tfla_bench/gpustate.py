@@ -11,6 +11,13 @@ draws the GPU's full power leaves it at its power cap, with lowered clocks, for 
 ends, and a case started then is measured at clocks that depend on the case before it. Waiting
 until no throttling reason holds and the SM clock is back where it idled makes every case start
 from the same state, so its throttling, if any, is its own.
+
+A case whose own power cap (or slowdown) sets in during its timed calls is timed again at once
+(`set_in`): the cap took tens to hundreds of milliseconds to set in, so part of the first series
+ran at the full clock and part at the capped one, and its median fell in one group or the other
+depending on when the cap came (`sdpa_cudnn` fw at 512 steps, Fig. 5: 0.978 or 1.04-1.07 ms from
+run to run). The second series runs at the capped clock, the one the kernel keeps when it runs
+for longer; the first series' calls count as warm-up and the row's note says so.
 """
 
 from __future__ import annotations
@@ -142,6 +149,11 @@ class Monitor:
             }
         except nvml.NVMLError as exc:
             return {"note": f"NVML did not give the limits: {exc}"}
+
+
+def set_in(before: Reading | None, after: Reading | None) -> bool:
+    """Whether a throttling reason holds in `after` that did not in `before` (False without either)."""
+    return before is not None and after is not None and after.throttled and not before.throttled
 
 
 def row_cells(before: Reading | None, after: Reading | None) -> dict[str, Any]:
