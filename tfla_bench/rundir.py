@@ -174,8 +174,9 @@ class ResultRow:
         tflops, gbps: flops / median and bytes / median.
         device: where it ran (`cuda:0`, `cpu`), empty when it did not run.
         error: the reason or the last lines of the error for any status but `ok`.
-        note: remarks about an `ok` row (e.g. memory not measured on CPU).
-        warmup, reps: untimed and timed calls made.
+        note: remarks about an `ok` row (e.g. memory not measured on CPU, a case timed again once
+            its power cap set in).
+        warmup, reps: untimed and timed calls made (the first series of a case timed again is warm-up).
         ci_rel: half-width of the median's 95% confidence interval over the median.
         stop: why timing stopped: `fixed`, `ci`, `budget` or `max` (`tfla_bench.timing.StopRule`).
         host_gap_share: share of timed calls during which the GPU may have waited for the host.

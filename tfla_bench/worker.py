@@ -147,7 +147,8 @@ class Failure:
 class Measurement:
     """A worker's answer for one case (or the parent's record of a worker that died or hung).
 
-    `warmup` and `reps` are the calls made, `stop` why timing stopped (`tfla_bench.timing`),
+    `warmup` and `reps` are the calls made (a case timed again because its power cap set in counts
+    its first series in `warmup`, `gpustate.set_in`), `stop` why timing stopped (`tfla_bench.timing`),
     `settle_s` the wait for the GPU to settle before the case (`gpustate.Monitor.settle`), `calls_s`
     the wall time from the end of the first call to the last timed call (warm-up, the
     memory call, the timed calls with their flushes and spins), and `gpu_state` the NVML cells of
