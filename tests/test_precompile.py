@@ -154,6 +154,20 @@ def test_a_kernel_that_keeps_crashing_is_not_run_again(plugin_adapters, tmp_path
     assert [r.status for r in aborts] == ["crashed"] * 3
     assert [r.error.startswith("not run: the previous 2 cases") for r in aborts] == [False, False, True]
     assert (summary.runs, summary.failed) == (4, 3)
+    # The sweep is told which of its cases to leave alone, with the kernel's own error.
+    assert sorted(summary.crashed) == sorted(c.key for c in cases[:3])
+    assert all("SIGABRT" in error and not error.startswith("not run") for error in summary.crashed.values())
+    # A later precompile into the same cache makes none of those runs and tells the sweep the same.
+    again = precompile.precompile(cases, 1, ["cpu"], tmp_path, timeout_s=120)
+    assert (again.runs, again.skipped, again.crashed) == (0, 4, summary.crashed)
+
+
+def test_one_crash_among_runs_that_pass_is_left_to_the_sweep(plugin_adapters, tmp_path, monkeypatch):
+    # test_abort aborts only at seq_len 32 here: one crash, the kernel's other runs pass.
+    monkeypatch.setenv("TFLA_TEST_ABORT_SEQ_LEN", "32")
+    cases = [case("test_abort", 1, t) for t in (16, 32, 64)]
+    summary = precompile.precompile(cases, 1, ["cpu"], tmp_path, timeout_s=120)
+    assert summary.failed == 1 and summary.crashed == {}
 
 
 def test_each_process_may_take_its_share_of_the_gpu_memory():
@@ -297,7 +311,7 @@ def test_a_later_precompile_into_the_same_cache_skips_the_runs_made(plugin_adapt
     assert (first.runs, first.skipped, first.failed) == (4, 0, 1)
     done = json.loads((tmp_path / "triton-cache" / precompile.DONE_FILE).read_text())
     # the two shards, test_counting and test_raise, whose error would repeat
-    assert [len(ids) for ids in done.values()] == [4]
+    assert [len(entry["done"]) for entry in done.values()] == [4]
     seen = []
     second = run(on_start=seen.append)
     assert (second.runs, second.skipped, second.cases) == (0, 4, 3) and seen == [0]

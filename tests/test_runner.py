@@ -383,6 +383,24 @@ def test_a_kernel_that_keeps_crashing_the_same_way_is_not_rerun(tmp_path):
     assert {row.status for row in report.rows if row.case.kernel == "sdpa_math"} == {"ok"}
 
 
+def test_a_kernel_that_kept_crashing_in_the_precompile_is_not_run_by_the_sweep(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    spec = tiny_spec(["test_abort", "sdpa_math"], ["fw"], seq_len=[16, 32, 48])
+    cases = specs.expand(spec)
+    report = runner.run_sweep(spec, cases, tmp_path / "run", devices=["cpu"], precompile_processes=1)
+    aborts = [row for row in report.rows if row.case.kernel == "test_abort"]
+    assert [row.status for row in aborts] == ["crashed"] * 3
+    assert all(
+        row.error.startswith("not run: the precompile's runs of this kernel kept crashing the same way")
+        and "SIGABRT" in row.error
+        for row in aborts
+    )
+    assert report.worker_starts == 2  # one process per adapter; no crash to replace one after
+    assert {row.status for row in report.rows if row.case.kernel == "sdpa_math"} == {"ok"}
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert sorted(env["precompile"]["crashed"]) == sorted(row.case.key for row in aborts)
+
+
 def test_each_adapter_measures_in_a_process_of_its_own(tmp_path, monkeypatch):
     log = tmp_path / "pids.log"
     monkeypatch.setenv("TFLA_TEST_PID_LOG", str(log))

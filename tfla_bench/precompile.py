@@ -36,16 +36,18 @@ the measuring workers find it done:
   shares of the runs beside it on its GPU leave room for its own, and a process that would wait
   for that while more are up than the run needs leaves, so its memory goes to the larger runs
   (`_Queue`). A process that leaves is not replaced. After `worker.CRASH_REPEATS` identical
-  crashes of one kernel its other runs are not made, as in the sweep. A run that still fails (an
-  error, out of memory, a crashed or hung worker) is counted, logged (`precompile-<i>.log`) and
-  left to the sweep, which runs and reports that case as always.
+  crashes of one kernel its other runs are not made, as in the sweep, and the sweep does not run
+  the cases of those runs either (`PrecompileSummary.crashed`). Any other run that fails (an
+  error, out of memory, a single crash, a hung worker) is counted, logged (`precompile-<i>.log`)
+  and left to the sweep, which runs and reports that case as always.
 
 A run that finished, or failed in a way that would repeat (an error or a crash, not a lack of
-memory or time), is remembered in the Triton cache directory it compiled into (`DONE_FILE`), under
-a fingerprint of everything its compiled code depends on (`fingerprint`: torch, Triton and every
-adapter package's version, the source of our kernels and of the job's adapter module, the tuned
-configs, the GPUs' compute capabilities). A later sweep with the same cache skips those runs: their
-kernels are already in the cache, or would fail again. A fresh cache directory, or a change to any
+memory or time), is remembered in the Triton cache directory it compiled into (`DONE_FILE`), with
+the error of a kernel that kept crashing, under a fingerprint of everything its compiled code
+depends on (`fingerprint`: torch, Triton and every adapter package's version, the source of our
+kernels and of the job's adapter module, the tuned configs, the GPUs' compute capabilities). A later
+sweep with the same cache skips those runs: their kernels are already in the cache, or would fail
+again. A fresh cache directory, or a change to any
 of those, runs them again; should a kernel still be missing, the sweep's first call compiles it.
 
 The sweep measures as it does without it: the first call of an autotuned kernel still times every
@@ -151,6 +153,9 @@ class PrecompileSummary:
         seconds: wall time.
         retried: runs repeated with fewer processes after running out of memory (each time).
         skipped: runs not made: an earlier sweep made them into the same Triton cache (`DONE_FILE`).
+        crashed: the sweep's cases (by key) whose run crashed, or was not made, for a kernel that
+            kept crashing the same way (`worker.CrashGuard`), here or in an earlier sweep into the
+            same cache, with that error: the sweep does not run them either.
     """
 
     processes: int
@@ -160,6 +165,7 @@ class PrecompileSummary:
     seconds: float
     retried: int = 0
     skipped: int = 0
+    crashed: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -382,10 +388,22 @@ def precompile(
             on_retry(job, processes)
 
     todo = _Queue(jobs, width, devices, retry)
-    results = _run_jobs(todo, width, devices, log_dir, timeout_s, CrashGuard(), on_result) if jobs else []
+    crashes = CrashGuard()
+    results = _run_jobs(todo, width, devices, log_dir, timeout_s, crashes, on_result) if jobs else []
     # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
     done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
+    for result in results:
+        error = crashes.keeps_crashing(result.job.case.kernel)
+        if result.status == "crashed" and error is not None:
+            done_file.crashes[done_file.job_id(result.job)] = error
     done_file.save()
+    # The sweep's cases of each crashed run (a run is of a smaller case that compiles the same code).
+    crashed_runs = {job.case.key: error for job in planned if (error := done_file.crash(job)) is not None}
+    crashed = {}
+    for case in cases:
+        adapter = registry.get(case.kernel)
+        if adapter.precompile != "none" and warm_case(adapter, case).key in crashed_runs:
+            crashed[case.key] = crashed_runs[warm_case(adapter, case).key]
     return PrecompileSummary(
         processes=width if jobs else 0,
         cases=len({job.case.key for job in planned}),
@@ -394,6 +412,7 @@ def precompile(
         seconds=time.monotonic() - start,
         retried=sum(result.retried for result in results),
         skipped=len(planned) - len(jobs),
+        crashed=crashed,
     )
 
 
@@ -449,7 +468,8 @@ def _module_digest(name: str) -> str:
 
 
 class DoneFile:
-    """The precompile runs finished into this Triton cache directory under the current fingerprint.
+    """The precompile runs finished into this Triton cache directory under the current fingerprint,
+    and the error of each that crashed for a kernel that kept crashing (`crashes`).
 
     A run is named by its case, shard and upstream-gradient mode, and by a digest of its adapter
     module's source. Reading or writing the file never fails a sweep: an unreadable file is an
@@ -460,12 +480,19 @@ class DoneFile:
         self.path = triton_cache_dir() / DONE_FILE
         self.fingerprint = fingerprint(devices)
         try:
-            self.record: dict[str, list[str]] = json.loads(self.path.read_text())
+            self.record: dict[str, Any] = json.loads(self.path.read_text())
         except (OSError, ValueError):
             self.record = {}
         if not isinstance(self.record, dict):
             self.record = {}
-        self.done = set(self.record.get(self.fingerprint, []))
+        entry = self.record.get(self.fingerprint)
+        if isinstance(entry, list):  # the format before crashes were kept
+            entry = {"done": entry}
+        if not isinstance(entry, dict):
+            entry = {}
+        self.done = set(entry.get("done", []))
+        crashes = entry.get("crashed", {})
+        self.crashes: dict[str, str] = crashes if isinstance(crashes, dict) else {}
 
     def job_id(self, job: PrecompileJob) -> str:
         digest = _module_digest(job.adapter_module)
@@ -474,12 +501,16 @@ class DoneFile:
     def has(self, job: PrecompileJob) -> bool:
         return self.job_id(job) in self.done
 
+    def crash(self, job: PrecompileJob) -> str | None:
+        """The error of `job`'s kernel if the job crashed (or was not made) as that kernel kept crashing."""
+        return self.crashes.get(self.job_id(job))
+
     def add(self, jobs: Any) -> None:
         self.done.update(self.job_id(job) for job in jobs)
 
     def save(self) -> None:
         record = {key: value for key, value in self.record.items() if key != self.fingerprint}
-        record[self.fingerprint] = sorted(self.done)
+        record[self.fingerprint] = {"done": sorted(self.done), "crashed": dict(sorted(self.crashes.items()))}
         record = dict(list(record.items())[-MAX_FINGERPRINTS:])
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -597,7 +628,7 @@ def _run_jobs(
             while (taken := todo.take(worker.device)) is not None:
                 job, width = taken
                 with lock:
-                    crashed = crashes.reason(job.case.kernel)
+                    crashed = crashes.reason(job.case)
                 begun = time.monotonic()
                 if crashed is not None:
                     answer = PrecompileResult(job, "crashed", 0.0, crashed)

@@ -88,6 +88,7 @@ Robustness
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -466,7 +467,7 @@ def run_sweep(
             )
         try:
             with clock.phase("measuring"):
-                _dispatch(to_run, workers, spec, writer, console, clock, host)
+                _dispatch(to_run, workers, spec, writer, console, clock, host, precompiled)
         finally:
             for worker in workers:
                 worker.stop()
@@ -503,9 +504,9 @@ def _precompile(
         clock.add_precompile(result.job.case.kernel, result.seconds)
         if result.status != "ok" and not result.retried:
             shard = f" shard {result.job.shard + 1}/{result.job.shards}" if result.job.shards > 1 else ""
+            then = "" if result.status == "crashed" else " (the sweep runs this case as usual)"
             progress.console.print(
-                f"[yellow]precompile {result.status}[/] {result.job.case.key}{shard}: {result.error}"
-                " (the sweep runs this case as usual)"
+                f"[yellow]precompile {result.status}[/] {result.job.case.key}{shard}: {result.error}{then}"
             )
         progress.advance(task)
 
@@ -549,12 +550,24 @@ def _precompile(
             f"precompile: nothing to compile, the {summary.skipped} run(s) of its {summary.cases} case(s) "
             f"were made into this Triton cache by an earlier sweep ({DONE_FILE})"
         )
+        _tell_crashed(summary, to_run, console)
         return summary
     console.print(
         f"precompiled {summary.cases} case(s) in {summary.runs} run(s) with {summary.processes} "
         f"process(es): {summary.seconds:.1f} s, {summary.failed} failed{retried}{skipped}"
     )
+    _tell_crashed(summary, to_run, console)
     return summary
+
+
+def _tell_crashed(summary: PrecompileSummary, to_run: list[_Planned], console: Console) -> None:
+    """One line per kernel whose cases the sweep will not run, since it kept crashing in the precompile."""
+    kernels = collections.Counter(p.case.kernel for p in to_run if p.case.key in summary.crashed)
+    for kernel, count in sorted(kernels.items()):
+        console.print(
+            f"[yellow]precompile: {kernel} kept crashing the same way; the sweep does not run its {count} "
+            "case(s)[/] (their rows say why)"
+        )
 
 
 def _roofs(device: str, child: subprocess.Popen, console: Console) -> dict:
@@ -632,9 +645,11 @@ def _dispatch(
     console: Console,
     clock: PhaseClock,
     host: str,
+    precompiled: PrecompileSummary | None,
 ) -> None:
     """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come,
-    each naming `host` and, for a case that ran on a GPU, the worker's GPU."""
+    each naming `host` and, for a case that ran on a GPU, the worker's GPU. A case whose kernel kept
+    crashing in the precompile (`precompiled.crashed`) is not run."""
     if not to_run:
         return
     lock = threading.Lock()
@@ -642,7 +657,7 @@ def _dispatch(
     errors: list[BaseException] = []
     progress = progress_bar(console, eta=True)
     task = progress.add_task("starting", total=len(to_run))
-    crashes = CrashGuard()
+    crashes = CrashGuard(precompiled.crashed if precompiled is not None else None)
 
     def serve(worker: Worker, shard: list[_Planned]) -> None:
         try:
@@ -667,7 +682,7 @@ def _dispatch(
                         started += 1
                 with lock:
                     progress.update(task, description=case_label(planned.case))
-                    crashed = crashes.reason(planned.case.kernel)
+                    crashed = crashes.reason(planned.case)
                 if crashed is not None:
                     row = ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=host)
                 else:

@@ -87,17 +87,32 @@ class CrashGuard:
     `CRASH_REPEATS` consecutive crashes of one kernel with the same error, `reason` says why its
     remaining cases are not run; any other outcome resets the count. The sweep and the precompile
     runs each keep one.
+
+    Args:
+        known: the sweep's cases (by key) whose precompile run crashed, or was not made, for a kernel
+            that kept crashing there, with that kernel's error (`PrecompileSummary.crashed`): they
+            are not run either.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, known: dict[str, str] | None = None) -> None:
         self._last: dict[str, tuple[str, int]] = {}
+        self._known = dict(known or {})
 
-    def reason(self, kernel: str) -> str | None:
-        """The error of a case of `kernel` not run for its crashes, or None to run it."""
-        error, count = self._last.get(kernel, ("", 0))
-        if count < CRASH_REPEATS:
+    def reason(self, case: Case) -> str | None:
+        """The error of `case` not run for its kernel's crashes, or None to run it."""
+        if case.key in self._known:
+            error = self._known[case.key]
+            return f"not run: the precompile's runs of this kernel kept crashing the same way: {error}"
+        error = self.keeps_crashing(case.kernel)
+        if error is None:
             return None
+        count = self._last[case.kernel][1]
         return f"not run: the previous {count} cases of this kernel crashed the same way: {error}"
+
+    def keeps_crashing(self, kernel: str) -> str | None:
+        """The error of `kernel`'s last `CRASH_REPEATS` (or more) crashes in a row, or None."""
+        error, count = self._last.get(kernel, ("", 0))
+        return error if count >= CRASH_REPEATS else None
 
     def record(self, kernel: str, status: str, error: str | None) -> None:
         """Count the outcome of a case of `kernel` that ran."""
