@@ -168,7 +168,13 @@ class PrecompileSummary:
     crashed: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """For env.json: the counts, and `crashed` as each error with the keys of its cases."""
+        record = dataclasses.asdict(self)
+        by_error: dict[str, list[str]] = {}
+        for key, error in sorted(self.crashed.items()):
+            by_error.setdefault(error, []).append(key)
+        record["crashed"] = [{"error": error, "cases": keys} for error, keys in by_error.items()]
+        return record
 
 
 def warm_case(adapter: registry.Adapter, case: Case) -> Case:
