@@ -47,8 +47,8 @@ the error of a kernel that kept crashing, under a fingerprint of everything its 
 depends on (`fingerprint`: torch, Triton and every adapter package's version, the source of our
 kernels and of the job's adapter module, the tuned configs, the GPUs' compute capabilities). A later
 sweep with the same cache skips those runs: their kernels are already in the cache, or would fail
-again. A fresh cache directory, or a change to any
-of those, runs them again; should a kernel still be missing, the sweep's first call compiles it.
+again. A fresh cache directory, or a change to any of those, runs them again; should a kernel still
+be missing, the sweep's first call compiles it.
 
 The sweep measures as it does without it: the first call of an autotuned kernel still times every
 config at the case's own shape, one after the other, on a GPU where nothing else runs; only the
@@ -408,8 +408,9 @@ def precompile(
     crashed = {}
     for case in cases:
         adapter = registry.get(case.kernel)
-        if adapter.precompile != "none" and warm_case(adapter, case).key in crashed_runs:
-            crashed[case.key] = crashed_runs[warm_case(adapter, case).key]
+        error = crashed_runs.get(warm_case(adapter, case).key) if adapter.precompile != "none" else None
+        if error is not None:
+            crashed[case.key] = error
     return PrecompileSummary(
         processes=width if jobs else 0,
         cases=len({job.case.key for job in planned}),
