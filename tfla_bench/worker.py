@@ -281,9 +281,10 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     spin = timing.Spin(device, queue_s) if cuda else None
     clock = settings.clock if cuda else "events"
     host_clock = "; timed by the host clock (the kernels clock needs CUDA)" if clock != settings.clock else ""
-    stats = timing.time_calls(
-        timed, rule=rule, device=device, before_each=before_each, spin=spin, clock=clock
+    series = functools.partial(
+        timing.time_calls, timed, rule=rule, device=device, before_each=before_each, spin=spin, clock=clock
     )
+    stats = series()
     after = monitor.read() if monitor is not None else None
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
     if gpustate.set_in(before, after):
@@ -294,9 +295,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
             " first timed calls, which count as warm-up)"
         )
         warmup += stats.reps
-        stats = timing.time_calls(
-            timed, rule=rule, device=device, before_each=before_each, spin=spin, clock=clock
-        )
+        stats = series()
         after = monitor.read()
     calls_s = time.perf_counter() - calls_began
     return Measurement(
