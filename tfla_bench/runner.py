@@ -664,14 +664,18 @@ def _dispatch(
             # Each adapter measures in a process of its own; on a GPU the processes of the next
             # SPARES_AHEAD adapters start while it measures (`Worker.start_spare`). On the CPU they
             # would take the cores that the timed calls run on.
+            # An adapter whose every case the precompile's verdict decides gets no process.
             ahead = SPARES_AHEAD if worker.device.startswith("cuda") else 0
-            order = list(dict.fromkeys(planned.case.kernel for planned in shard))
+            order = list(dict.fromkeys(p.case.kernel for p in shard if not crashes.decided(p.case)))
             modules = {planned.case.kernel: type(planned.adapter).__module__ for planned in shard}
             current, started = None, 1  # the first adapter runs in the worker's own process
             for planned in shard:
                 if stop.is_set():
                     return
-                if planned.case.kernel != current:
+                with lock:
+                    progress.update(task, description=case_label(planned.case))
+                    crashed = crashes.reason(planned.case)
+                if crashed is None and planned.case.kernel != current:
                     if current is not None:
                         worker.switch()
                     current = planned.case.kernel
@@ -680,9 +684,6 @@ def _dispatch(
                     while started < min(position + 1 + ahead, len(order)):
                         worker.start_spare(order[started], modules[order[started]])
                         started += 1
-                with lock:
-                    progress.update(task, description=case_label(planned.case))
-                    crashed = crashes.reason(planned.case)
                 if crashed is not None:
                     row = ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=host)
                 else:

@@ -100,7 +100,7 @@ class CrashGuard:
 
     def reason(self, case: Case) -> str | None:
         """The error of `case` not run for its kernel's crashes, or None to run it."""
-        if case.key in self._known:
+        if self.decided(case):
             error = self._known[case.key]
             return f"not run: the precompile's runs of this kernel kept crashing the same way: {error}"
         error = self.keeps_crashing(case.kernel)
@@ -108,6 +108,10 @@ class CrashGuard:
             return None
         count = self._last[case.kernel][1]
         return f"not run: the previous {count} cases of this kernel crashed the same way: {error}"
+
+    def decided(self, case: Case) -> bool:
+        """Whether the precompile's verdict decides `case` (it is not run, whatever happens before it)."""
+        return case.key in self._known
 
     def keeps_crashing(self, kernel: str) -> str | None:
         """The error of `kernel`'s last `CRASH_REPEATS` (or more) crashes in a row, or None."""
