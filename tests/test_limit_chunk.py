@@ -38,6 +38,7 @@ from mlstm_support import (
 from tfla_bench import registry
 from tfla_bench.kernels.config import (
     SRAM_BYTES,
+    TUNED_CONFIGS,
     default_config,
     max_chunk_size,
     on_chip_bytes,
@@ -378,6 +379,28 @@ def test_gpu_bf16_paper_size():
 def test_gpu_bf16_every_chunk_size_at_the_fig6_head_dims(chunk):
     # Dqk 256, Dv 512 (Fig. 6): every allowed chunk size compiles within the H100's on-chip memory.
     check_bf16(1, 2, 1024, 256, 512, chunk, seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "key",
+    sorted((k for k in TUNED_CONFIGS if k[1] == "limit_chunk"), key=str),
+    ids=lambda k: f"Dqk{k[2]}-Dv{k[3]}-L{k[4]}-{k[0].replace(' ', '_')}",
+)
+def test_gpu_every_tuned_config_matches_the_reference(key):
+    # Each limit_chunk config of kernels/tuned_configs.json, at its head dims and chunk (bf16), against
+    # the float32 chunkwise reference at the trained gate ranges.
+    gpu, _, dqk, dv, chunk, dtype, _ = key
+    if torch.cuda.get_device_name() != gpu:
+        pytest.skip(f"tuned for {gpu}")
+    assert dtype == torch.bfloat16
+    seq_len = max(16 * chunk, 1024)
+    inputs = make_inputs(1, 2, seq_len, dqk, dv, seed=16, i_range=(-11.0, 2.0), f_range=(-5.0, 12.0))
+    inputs[:3] = [x.bfloat16() for x in inputs[:3]]
+    weights = make_weights(1, 2, seq_len, dqk, dv)
+    reference = run_with_grads(chunkwise_fp32, inputs, [], weights)
+    result = run_with_grads(limit_chunk(chunk, TUNED_CONFIGS[key]), inputs, [], weights)
+    assert_within_rms(result, reference, BF16_RTOL, GRAD_NAMES[:5])
 
 
 @pytest.mark.gpu

@@ -553,6 +553,33 @@ def test_gpu_bf16_exp_one_qk_block_of_256(chunk):
     assert_within_rms(result, reference, BF16_RTOL, GRAD_NAMES)
 
 
+def tuned_key_id(key):
+    gpu, _, dqk, dv, chunk, dtype, gate = key
+    return f"{gate}-Dqk{dqk}-Dv{dv}-L{chunk}-{str(dtype).removeprefix('torch.')}-{gpu.replace(' ', '_')}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "key", sorted((k for k in config_module.TUNED_CONFIGS if k[1] == "tfla"), key=str), ids=tuned_key_id
+)
+def test_gpu_every_tuned_config_matches_the_reference(key):
+    # Each config of kernels/tuned_configs.json, at its head dims, chunk and dtype (one batch, two
+    # heads, four chunks or more), against the float32 chunkwise reference at the trained gate ranges.
+    gpu, _, dqk, dv, chunk, dtype, gate = key
+    if torch.cuda.get_device_name() != gpu:
+        pytest.skip(f"tuned for {gpu}")
+    config = config_module.TUNED_CONFIGS[key]
+    assert config_for("tfla", dqk, dv, chunk, dtype, gate, gpu) == config
+    seq_len = max(4 * chunk, 1024)
+    inputs = make_inputs(1, 2, seq_len, dqk, dv, seed=15, i_range=(-11.0, 2.0), f_range=(-5.0, 12.0))
+    inputs[:3] = [x.to(dtype) for x in inputs[:3]]
+    weights = make_weights(1, 2, seq_len, dqk, dv)
+    reference = run_with_grads(chunkwise_fp32(gate), inputs, [], weights, gate)
+    result = run_with_grads(tfla_fn(gate, False, chunk, config), inputs, [], weights, gate)
+    assert result[0].dtype == dtype
+    assert_within_rms(result, reference, BF16_RTOL if dtype == torch.bfloat16 else FP16_RTOL, GRAD_NAMES)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("gate", "normalize"), [("exp", False), ("sig", False), ("sig", True)])
 def test_gpu_fp32_matches_float64_reference(gate, normalize):
