@@ -208,6 +208,12 @@ def _same_specialization(value: int, limit: int) -> int:
     return limit if value % SPECIALIZATION == 0 else limit - 1
 
 
+def run_case(case: Case) -> Case | None:
+    """The case of `case`'s precompile run (`warm_case`); None for an adapter with nothing to precompile."""
+    adapter = registry.get(case.kernel)
+    return None if adapter.precompile == "none" else warm_case(adapter, case)
+
+
 def plan_jobs(cases: list[Case], processes: int, grad: str) -> list[PrecompileJob]:
     """The precompile runs for `cases`: each distinct `warm_case` once, or once per shard (`processes`
     shards) for an autotuned adapter; none for an adapter with nothing to precompile. The shards of a
@@ -215,11 +221,9 @@ def plan_jobs(cases: list[Case], processes: int, grad: str) -> list[PrecompileJo
     first (they take longest)."""
     distinct: dict[str, tuple[Case, registry.Adapter]] = {}
     for case in cases:
-        adapter = registry.get(case.kernel)
-        if adapter.precompile == "none":
-            continue
-        warm = warm_case(adapter, case)
-        distinct.setdefault(warm.key, (warm, adapter))
+        warm = run_case(case)
+        if warm is not None:
+            distinct.setdefault(warm.key, (warm, registry.get(case.kernel)))
     tuned = [(c, a) for c, a in distinct.values() if a.autotuned]
     plain = [(c, a) for c, a in distinct.values() if not a.autotuned]
     jobs = [
@@ -405,12 +409,11 @@ def precompile(
     done_file.save()
     # The sweep's cases of each crashed run (a run is of a smaller case that compiles the same code).
     crashed_runs = {job.case.key: error for job in planned if (error := done_file.crash(job)) is not None}
-    crashed = {}
-    for case in cases:
-        adapter = registry.get(case.kernel)
-        error = crashed_runs.get(warm_case(adapter, case).key) if adapter.precompile != "none" else None
-        if error is not None:
-            crashed[case.key] = error
+    crashed = {
+        case.key: crashed_runs[warm.key]
+        for case in cases
+        if (warm := run_case(case)) is not None and warm.key in crashed_runs
+    }
     return PrecompileSummary(
         processes=width if jobs else 0,
         cases=len({job.case.key for job in planned}),

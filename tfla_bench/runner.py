@@ -663,8 +663,8 @@ def _dispatch(
         try:
             # Each adapter measures in a process of its own; on a GPU the processes of the next
             # SPARES_AHEAD adapters start while it measures (`Worker.start_spare`). On the CPU they
-            # would take the cores that the timed calls run on.
-            # An adapter whose every case the precompile's verdict decides gets no process.
+            # would take the cores that the timed calls run on. An adapter whose every case the
+            # precompile's verdict decides gets no process.
             ahead = SPARES_AHEAD if worker.device.startswith("cuda") else 0
             order = list(dict.fromkeys(p.case.kernel for p in shard if not crashes.decided(p.case)))
             modules = {planned.case.kernel: type(planned.adapter).__module__ for planned in shard}
