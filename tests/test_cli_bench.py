@@ -122,6 +122,7 @@ BAD_RUNS = [
     (["run", "-k", "sdpa_math", *SHAPE, "--param", "causal"], "--param: expected key=value"),
     (["run", "-k", "sdpa_math", *SHAPE, "--grad", "mean"], "--grad: expected one of fixed, sum"),
     (["run", "-k", "sdpa_math", *SHAPE, "--clock", "wall"], "--clock: expected one of events, kernels"),
+    (["run", "-k", "sdpa_math", *SHAPE, "--power-cap", "wait"], "--power-cap: expected one of gaps, again"),
     (
         ["run", "-k", "sdpa_math", *SHAPE, "--precompile", "-1"],
         "--precompile: expected a number of processes >= 0",

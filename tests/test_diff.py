@@ -161,6 +161,13 @@ def test_different_gpus_and_versions_are_named(runs):
     assert any("gpu_name" in w and "H200" in w for w in warnings)
     assert any("fla-core" in w and "0.6.0" in w and "0.7.0" in w for w in warnings)
     assert len(warnings) == 2
+    a, b = runs
+    (a / "spec.json").write_text(json.dumps({"name": "t", "rel_ci": 0.01, "timeout_s": 60}))
+    (b / "spec.json").write_text(
+        json.dumps({"name": "t", "rel_ci": 0.01, "timeout_s": 90, "power_cap": "gaps"})
+    )
+    warnings = diff_runs(a, b).warnings
+    assert warnings[2:] == ["measurement setting power_cap differs: A not recorded, B gaps"]
 
 
 def test_verdict_edges():

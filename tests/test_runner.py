@@ -241,24 +241,34 @@ class CappingMonitor:
         return next(self.readings)
 
 
+@pytest.mark.parametrize("power_cap", ["again", "gaps"])
 @pytest.mark.parametrize("caps", [True, False])
-def test_a_case_whose_power_cap_sets_in_while_timed_is_timed_again_at_the_capped_clock(
-    plugin_adapters, monkeypatch, caps
+def test_a_case_whose_power_cap_sets_in_while_timed_is_timed_again(
+    plugin_adapters, monkeypatch, caps, power_cap
 ):
     monkeypatch.setattr(worker, "_monitor", lambda device: CappingMonitor(caps))
+    gaps = []
+    monkeypatch.setattr(timing.time, "sleep", gaps.append)
     adapter = registry.get("test_counting")
     adapter.reset()
-    result = measure_case(adapter, counting_case("fw"), MeasureSettings(warmup=1, reps=3), "cpu")
+    settings = MeasureSettings(warmup=1, reps=3, power_cap=power_cap)
+    result = measure_case(adapter, counting_case("fw"), settings, "cpu")
     assert result.status == "ok", result.error
     counter = plugin_adapters.Counting.counter
     if caps:
         # The first series' three calls became warm-up; three more were timed.
         assert (result.warmup, result.reps, counter.forwards) == (4, 3, 1 + 1 + 3 + 3)
-        assert "timed again under sw_power_cap (SM 1980 -> 1755 MHz" in result.note
+        assert "(SM 1980 -> 1755 MHz during the first timed calls, which count as warm-up)" in result.note
         assert result.gpu_state["sm_mhz_after"] == 1755 and result.gpu_state["throttled"]
+        if power_cap == "gaps":  # an idle gap between the calls of the second series only
+            assert "sw_power_cap set in (SM 1980" in result.note
+            assert "timed again from a settled GPU, an idle gap after each call" in result.note
+            assert len(gaps) == 2
+        else:
+            assert "timed again under sw_power_cap" in result.note and not gaps
     else:
         assert (result.warmup, result.reps, counter.forwards) == (1, 3, 1 + 1 + 3)
-        assert "timed again" not in result.note
+        assert "timed again" not in result.note and not gaps
 
 
 def test_percentiles_and_summary():

@@ -123,6 +123,8 @@ def test_to_dict_round_trips_and_measurement_overrides(tmp_path):
     assert changed.measurement.grad == spec.measurement.grad == "fixed"
     assert spec.measurement.clock == "events"
     assert spec.with_measurement(clock="kernels").measurement.clock == "kernels"
+    assert spec.measurement.power_cap == "gaps"
+    assert spec.with_measurement(power_cap="again").measurement.power_cap == "again"
 
 
 @pytest.mark.parametrize(
@@ -136,6 +138,10 @@ def test_to_dict_round_trips_and_measurement_overrides(tmp_path):
         (BASE.replace("num_heads = 16", "num_heads = 16\nnum_head = 2"), "unknown key 'num_head' in [shape]"),
         (BASE.replace('modes = ["fw"]', 'modes = ["bw"]'), "key 'modes': expected one or a list of fw, fwbw"),
         (BASE.replace('name = "t"', 'name = "t"\nclock = "wall"'), "key 'clock': expected one of events"),
+        (
+            BASE.replace('name = "t"', 'name = "t"\npower_cap = "wait"'),
+            "key 'power_cap': expected one of gaps, again",
+        ),
         (BASE.replace('name = "t"', 'name = "t"\nreps = 0'), "key 'reps': expected an integer >= 1"),
         (BASE.replace('name = "t"', 'name = "t"\nrel_ci = 0'), "key 'rel_ci': expected a positive number"),
         (BASE.replace('name = "t"', 'name = "t"\nbudget_s = "1s"'), "key 'budget_s': expected a positive"),

@@ -2,6 +2,7 @@
 
 import math
 import random
+import time
 
 import pytest
 
@@ -144,6 +145,21 @@ def test_standalone_timing_resets_before_every_call_on_cpu():
     )
     assert (stats.reps, stats.stop, len(calls), len(resets)) == (7, "fixed", 9, 9)
     assert stats.host_gap_share is None  # no flush, spin or events on CPU
+
+
+def test_an_idle_gap_as_long_as_the_call_before_it_comes_before_each_later_call(monkeypatch):
+    gaps = []
+    monkeypatch.setattr(timing.time, "sleep", gaps.append)
+
+    def call():  # about 2 ms of host work, timed by the host clock on CPU
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+
+    stats = timing.time_calls(call, rule=StopRule(reps=4), device="cpu", idle_gap=1.5)
+    assert stats.reps == len(gaps) + 1 == 4
+    assert all(1.5 * 0.002 <= gap < 1.5 * 0.02 for gap in gaps)
+    assert timing.time_calls(call, rule=StopRule(reps=4), device="cpu").reps == len(gaps) + 1 == 4
 
 
 def test_the_kernels_clock_splits_the_record_at_the_markers():

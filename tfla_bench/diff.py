@@ -7,7 +7,8 @@ median's 95% interval) where the row has a finite one, else half the p20..p80 sp
 median (runs timed with fixed reps before `ci_rel` existed). The verdict is `same` when
 |ratio - 1| is within that noise, else `faster` or `slower`; a case not `ok` in both runs is
 `status` (its two statuses are in the row). Per kernel and mode the summary is the geometric mean
-of the ratios. Cases in one run only are listed apart, and a different GPU or library version
+of the ratios. Cases in one run only are listed apart, and a different GPU, library version or
+measurement setting (spec.json: the stop rule, the L2 flush, the clock, the power-cap policy)
 between the runs is a warning.
 
 The agreement (the shares of cases within 2% and 5%, the largest deviation) is given over all
@@ -19,6 +20,7 @@ long as the cap holds, which moves a median by more than the timing's own noise.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -30,7 +32,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from tfla_bench import rundir
+from tfla_bench import rundir, specs
 from tfla_bench.errors import UserError
 from tfla_bench.plots.base import DPI, MAX_ASPECT, new_figure
 from tfla_bench.plots.runs import MODE_TITLES, set_log2_x
@@ -39,6 +41,8 @@ from tfla_bench.rundir import ResultRow
 
 # env.json facts that make two runs' numbers differ for reasons other than the code.
 ENV_FACTS = ("gpu_name", "driver", "cuda", "cudnn", "torch", "triton")
+# spec.json's settings that change what a row's time means (a case's time limit does not).
+MEASURE_SETTINGS = tuple(f.name for f in dataclasses.fields(specs.MeasureSettings) if f.name != "timeout_s")
 VERDICTS = ("faster", "slower", "same", "status")
 # The plot's x axis: the first of these case columns that varies between the matched rows.
 X_COLUMNS = ("seq_len", "head_dim_v", "chunk_size")
@@ -70,7 +74,7 @@ class RunDiff:
         rows: one row per case in both runs (`ROW_COLUMNS`).
         summary: per kernel and mode: matched ok cases, the geometric mean of B/A, and verdict counts.
         only_a, only_b: cases found in one run only (case columns and status).
-        warnings: differences between the runs' GPUs or library versions.
+        warnings: differences between the runs' GPUs, library versions or measurement settings.
     """
 
     rows: pd.DataFrame
@@ -184,7 +188,8 @@ def diff_runs(run_a: Path, run_b: Path, gpu: str | None = None) -> RunDiff:
     table = pd.DataFrame(records, columns=list(ROW_COLUMNS))
     only_a = _cases([row for key, row in by_key_a.items() if key not in by_key_b])
     only_b = _cases([row for key, row in by_key_b.items() if key not in by_key_a])
-    return RunDiff(table, summarize(table), only_a, only_b, env_warnings(env_a, env_b))
+    warnings = env_warnings(env_a, env_b) + settings_warnings(run_a, run_b)
+    return RunDiff(table, summarize(table), only_a, only_b, warnings)
 
 
 def _compare(a: ResultRow, b: ResultRow) -> dict[str, Any]:
@@ -264,6 +269,24 @@ def env_warnings(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
         f"{name} differs: A {facts_a.get(name)}, B {facts_b.get(name)}"
         for name in dict.fromkeys([*facts_a, *facts_b])
         if name != "tfla-bench" and facts_a.get(name) != facts_b.get(name)
+    ]
+
+
+def settings_warnings(run_a: Path, run_b: Path) -> list[str]:
+    """One line per measurement setting of spec.json (`specs.MeasureSettings`) that differs between
+    the runs; a setting one run's spec.json does not record is "not recorded"."""
+    recorded = []
+    for run_dir in (run_a, run_b):
+        try:
+            recorded.append(json.loads((Path(run_dir) / rundir.SPEC).read_text()))
+        except (OSError, ValueError):
+            return []  # a run without a readable spec.json: nothing to compare
+    spec_a, spec_b = recorded
+    return [
+        f"measurement setting {name} differs: A {spec_a.get(name, 'not recorded')}, "
+        f"B {spec_b.get(name, 'not recorded')}"
+        for name in MEASURE_SETTINGS
+        if (name in spec_a or name in spec_b) and spec_a.get(name) != spec_b.get(name)
     ]
 
 

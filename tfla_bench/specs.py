@@ -14,7 +14,9 @@ or per override) become `Case.params`; a list value there is expanded like a sha
 Timing: `warmup` and `reps` fix the number of untimed and timed calls (the paper's method); a spec
 without `reps` times adaptively (`rel_ci`, `budget_s`, `min_reps`, `max_reps`; see
 `tfla_bench.timing`), and one without `warmup` warms up for `warmup_s` seconds. `clock` picks how
-a call's time is read: `events` or `kernels`. `autotune_ms`
+a call's time is read: `events` or `kernels`. `power_cap` picks how a case whose power cap sets in
+while it is timed is timed again: `gaps` (the default: from a settled GPU, an idle gap after each
+call) or `again` (at once, back to back, at the capped clock); see `tfla_bench.gpustate`. `autotune_ms`
 sets how long a library's Triton autotuner times each config in a case's first call.
 
 `chunk_size` is dropped (None) for adapters whose `uses_chunk_size` is false, and duplicate cases
@@ -67,6 +69,7 @@ TOP_KEYS = (
     "l2_flush",
     "cuda_graph",
     "clock",
+    "power_cap",
     "grad",
     "timeout_s",
     "autotune_ms",
@@ -78,6 +81,8 @@ GRAD_MODES = ("fixed", "sum")
 # How a timed call's time is read (`tfla_bench.timing`): CUDA events around it, or the GPU's record
 # of the kernels it ran.
 CLOCKS = ("events", "kernels")
+# How a case whose power cap sets in while it is timed is timed again (`tfla_bench.gpustate`).
+POWER_CAP_MODES = ("gaps", "again")
 EXPAND_MODES = ("grid", "zip")
 # seq_len varies fastest, so consecutive cases of one kernel trace a curve over sequence length.
 _AXIS_ORDER = (
@@ -109,6 +114,9 @@ class MeasureSettings:
         cuda_graph: capture one call in a CUDA graph and time its replays (GPU only).
         clock: `events` (CUDA events around each call) or `kernels` (the call's span in the GPU's
             activity record, from the end of the kernel before it); GPU only, see `tfla_bench.timing`.
+        power_cap: a case whose power cap sets in during its timed calls is timed again `gaps`
+            (from a settled GPU, each call followed by an idle gap as long as itself) or `again` (at
+            once, back to back, at the capped clock); see `tfla_bench.gpustate`.
         grad: upstream gradient in fwbw: `fixed` (one `randn_like(out)` made once) or `sum` (`out.sum()`).
         timeout_s: wall-clock limit per case, first call (compile/autotune) included.
         autotune_ms: timed milliseconds per config when a library's Triton autotuner tunes in the
@@ -126,6 +134,7 @@ class MeasureSettings:
     l2_flush: bool = True
     cuda_graph: bool = False
     clock: str = "events"
+    power_cap: str = "gaps"
     grad: str = "fixed"
     timeout_s: float = 900.0
     autotune_ms: float = 20.0
@@ -291,6 +300,7 @@ def parse_spec(raw: dict[str, Any], source: str) -> Spec:
         l2_flush=where.boolean(given("l2_flush"), "l2_flush"),
         cuda_graph=where.boolean(given("cuda_graph"), "cuda_graph"),
         clock=where.choice(given("clock"), "clock", CLOCKS),
+        power_cap=where.choice(given("power_cap"), "power_cap", POWER_CAP_MODES),
         grad=where.choice(given("grad"), "grad", GRAD_MODES),
         timeout_s=where.positive_number(given("timeout_s"), "timeout_s"),
         autotune_ms=where.positive_number(given("autotune_ms"), "autotune_ms"),

@@ -260,6 +260,7 @@ def time_calls(
     before_each: Callable[[], None] | None = None,
     spin: Callable[[], None] | None = None,
     clock: str = "events",
+    idle_gap: float = 0.0,
 ) -> TimingStats:
     """Time calls of `fn` until `rule` says stop, each preceded by an untimed `before_each()`.
 
@@ -270,6 +271,9 @@ def time_calls(
         before_each: work to do before each call outside the timed window.
         spin: (CUDA) queues GPU work that gives the host a lead over the GPU (see `Spin`).
         clock: (CUDA) `events` or `kernels` (the module docstring).
+        idle_gap: before each call after the first, leave the device idle for this many times the
+            time of the call before it (one call per batch; the gaps count towards the rule's
+            measuring time; none after the last call, so what follows sees the GPU as it ended).
 
     Returns:
         `TimingStats` over the timed calls.
@@ -292,11 +296,13 @@ def time_calls(
         stop = rule.reason(times_ms, elapsed_s)
         if stop is not None:
             break
+        if idle_gap > 0 and times_ms:
+            time.sleep(idle_gap * times_ms[-1] / 1e3)
         marks: list[tuple[Any, Any]] = []
         began = time.perf_counter()
         record = KernelRecord() if clock == "kernels" else None
         record_s += time.perf_counter() - began
-        batch = rule.next_batch(len(times_ms), elapsed_s)
+        batch = 1 if idle_gap > 0 else rule.next_batch(len(times_ms), elapsed_s)
         for _ in range(batch):
             if before_each is not None:
                 before_each()

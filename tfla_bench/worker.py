@@ -293,13 +293,20 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
     if gpustate.set_in(before, after):
         # The first series ran partly before the cap and partly under it: its median fell on either
-        # side depending on when the cap set in. The series again, all of it at the capped clock.
-        note = (
-            f"timed again under {after.throttle} (SM {before.sm_mhz} -> {after.sm_mhz} MHz during the"
-            " first timed calls, which count as warm-up)"
+        # side depending on when the cap set in. The series again (`gpustate`): from a settled GPU
+        # with an idle gap between calls (`gaps`), or at once, all of it at the capped clock.
+        clocks = (
+            f"(SM {before.sm_mhz} -> {after.sm_mhz} MHz during the first timed calls, which count as warm-up)"
         )
         warmup += stats.reps
-        stats = series()
+        if settings.power_cap == "gaps":
+            gaps = "timed again from a settled GPU, an idle gap after each call"
+            note = f"{after.throttle} set in {clocks}: {gaps}"
+            settle_s = (settle_s or 0.0) + (monitor.settle() or 0.0)
+            stats = series(idle_gap=1.0)
+        else:
+            note = f"timed again under {after.throttle} {clocks}"
+            stats = series()
         after = monitor.read()
     calls_s = time.perf_counter() - calls_began
     return Measurement(

@@ -132,6 +132,13 @@ class _Flags:
             help="events (CUDA events around each call) or kernels (its span in the GPU's activity record)",
         ),
     ] = None
+    power_cap: Annotated[
+        str | None,
+        typer.Option(
+            "--power-cap",
+            help="a case meeting its power cap is timed again: gaps (idle gaps between calls) or again",
+        ),
+    ] = None
     grad: Annotated[
         str | None,
         typer.Option("--grad", help="fwbw upstream gradient: fixed (randn, made once) or sum (out.sum())"),
@@ -392,6 +399,9 @@ def _execute(
         raise UserError(f"--grad: expected one of {', '.join(specs.GRAD_MODES)}, got {flags.grad!r}")
     if flags.clock is not None and flags.clock not in specs.CLOCKS:
         raise UserError(f"--clock: expected one of {', '.join(specs.CLOCKS)}, got {flags.clock!r}")
+    if flags.power_cap is not None and flags.power_cap not in specs.POWER_CAP_MODES:
+        modes = ", ".join(specs.POWER_CAP_MODES)
+        raise UserError(f"--power-cap: expected one of {modes}, got {flags.power_cap!r}")
     for flag, value, minimum in (("--warmup", flags.warmup, 0), ("--reps", flags.reps, 1)):
         if value is not None and value < minimum:
             raise UserError(f"{flag}: expected an integer >= {minimum}, got {value}")
@@ -416,6 +426,7 @@ def _execute(
         l2_flush=flags.l2_flush,
         cuda_graph=flags.cuda_graph,
         clock=flags.clock,
+        power_cap=flags.power_cap,
         grad=flags.grad,
     )
     if resume is not None and not only and not seq_lens:
