@@ -14,19 +14,19 @@ gradients reset before each call; `timing.time_standalone`) while other processe
 Each row is the median of the timed calls against the median alone, and their 80th percentile against it.
 
 The power cap. A kernel that draws the GPU's full power meets its cap within tens of milliseconds
-and runs on at a lowered SM clock, which depends on what ran before. The sweep times such a case
-again right after its first series (`gpustate.set_in`). Two other ways are timed beside it, each
-from a cool GPU (after 2 s idle) and a hot one (after 6 s of bf16 GEMMs), twice:
-- `timed again` (the sweep's): the second series right after the first;
-- `+1.5 s under the cap`: 1.5 s of untimed calls between the two series;
-- `idle gaps`: from a settled GPU, each call followed by an idle gap as long as itself.
+and runs on at a lowered SM clock, which depends on what ran before. The sweep's worker times such
+a case again after its first series (`gpustate.set_in`); this runs the worker's steps (settle,
+first series, the second series by `power_cap`) with the sweep's stop rule, from a cool GPU (after
+2 s idle) and a hot one (after 6 s of bf16 GEMMs), twice each:
+- `again`: the second series at once, back to back;
+- `again +1.5 s`: 1.5 s of untimed calls under the cap before it;
+- `gaps` (the sweep's default): from a settled GPU, an idle gap after each call as long as the call.
 The spread is the largest median of the four starts against the smallest.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import statistics
 import sys
 import tempfile
 import time
@@ -90,8 +90,10 @@ class Timed:
     def reset(self) -> None:
         clear_grads(self.leaves)
 
-    def series(self, rule: timing.StopRule = RULE) -> timing.TimingStats:
-        return timing.time_standalone(self.step, "cuda", rule=rule, warmup_calls=2, reset=self.reset)
+    def series(self, rule: timing.StopRule = RULE, idle_gap: float = 0.0) -> timing.TimingStats:
+        return timing.time_standalone(
+            self.step, "cuda", rule=rule, warmup_calls=2, reset=self.reset, idle_gap=idle_gap
+        )
 
 
 def contention_rows(timed: Timed, spare_dir: Path) -> list[tuple[str, float, float]]:
@@ -155,34 +157,24 @@ def heat(seconds: float) -> None:
 def capped_median(timed: Timed, monitor: gpustate.Monitor, policy: str) -> tuple[float, int | None]:
     """The case's median under one power-cap policy (the module docstring) and the SM clock after."""
     monitor.settle()
-    if policy == "idle gaps":
-        times = []
-        timed.series(timing.StopRule(reps=3))
-        while len(times) < 8 or sum(times) < 200:
-            timed.reset()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            timed.step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-            time.sleep(times[-1] / 1e3)
-        after = monitor.read()
-        return statistics.median(times), after.sm_mhz if after else None
     before = monitor.read()
     stats = timed.series(SWEEP_RULE)
     after = monitor.read()
     if gpustate.set_in(before, after):
-        if policy == "+1.5 s under the cap":
-            timing.warm_up(timed.step, "cuda", calls=None, seconds=1.5, before_each=timed.reset)
-        stats = timed.series(SWEEP_RULE)
+        if policy == "gaps":
+            monitor.settle()
+            stats = timed.series(SWEEP_RULE, idle_gap=1.0)
+        else:
+            if policy == "again +1.5 s":
+                timing.warm_up(timed.step, "cuda", calls=None, seconds=1.5, before_each=timed.reset)
+            stats = timed.series(SWEEP_RULE)
         after = monitor.read()
     return stats.median_ms, after.sm_mhz if after else None
 
 
 def capped_rows(timed: Timed, monitor: gpustate.Monitor) -> list[tuple[str, list[float], list[int | None]]]:
     rows = []
-    for policy in ("timed again", "+1.5 s under the cap", "idle gaps"):
+    for policy in ("again", "again +1.5 s", "gaps"):
         medians, clocks = [], []
         for _ in range(2):
             for heat_s in (0.0, 6.0):
@@ -194,8 +186,14 @@ def capped_rows(timed: Timed, monitor: gpustate.Monitor) -> list[tuple[str, list
                 medians.append(median)
                 clocks.append(clock)
         rows.append((policy, medians, clocks))
-        print(f"  {timed.case.key}: {policy}: " + " ".join(f"{m:.3f}" for m in medians), flush=True)
+        print(f"  {label(timed.case)}: {policy}: " + " ".join(f"{m:.3f}" for m in medians), flush=True)
     return rows
+
+
+def label(case: Case) -> str:
+    """A case as a table cell (its key holds `|`)."""
+    shape = f"{case.num_heads}x{case.head_dim_qk}/{case.head_dim_v}"
+    return f"{case.kernel} {case.mode} B{case.batch} T{case.seq_len} {shape}"
 
 
 def markdown(contention: dict[str, list], capped: dict[str, list], device: str) -> str:
@@ -254,11 +252,11 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as spare_dir:
         for case in CONTENDED:
             reason = registry.get(case.kernel).available()
-            contention[case.key] = reason if reason else contention_rows(Timed(case), Path(spare_dir))
+            contention[label(case)] = reason if reason else contention_rows(Timed(case), Path(spare_dir))
             torch.cuda.empty_cache()
     for case in CAPPED:
         reason = registry.get(case.kernel).available() or monitor.note
-        capped[case.key] = reason if reason else capped_rows(Timed(case), monitor)
+        capped[label(case)] = reason if reason else capped_rows(Timed(case), monitor)
         torch.cuda.empty_cache()
     table = markdown(contention, capped, torch.cuda.get_device_name())
     print(table)

@@ -12,19 +12,19 @@ ends, and a case started then is measured at clocks that depend on the case befo
 until no throttling reason holds and the SM clock is back where it idled makes every case start
 from the same state, so its throttling, if any, is its own.
 
-A case whose own power cap (or slowdown) sets in during its timed calls is timed again at once
+A case whose own power cap (or slowdown) sets in during its timed calls is timed again
 (`set_in`): the cap took tens to hundreds of milliseconds to set in, so part of the first series
 ran at the full clock and part at the capped one, and its median fell in one group or the other
 depending on when the cap came (`sdpa_cudnn` fw at 512 steps, Fig. 5: 0.978 or 1.04-1.07 ms from
-run to run). By default (`power_cap = "again"`) the second series runs at once, at the capped
-clock, the one the kernel keeps when it runs for longer; the first series' calls count as warm-up
-and the row's note says so. That clock depends on the GPU's temperature and history: on an H100 the
-same case took 1.77-1.91 ms from four starts, cool and hot (`sdpa_cudnn` fw, 1024 steps). With
-`power_cap = "gaps"` the second series starts from a settled GPU and leaves it idle after each call
-for as long as the call took, which halves the average power: calls shorter than the cap's reaction
-time run at (nearly) the full clock, and the same four starts agreed within 0.5-0.6% at 8192 steps
-(3.8% at 1024). That times the kernel as a workload with idle time between its calls would see it,
-not a sustained one (`results/validation/gpu-disturbances-h100.md`).
+run to run). The first series' calls count as warm-up and the row's note says so. By default
+(`power_cap = "gaps"`) the second series starts from a settled GPU and leaves it idle after each
+call for as long as the call took, which halves the average power: calls shorter than the cap's
+reaction time run at (nearly) the full clock, and longer ones each start from a GPU that is not
+capped. With `power_cap = "again"` it runs at once, back to back, at the capped clock, which
+depends on the GPU's temperature and history: on an H100, from four starts (two cool, two hot),
+`sdpa_cudnn` fw at 8192 steps took 13.57-13.98 ms under `again` and 12.47-12.53 ms under `gaps`
+(`results/validation/gpu-disturbances-h100.md`). `gaps` times a kernel as a workload with idle time
+between its calls sees it, not a sustained one.
 """
 
 from __future__ import annotations

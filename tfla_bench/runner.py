@@ -41,7 +41,8 @@ Each case runs in a worker process that owns one device (`tfla_bench.worker`):
    the GPU to leave a power cap or slowdown left by the case before (`settle_s`); then clocks,
    temperature, power and throttle reasons are read before the inputs are made and after the last
    timed call (`tfla_bench.gpustate`); `throttled` flags a row measured under a power, thermal or
-   hardware slowdown.
+   hardware slowdown. A case whose power cap sets in while it is timed is timed again
+   (`power_cap`: with an idle gap after each call, or back to back).
 
 A call is, in `fw`, the forward under `torch.no_grad()`; in `fwbw`, the forward and then the
 backward from a fixed upstream gradient (`grad = "fixed"`: one `randn_like(out)` made on the

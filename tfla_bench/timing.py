@@ -406,6 +406,7 @@ def time_standalone(
     spin: bool = True,
     reset: Callable[[], None] | None = None,
     clock: str = "events",
+    idle_gap: float = 0.0,
 ) -> TimingStats:
     """The suite's timing of `fn` outside a sweep's worker (the validation, the config search, the
     launch-overhead table): warm-up (`warm_up`), then `time_calls` with `reset` and, on CUDA with
@@ -420,6 +421,7 @@ def time_standalone(
         spin: queue the spin ahead of each call (CUDA).
         reset: state reset before each call (gradients to None), warm-up included.
         clock: (CUDA) `events` or `kernels` (the module docstring).
+        idle_gap: `time_calls`'s idle gap between calls.
     """
     cuda = is_cuda(device)
     _, queue_s = warm_up(fn, device, calls=warmup_calls, seconds=warmup_s, before_each=reset)
@@ -438,6 +440,7 @@ def time_standalone(
         before_each=before_each,
         spin=Spin(device, queue_s) if spin and cuda else None,
         clock=clock,
+        idle_gap=idle_gap,
     )
 
 
