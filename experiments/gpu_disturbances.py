@@ -26,6 +26,7 @@ The spread is the largest median of the four starts against the smallest.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import sys
 import tempfile
@@ -196,51 +197,52 @@ def label(case: Case) -> str:
     return f"{case.kernel} {case.mode} B{case.batch} T{case.seq_len} {shape}"
 
 
-def markdown(contention: dict[str, list], capped: dict[str, list], device: str) -> str:
-    lines = [
-        f"What moves a case's time on {device} (torch {torch.__version__}); "
-        "`python experiments/gpu_disturbances.py OUT`",
-        "",
-        "Other processes on the GPU while one case is timed:",
-        "",
-        "| case | other processes | median ms | median / alone | p80 / alone |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for key, rows in contention.items():
-        if isinstance(rows, str):
-            lines.append(f"| {key} | not run: {rows} | | | |")
-            continue
+def markdown(contention: dict[str, list | str], capped: dict[str, list | str], device: str) -> str:
+    def table(title: str, columns: list[str], cases: dict[str, list | str], cells) -> list[str]:
+        lines = ["", title, "", "| case | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+        for key, rows in cases.items():
+            if isinstance(rows, str):
+                lines.append(f"| {key} | not run: {rows} |" + " |" * (len(columns) - 1))
+            else:
+                lines += [f"| {key} | " + " | ".join(row) + " |" for row in cells(rows)]
+        return lines
+
+    def contended(rows: list) -> list[list[str]]:
         alone = rows[0][1]
-        lines += [
-            f"| {key} | {label} | {m:.3f} | {m / alone:.3f} | {p80 / alone:.3f} |" for label, m, p80 in rows
+        return [[what, f"{m:.3f}", f"{m / alone:.3f}", f"{p80 / alone:.3f}"] for what, m, p80 in rows]
+
+    def policies(rows: list) -> list[list[str]]:
+        return [
+            [policy, ", ".join(f"{m:.3f}" for m in medians), ", ".join(str(c) for c in clocks)]
+            + [f"{max(medians) / min(medians) - 1:.1%}"]
+            for policy, medians, clocks in rows
         ]
-    lines += [
-        "",
+
+    command = "`python experiments/gpu_disturbances.py OUT`"
+    lines = [f"What moves a case's time on {device} (torch {torch.__version__}); {command}"]
+    lines += table(
+        "Other processes on the GPU while one case is timed:",
+        ["other processes", "median ms", "median / alone", "p80 / alone"],
+        contention,
+        contended,
+    )
+    lines += table(
         "Power-capped cases: median ms from a cool start, a hot start, a cool and a hot start again "
         "(SM MHz after each):",
-        "",
-        "| case | policy | medians ms | SM MHz | spread |",
-        "|---|---|---|---|---:|",
-    ]
-    for key, rows in capped.items():
-        if isinstance(rows, str):
-            lines.append(f"| {key} | not run: {rows} | | | |")
-            continue
-        for policy, medians, clocks in rows:
-            shown = ", ".join(f"{m:.3f}" for m in medians)
-            mhz = ", ".join(str(c) for c in clocks)
-            lines.append(f"| {key} | {policy} | {shown} | {mhz} | {max(medians) / min(medians) - 1:.1%} |")
+        ["policy", "medians ms", "SM MHz", "spread"],
+        capped,
+        policies,
+    )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python experiments/gpu_disturbances.py OUT", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="the markdown file to write")
+    out = parser.parse_args(argv).out
     if not torch.cuda.is_available():
         print("error: this measurement needs a CUDA GPU", file=sys.stderr)
         return 2
-    out = Path(argv[0])
     if out.is_dir():
         print(f"error: {out} is a folder; give the path of the markdown file to write", file=sys.stderr)
         return 2
