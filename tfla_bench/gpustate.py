@@ -18,7 +18,7 @@ ran at the full clock and part at the capped one, and its median fell in one gro
 depending on when the cap came (`sdpa_cudnn` fw at 512 steps, Fig. 5: 0.978 or 1.04-1.07 ms from
 run to run). The first series' calls count as warm-up and the row's note says so. By default
 (`power_cap = "gaps"`) the second series starts from a settled GPU and leaves it idle after each
-call for as long as the call took, which halves the average power: calls shorter than the cap's
+call for as long as the call took, so it is busy half the time: calls shorter than the cap's
 reaction time run at (nearly) the full clock, and longer ones each start from a GPU that is not
 capped. With `power_cap = "again"` it runs at once, back to back, at the capped clock, which
 depends on the GPU's temperature and history: on an H100, from four starts (two cool, two hot),
