@@ -15,7 +15,7 @@ Each row is the median of the timed calls against the median alone, and their 80
 
 The power cap. A kernel that draws the GPU's full power meets its cap within tens of milliseconds
 and runs on at a lowered SM clock, which depends on what ran before. The sweep's worker times such
-a case again after its first series (`gpustate.set_in`); this runs the worker's steps (settle,
+a case again after its first series (`gpustate.retime`); this runs the worker's steps (settle,
 first series, the second series by `power_cap`) with the sweep's stop rule, from a cool GPU (after
 2 s idle) and a hot one (after 6 s of bf16 GEMMs), twice each:
 - `again`: the second series at once, back to back;
@@ -31,6 +31,7 @@ import multiprocessing
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -91,10 +92,12 @@ class Timed:
     def reset(self) -> None:
         clear_grads(self.leaves)
 
-    def series(self, rule: timing.StopRule = RULE, idle_gap: float = 0.0) -> timing.TimingStats:
-        return timing.time_standalone(
-            self.step, "cuda", rule=rule, warmup_calls=2, reset=self.reset, idle_gap=idle_gap
-        )
+    def series(self, rule: timing.StopRule = RULE) -> timing.TimingStats:
+        return self.series_of(rule)()
+
+    def series_of(self, rule: timing.StopRule) -> Callable[..., timing.TimingStats]:
+        """After two warm-up calls, the series as the sweep's worker runs it (`time_calls`'s options)."""
+        return timing.standalone_series(self.step, "cuda", rule=rule, warmup_calls=2, reset=self.reset)
 
 
 def contention_rows(timed: Timed, spare_dir: Path) -> list[tuple[str, float, float]]:
@@ -159,18 +162,18 @@ def capped_median(timed: Timed, monitor: gpustate.Monitor, policy: str) -> tuple
     """The case's median under one power-cap policy (the module docstring) and the SM clock after."""
     monitor.settle()
     before = monitor.read()
-    stats = timed.series(SWEEP_RULE)
-    after = monitor.read()
-    if gpustate.set_in(before, after):
-        if policy == "gaps":
-            monitor.settle()
-            stats = timed.series(SWEEP_RULE, idle_gap=1.0)
-        else:
-            if policy == "again +1.5 s":
-                timing.warm_up(timed.step, "cuda", calls=None, seconds=1.5, before_each=timed.reset)
-            stats = timed.series(SWEEP_RULE)
-        after = monitor.read()
-    return stats.median_ms, after.sm_mhz if after else None
+    series = timed.series_of(SWEEP_RULE)
+    first = series()
+    if policy == "again +1.5 s":
+
+        def held_series(**options) -> timing.TimingStats:
+            timing.warm_up(timed.step, "cuda", calls=None, seconds=1.5, before_each=timed.reset)
+            return series(**options)
+
+        capped = gpustate.retime(held_series, first, monitor, before, "again")
+    else:
+        capped = gpustate.retime(series, first, monitor, before, policy)
+    return capped.stats.median_ms, capped.after.sm_mhz if capped.after else None
 
 
 def capped_rows(timed: Timed, monitor: gpustate.Monitor) -> list[tuple[str, list[float], list[int | None]]]:
@@ -248,7 +251,7 @@ def main(argv: list[str]) -> int:
         return 2
     registry.load()
     torch.cuda.set_device(0)
-    monitor = gpustate.Monitor(str(torch.cuda.get_device_properties(0).uuid))
+    monitor = gpustate.device_monitor("cuda:0")
     contention: dict[str, list | str] = {}
     capped: dict[str, list | str] = {}
     with tempfile.TemporaryDirectory() as spare_dir:

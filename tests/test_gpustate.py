@@ -134,3 +134,49 @@ def test_settle_gives_up_after_its_limit(monkeypatch):
 def test_settle_without_nvml_waits_for_nothing(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert Monitor("GPU-1").settle() is None
+
+
+class ScriptedMonitor:
+    """Readings in order; `settle` counts its calls."""
+
+    def __init__(self, *readings):
+        self.readings = iter(readings)
+        self.settled = 0
+
+    def settle(self):
+        self.settled += 1
+        return 0.25
+
+    def read(self):
+        return next(self.readings)
+
+
+FULL = Reading(1980, 2619, 50, 300.0, "none")
+CAPPED = Reading(1755, 2619, 60, 690.0, "sw_power_cap")
+
+
+@pytest.mark.parametrize("policy", ["gaps", "again"])
+def test_retime_times_a_case_again_only_when_its_cap_set_in(policy):
+    first = types.SimpleNamespace(reps=7, median_ms=1.0)
+    calls = []
+
+    def series(**options):
+        calls.append(options)
+        return types.SimpleNamespace(reps=5, median_ms=0.9)
+
+    kept = gpustate.retime(series, first, ScriptedMonitor(FULL), FULL, policy)
+    assert kept.stats is first and kept.after == FULL and not calls and kept.note == ""
+    assert gpustate.retime(series, first, None, FULL, policy).stats is first and not calls
+    # Capped already before the series: its own cap did not set in.
+    assert gpustate.retime(series, first, ScriptedMonitor(CAPPED), CAPPED, policy).stats is first
+
+    monitor = ScriptedMonitor(CAPPED, FULL)
+    again = gpustate.retime(series, first, monitor, FULL, policy)
+    assert again.stats.median_ms == 0.9 and again.warmup == 7 and again.after == FULL
+    assert "SM 1980 -> 1755 MHz" in again.note
+    if policy == "gaps":
+        assert calls == [{"idle_gap": 1.0}] and monitor.settled == 1 and again.settle_s == 0.25
+        assert again.note.endswith("an idle gap after each call")
+    else:
+        assert calls == [{}] and monitor.settled == 0 and again.settle_s == 0.0
+        assert again.note.startswith("timed again under sw_power_cap")

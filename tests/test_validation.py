@@ -4,8 +4,10 @@ import shutil
 
 import pytest
 
-from tfla_bench import ncu, validation
+from tfla_bench import gpustate, ncu, validation
 from tfla_bench.validation import NCU_OPTIONS, Check, per_call
+
+GEMM_TOLERANCE = 0.08
 
 
 def csv_line(*cells: str) -> str:
@@ -64,7 +66,7 @@ def test_markdown_marks_rows_more_than_two_percent_apart():
 @pytest.mark.gpu
 def test_suite_agrees_with_a_back_to_back_graph_far_above_l2_and_the_flush_shows():
     fn, _ = validation.make_op("copy", 512 << 20, "cuda")
-    stats = validation.suite_time(fn, "cuda")
+    stats = validation.suite_time(fn, "cuda").stats
     assert stats.median_ms == pytest.approx(validation.graph_time(fn), rel=validation.TOLERANCE)
     # The spin keeps the host out of the calls: a gap in one call (an OS hiccup; on the H100 one of a
     # series of 6) is allowed, not two.
@@ -72,18 +74,18 @@ def test_suite_agrees_with_a_back_to_back_graph_far_above_l2_and_the_flush_shows
     # No GEMM here: 100 back-to-back 8192^3 GEMMs run into the power limit (on an H100 the graph was
     # 10% slower per call than the suite's single calls); Nsight Compute is the GEMM's clock.
     small, _ = validation.make_op("copy", 4 << 20, "cuda")
-    cold = validation.suite_time(small, "cuda", flush=True).median_ms
-    warm = validation.suite_time(small, "cuda", flush=False).median_ms
+    cold = validation.suite_time(small, "cuda", flush=True).stats.median_ms
+    warm = validation.suite_time(small, "cuda", flush=False).stats.median_ms
     assert cold > warm
     # The flush that reads its buffer evicts the copy's data as well.
-    assert validation.suite_time(small, "cuda", clean_flush=True).median_ms > warm
+    assert validation.suite_time(small, "cuda", clean_flush=True).stats.median_ms > warm
 
 
 @pytest.mark.gpu
 def test_the_spin_keeps_host_gaps_out_of_a_python_heavy_call():
     fn, _ = validation.make_op("tiny", 0, "cuda")
-    with_spin = validation.suite_time(fn, "cuda", flush=False, spin=True)
-    without = validation.suite_time(fn, "cuda", flush=False, spin=False)
+    with_spin = validation.suite_time(fn, "cuda", flush=False, spin=True).stats
+    without = validation.suite_time(fn, "cuda", flush=False, spin=False).stats
     # Without the spin the GPU waits for the host inside nearly every call; with it, in few of them
     # (17% of the calls on an H100, where the host's queueing time varies from call to call).
     assert without.host_gap_share > 0.5 and with_spin.host_gap_share < without.host_gap_share / 2
@@ -94,35 +96,38 @@ def test_the_spin_keeps_host_gaps_out_of_a_python_heavy_call():
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="needs Nsight Compute (ncu) on PATH")
 def test_suite_agrees_with_nsight_compute(tmp_path):
     # ncu's cache control leaves a clean, empty L2: the flush that reads its buffer is its match.
-    # (No 8192^3 GEMM: the suite's calls run it into the power cap, which ncu's single replays do
-    # not; on one H100 node that made the suite 23% slower, on another 0.3%.)
-    for op, size in (("copy", 256 << 20),):
+    # The GEMM draws the GPU's full power. Timed back to back it ran at the power cap, 9-17% above
+    # ncu's lone replays on one H100 node (0.3% on another); timed again with idle gaps once the
+    # cap sets in, the sweep's default, it was 1.3-1.4% above ncu in two validation runs and 5.9%
+    # above in one run of this test, on one H100 node: the idle gaps leave it below the cap, not
+    # always at the full clock. So the GEMM gets `GEMM_TOLERANCE`, below the back-to-back excess.
+    monitor = gpustate.device_monitor("cuda")
+    for op, size, tolerance in (("copy", 256 << 20, validation.TOLERANCE), ("gemm", 8192, GEMM_TOLERANCE)):
         fn, _ = validation.make_op(op, size, "cuda")
-        suite = validation.suite_time(fn, "cuda", clean_flush=True).median_ms
+        suite = validation.suite_time(fn, "cuda", monitor=monitor, clean_flush=True).stats.median_ms
         ncu_ms = validation.ncu_time(op, size, ncu.locate(None), tmp_path / f"{op}.csv")
-        assert suite == pytest.approx(ncu_ms, rel=validation.TOLERANCE), op
+        assert suite == pytest.approx(ncu_ms, rel=tolerance), op
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="needs Nsight Compute (ncu) on PATH")
 def test_the_kernels_clock_agrees_with_nsight_compute_at_every_size(tmp_path):
     # The event bracket adds about 2.5 us that a small copy cannot hide; the GPU's activity record
-    # does not. Below 64 MB the two clocks' ratio moved between runs on one H100 (0.974 and 0.983 of
-    # ncu at 1 and 4 MB in one, 0.957 and 1.010 at 16 MB in two), so those sizes get 12%. The copies
-    # are the clock check: a 4096^3 GEMM's time depends on how long the GPU has run at its power
-    # cap, and this clock, timed after the suite's other checks, had it 2.8% and 6.4% above ncu's
-    # lone replays in two runs on H100s.
+    # does not. Below 64 MB the ratio moved between runs on one H100: 0.908-0.974 of ncu at 1 MB,
+    # 0.934-0.983 at 4 MB and 0.957-1.010 at 16 MB (at 1 MB single calls fall into two groups, 2.85
+    # and 3.75 us, and the median into either), so those sizes get 12%. The copies are the clock
+    # check: a GEMM's time depends on its power state (see above).
     ops = [("copy", mb << 20) for mb in validation.COPY_SIZES_MB]
     for op, size in ops:
         fn, _ = validation.make_op(op, size, "cuda")
-        suite = validation.suite_time(fn, "cuda", clean_flush=True, clock="kernels")
+        suite = validation.suite_time(fn, "cuda", clean_flush=True, clock="kernels").stats
         ncu_ms = validation.ncu_time(op, size, ncu.locate(None), tmp_path / f"{op}-{size}.csv")
         tolerance = 0.12 if op == "copy" and size < 64 << 20 else validation.TOLERANCE
         assert suite.median_ms == pytest.approx(ncu_ms, rel=tolerance), (op, size)
     # The flush still makes an in-L2 copy slower on this clock.
     small, _ = validation.make_op("copy", 4 << 20, "cuda")
-    cold = validation.suite_time(small, "cuda", clock="kernels").median_ms
-    assert cold > validation.suite_time(small, "cuda", flush=False, clock="kernels").median_ms
+    cold = validation.suite_time(small, "cuda", clock="kernels").stats.median_ms
+    assert cold > validation.suite_time(small, "cuda", flush=False, clock="kernels").stats.median_ms
 
 
 def test_the_validation_script_needs_a_gpu(capsys, monkeypatch):

@@ -21,8 +21,8 @@ run to run). The first series' calls count as warm-up and the row's note says so
 call for as long as the call took, so it is busy half the time: calls shorter than the cap's
 reaction time run at (nearly) the full clock, and longer ones each start from a GPU that is not
 capped. With `power_cap = "again"` it runs at once, back to back, at the capped clock, which
-depends on the GPU's temperature and history: on an H100, from four starts (two cool, two hot),
-`sdpa_cudnn` fw at 8192 steps took 13.57-13.98 ms under `again` and 12.47-12.53 ms under `gaps`
+depends on the GPU's temperature and history: on an H100, in two runs of four starts (two cool, two
+hot each), `sdpa_cudnn` fw at 8192 steps took 13.52-13.98 ms under `again` and 12.47-12.53 ms under `gaps`
 (`results/validation/gpu-disturbances-h100.md`). `gaps` times a kernel as a workload with idle time
 between its calls sees it, not a sustained one.
 """
@@ -30,6 +30,7 @@ between its calls sees it, not a sustained one.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,9 +159,61 @@ class Monitor:
             return {"note": f"NVML did not give the limits: {exc}"}
 
 
+def device_monitor(device: str) -> Monitor | None:
+    """The NVML monitor of a CUDA device, None on the CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return None
+    # A torch without `uuid` gives an empty name, which NVML refuses: the monitor then carries a note.
+    return Monitor(str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))
+
+
 def set_in(before: Reading | None, after: Reading | None) -> bool:
     """Whether a throttling reason holds in `after` that did not in `before` (False without either)."""
     return before is not None and after is not None and after.throttled and not before.throttled
+
+
+@dataclass(frozen=True)
+class Retimed:
+    """The outcome of `retime`: the series to keep and the reading after it; where the case was timed
+    again, the first series' calls (now warm-up), the wait to settle before the second and the note."""
+
+    stats: Any
+    after: Reading | None
+    warmup: int = 0
+    settle_s: float = 0.0
+    note: str = ""
+
+
+def retime(
+    series: Callable[..., Any], stats: Any, monitor: Monitor | None, before: Reading | None, policy: str
+) -> Retimed:
+    """Time a case again if its power cap (or a slowdown) set in during its first series (`set_in`).
+
+    Args:
+        series: runs one timed series; `series(idle_gap=1.0)` with an idle gap after each call as
+            long as the call (`timing.time_calls`).
+        stats: the first series' `TimingStats`.
+        monitor: the GPU's monitor (None: no reading, nothing timed again).
+        before: the reading before the first series.
+        policy: `gaps` (settle, then the series with idle gaps) or `again` (the series at once, back
+            to back, at the capped clock); the module docstring says why.
+    """
+    after = monitor.read() if monitor is not None else None
+    if monitor is None or not set_in(before, after):
+        return Retimed(stats, after)
+    warmup = "during the first timed calls, which count as warm-up"
+    clocks = f"(SM {before.sm_mhz} -> {after.sm_mhz} MHz {warmup})"
+    if policy == "gaps":
+        settle_s = monitor.settle() or 0.0
+        again = series(idle_gap=1.0)
+        gaps = "timed again from a settled GPU, an idle gap after each call"
+        note = f"{after.throttle} set in {clocks}: {gaps}"
+    else:
+        settle_s, again = 0.0, series()
+        note = f"timed again under {after.throttle} {clocks}"
+    return Retimed(again, monitor.read(), stats.reps, settle_s, note)
 
 
 def row_cells(before: Reading | None, after: Reading | None) -> dict[str, Any]:

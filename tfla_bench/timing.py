@@ -37,9 +37,10 @@ to start the call, to the end of its last kernel, copy or memset. That holds the
 first kernel (about 1 us) and the GPU's gaps between its kernels, as a back-to-back sequence of
 calls would; no event is recorded. A marker kernel after each call closes it in the record. A
 call counts towards `host_gap_share` when the GPU sat idle inside it for more than `HOST_WAIT_NS`.
-On an H100 80GB HBM3 the span of a copy was 0.983-1.010 of Nsight Compute's `gpu__time_duration`
-from 4 MB to 1 GiB and 0.974 at 1 MB (`results/validation/timing-h100-20261126.md`); a GPU test run
-on the same node right after gave 0.957 at 16 MB (`tfla_bench.validation`).
+On an H100 80GB HBM3 the span of a copy was 0.980-1.010 of Nsight Compute's `gpu__time_duration`
+from 16 MB to 1 GiB in three runs, and 0.908-0.983 at 1 and 4 MB, where single calls of 3-5 us fall
+into two groups about 0.9 us apart (`results/validation/timing-h100-20261126.md`, README "How
+timing works"; `tfla_bench.validation`).
 
 Library autotuners
 ------------------
@@ -394,7 +395,7 @@ class KernelRecord:
         return split_calls(activities, calls)
 
 
-def time_standalone(
+def standalone_series(
     fn: Callable[[], Any],
     device: str,
     *,
@@ -406,11 +407,12 @@ def time_standalone(
     spin: bool = True,
     reset: Callable[[], None] | None = None,
     clock: str = "events",
-    idle_gap: float = 0.0,
-) -> TimingStats:
+) -> Callable[..., TimingStats]:
     """The suite's timing of `fn` outside a sweep's worker (the validation, the config search, the
-    launch-overhead table): warm-up (`warm_up`), then `time_calls` with `reset` and, on CUDA with
-    `flush`, the L2 flush (`L2Flush`, `clean_flush`) before each call and the spin ahead of it.
+    launch-overhead table): warm-up (`warm_up`) now, and the series to run, `time_calls` with `reset`
+    and, on CUDA with `flush`, the L2 flush (`L2Flush`, `clean_flush`) before each call and the spin
+    ahead of it. The series takes `time_calls`'s keyword arguments (`idle_gap`); each run of it
+    times a new series.
 
     Args:
         fn: the call to time.
@@ -421,7 +423,6 @@ def time_standalone(
         spin: queue the spin ahead of each call (CUDA).
         reset: state reset before each call (gradients to None), warm-up included.
         clock: (CUDA) `events` or `kernels` (the module docstring).
-        idle_gap: `time_calls`'s idle gap between calls.
     """
     cuda = is_cuda(device)
     _, queue_s = warm_up(fn, device, calls=warmup_calls, seconds=warmup_s, before_each=reset)
@@ -433,15 +434,22 @@ def time_standalone(
         if l2 is not None:
             l2()
 
-    return time_calls(
+    return functools.partial(
+        time_calls,
         fn,
         rule=rule or StopRule(),
         device=device,
         before_each=before_each,
         spin=Spin(device, queue_s) if spin and cuda else None,
         clock=clock,
-        idle_gap=idle_gap,
     )
+
+
+def time_standalone(
+    fn: Callable[[], Any], device: str, *, idle_gap: float = 0.0, **options: Any
+) -> TimingStats:
+    """One series of `standalone_series(fn, device, **options)`, with `time_calls`'s `idle_gap`."""
+    return standalone_series(fn, device, **options)(idle_gap=idle_gap)
 
 
 @contextmanager

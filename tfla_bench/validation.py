@@ -9,15 +9,22 @@ with each of its two clocks (CUDA events, the call's span in the GPU's activity 
   `--cache-control all` (caches flushed before each kernel, as the suite's L2 flush); the child
   brackets its calls with profiler start and stop, so only they are profiled;
 - for ops far above the L2 size, one CUDA graph of `GRAPH_CALLS` back-to-back calls, replayed and
-  timed, divided by `GRAPH_CALLS` (no launch gaps, and the L2 cannot hold the data anyway).
+  timed, divided by `GRAPH_CALLS` (no launch gaps, and the L2 cannot hold the data anyway), after
+  `SUSTAIN_S` of replays.
+
+Each op is timed as the sweep's worker times a case (`suite_time`): from a settled GPU, and again
+with an idle gap after each call when its power cap set in during the series (`gpustate.retime`,
+the sweep's default policy), which is how ncu's lone replays run. The graph's calls run back to
+back: a power-hungry op (the 8192^3 GEMM) runs them at its power cap, and the row's note gives the
+clock NVML read after them.
 
 Copies up to `CLEAN_FLUSH_MAX_MB` are timed once more with a flush that reads its buffer instead of
 zeroing it (`timing.L2Flush(clean=True)`), beside the same ncu time. Every op is timed with the
-kernels clock after that reading flush, the match of ncu's clean, empty cache. Two more rows show the method's
-limits: an in-L2 copy timed with and without the flush (the flush must make it slower), and a call
-made of many tiny kernels launched from Python, timed with and without the spin that lets the host
-run ahead (`host_gap_share` says which calls the GPU waited in). `experiments/validate_timing.py`
-prints the markdown table and writes it to a file.
+kernels clock after that reading flush, the match of ncu's clean, empty cache. Two more rows show
+the method's limits: an in-L2 copy timed with and without the flush (the flush must make it
+slower), and a call made of many tiny kernels launched from Python, timed with and without the spin
+that lets the host run ahead (`host_gap_share` says which calls the GPU waited in).
+`experiments/validate_timing.py` prints the markdown table and writes it to a file.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfla_bench import ncu
+from tfla_bench import gpustate, ncu
+from tfla_bench.specs import MeasureSettings
 
 COPY_SIZES_MB = (1, 4, 16, 64, 256, 1024)
 GEMM_SIZES = (4096, 8192)
@@ -42,6 +50,10 @@ NCU_WARMUP = 3
 NCU_CALLS = 10
 NCU_OPTIONS = ("--clock-control", "none", "--cache-control", "all")
 TOLERANCE = 0.02
+# The sweep's default power-cap policy, which `suite_time` follows.
+POWER_CAP = MeasureSettings.power_cap
+# Seconds of back-to-back replays before the graph's timed ones.
+SUSTAIN_S = 1.0
 DEFAULT_OUT = Path("timing_validation").with_suffix(".md")
 # The Python-heavy call: this many tiny kernels, each launched by the host.
 TINY_KERNELS = 200
@@ -142,17 +154,26 @@ def suite_time(
     fn: Callable[[], None],
     device: str,
     *,
+    monitor: gpustate.Monitor | None = None,
     flush: bool = True,
     spin: bool = True,
     clean_flush: bool = False,
     clock: str = "events",
-):
-    """The suite's measurement of `fn`, as the worker does it (`TimingStats`): a first call, then
-    `timing.time_standalone`; `clean_flush` reads the flush buffer instead of zeroing it."""
+) -> gpustate.Retimed:
+    """The suite's measurement of `fn`, as the worker does it: a first call, the GPU settled
+    (`monitor`), warm-up and a series (`timing.standalone_series`), and the series again by the
+    sweep's default power-cap policy if the cap set in (`gpustate.retime`); `clean_flush` reads the
+    flush buffer instead of zeroing it."""
     from tfla_bench import timing
 
     timing.time_first_call(fn, device)
-    return timing.time_standalone(fn, device, flush=flush, clean_flush=clean_flush, spin=spin, clock=clock)
+    if monitor is not None:
+        monitor.settle()
+    before = monitor.read() if monitor is not None else None
+    series = timing.standalone_series(
+        fn, device, flush=flush, clean_flush=clean_flush, spin=spin, clock=clock
+    )
+    return gpustate.retime(series, series(), monitor, before, POWER_CAP)
 
 
 def method(clock: str, flush: bool = True, clean_flush: bool = False) -> str:
@@ -161,7 +182,10 @@ def method(clock: str, flush: bool = True, clean_flush: bool = False) -> str:
 
 
 def graph_time(fn: Callable[[], None], replays: int = 10) -> float:
-    """Median over `replays` of one CUDA graph of GRAPH_CALLS back-to-back calls, per call, in ms."""
+    """Median over `replays` of one CUDA graph of GRAPH_CALLS back-to-back calls, per call, in ms,
+    after `SUSTAIN_S` of replays (a power-hungry op is under its power cap throughout)."""
+    import time
+
     import torch
 
     stream = torch.cuda.Stream()
@@ -173,7 +197,12 @@ def graph_time(fn: Callable[[], None], replays: int = 10) -> float:
     with torch.cuda.graph(graph):
         for _ in range(GRAPH_CALLS):
             fn()
-    graph.replay()
+    began = time.perf_counter()
+    while True:
+        graph.replay()
+        torch.cuda.synchronize()
+        if time.perf_counter() - began >= SUSTAIN_S:
+            break
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -217,6 +246,7 @@ def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
     import torch
 
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    monitor = gpustate.device_monitor(device)
     executable = ncu.locate(ncu_path)
     log_dir = Path(tempfile.mkdtemp(prefix="tfla-validate-"))
     checks = []
@@ -224,19 +254,27 @@ def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
     ops += [("gemm", n, f"{n}^3 bf16") for n in GEMM_SIZES]
     for op, size, label in ops:
         fn, data = make_op(op, size, device)
-        ncu_ms, note = None, ""
+        ncu_ms, ncu_note = None, ""
         if executable is not None:
             try:
                 ncu_ms = ncu_time(op, size, executable, log_dir / f"{op}-{size}.csv")
             except ncu.NcuError as exc:
-                note = f"ncu {exc.status}: {exc.reason}"
-        graph_ms = graph_time(fn) if data >= GRAPH_MIN_L2 * l2 else None
+                ncu_note = f"ncu {exc.status}: {exc.reason}"
+        graph_ms, graph_note = None, ""
+        if data >= GRAPH_MIN_L2 * l2:
+            graph_ms = graph_time(fn)
+            after = monitor.read() if monitor is not None else None
+            if after is not None and after.throttled:
+                graph_note = f"graph under {after.throttle} (SM {after.sm_mhz} MHz)"
         settings = [("events", False)]
         if op == "copy" and size <= CLEAN_FLUSH_MAX_MB << 20:
             settings.append(("events", True))
         settings.append(("kernels", True))
         for clock, clean in settings:
-            stats = suite_time(fn, device, clean_flush=clean, clock=clock)
+            timed = suite_time(fn, device, monitor=monitor, clean_flush=clean, clock=clock)
+            stats = timed.stats
+            retimed = "power cap: timed again, idle gaps" if timed.note else ""
+            note = "; ".join(x for x in (ncu_note, retimed, graph_note) if x)
             checks.append(
                 Check(
                     op, label, method(clock, clean_flush=clean), stats.median_ms, stats.ci_rel,
@@ -246,7 +284,7 @@ def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
     in_l2 = 4 << 20
     fn, _ = make_op("copy", in_l2, device)
     for flush in (True, False):
-        stats = suite_time(fn, device, flush=flush, clock="kernels")
+        stats = suite_time(fn, device, monitor=monitor, flush=flush, clock="kernels").stats
         note = "L2 flushed before each call" if flush else "no flush: data stays in L2"
         checks.append(
             Check(
@@ -257,7 +295,7 @@ def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
     fn, _ = make_op("tiny", 0, device)
     graph = graph_time(fn)
     for clock, spin in (("events", True), ("events", False), ("kernels", True)):
-        stats = suite_time(fn, device, flush=False, spin=spin, clock=clock)
+        stats = suite_time(fn, device, monitor=monitor, flush=False, spin=spin, clock=clock).stats
         note = f"{TINY_KERNELS} kernels from Python; " + ("spin ahead" if spin else "no spin")
         checks.append(
             Check(

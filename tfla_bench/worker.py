@@ -288,26 +288,11 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     series = functools.partial(
         timing.time_calls, timed, rule=rule, device=device, before_each=before_each, spin=spin, clock=clock
     )
-    stats = series()
-    after = monitor.read() if monitor is not None else None
+    capped = gpustate.retime(series, series(), monitor, before, settings.power_cap)
+    stats, after, warmup = capped.stats, capped.after, warmup + capped.warmup
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
-    if gpustate.set_in(before, after):
-        # The first series ran partly before the cap and partly under it: its median fell on either
-        # side depending on when the cap set in. The series again (`gpustate`): from a settled GPU
-        # with an idle gap between calls (`gaps`), or at once, all of it at the capped clock.
-        clocks = (
-            f"(SM {before.sm_mhz} -> {after.sm_mhz} MHz during the first timed calls, which count as warm-up)"
-        )
-        warmup += stats.reps
-        if settings.power_cap == "gaps":
-            gaps = "timed again from a settled GPU, an idle gap after each call"
-            note = f"{after.throttle} set in {clocks}: {gaps}"
-            settle_s = (settle_s or 0.0) + (monitor.settle() or 0.0)
-            stats = series(idle_gap=1.0)
-        else:
-            note = f"timed again under {after.throttle} {clocks}"
-            stats = series()
-        after = monitor.read()
+    if capped.note:
+        note, settle_s = capped.note, (settle_s or 0.0) + capped.settle_s
     calls_s = time.perf_counter() - calls_began
     return Measurement(
         status="ok",
@@ -331,15 +316,8 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     )
 
 
-@functools.cache
-def _monitor(device: str) -> gpustate.Monitor | None:
-    """The NVML monitor of a CUDA device (one per process), None on CPU."""
-    import torch
-
-    if not device.startswith("cuda"):
-        return None
-    # A torch without `uuid` gives an empty name, which NVML refuses: the monitor then carries a note.
-    return gpustate.Monitor(str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))
+# One NVML monitor per process and device.
+_monitor = functools.cache(gpustate.device_monitor)
 
 
 def grad_leaves(inputs: dict[str, Any]) -> list[Any]:
