@@ -8,6 +8,8 @@ limit_chunk 64), fw and fwbw, on one CUDA GPU:
 - `kernels`: GPU kernels one call launches (torch.profiler), torch's own ops included;
 - `queue us`: median host time to queue one call of a run of back-to-back calls, as a sweep queues
   them (the launch path of one call; a call that synchronizes inside shows its GPU time here);
+- `bursts us`: the lowest and highest median of the 10 bursts of 20 calls that `queue us` pools:
+  how much the host's own speed moved while the same code ran;
 - `after sync us`: median host time to queue one call right after a synchronization, while the GPU
   is busy with a spin: the same code from a thread that has just waited, which on the H100 node
   takes several times longer and varies from run to run;
@@ -51,19 +53,23 @@ def kernels_per_call(step) -> int:
     return sum(event.device_type == torch.autograd.DeviceType.CUDA for event in prof.events())
 
 
-def queue_us(step, reset) -> float:
-    """Median host time (us) of one call among back-to-back calls, the GPU busy with a spin first."""
-    times = []
+def queue_us(step, reset) -> tuple[float, float, float]:
+    """Median host time (us) of one call among back-to-back calls, the GPU busy with a spin first,
+    and the lowest and highest median of one burst."""
+    times, bursts = [], []
     for _ in range(BURSTS):
         torch.cuda.synchronize()
         torch.cuda._sleep(SPIN_CYCLES)
+        burst = []
         for _ in range(BURST):
             reset()
             began = time.perf_counter()
             step()
-            times.append((time.perf_counter() - began) * 1e6)
+            burst.append((time.perf_counter() - began) * 1e6)
+        times += burst
+        bursts.append(timing.percentile(burst, 50))
     torch.cuda.synchronize()
-    return timing.percentile(times, 50)
+    return timing.percentile(times, 50), min(bursts), max(bursts)
 
 
 def after_sync_us(step, reset) -> float:
@@ -113,11 +119,13 @@ def measure(name: str, chunk: int, mode: str) -> dict:
         reset()
         step()
     gpu = timing.time_standalone(step, "cuda", warmup_calls=5, warmup_s=0.0, reset=reset)
+    queue, fastest, slowest = queue_us(step, reset)
     row = {
         "kernel": name,
         "mode": mode,
         "kernels": kernels_per_call(lambda: (reset(), step())),
-        "queue us": queue_us(step, reset),
+        "queue us": queue,
+        "bursts us": f"{fastest:.0f}-{slowest:.0f}",
         "after sync us": after_sync_us(step, reset),
         "gpu ms": gpu.median_ms,
         "sync ms": sync_ms(step, reset, flush),
@@ -127,7 +135,8 @@ def measure(name: str, chunk: int, mode: str) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ["kernel", "mode", "kernels", "queue us", "after sync us", "gpu ms", "sync ms", "sync - gpu us"]
+    head = ["kernel", "mode", "kernels", "queue us", "bursts us", "after sync us", "gpu ms", "sync ms"]
+    head.append("sync - gpu us")
     lines = [
         f"Host launch path on {torch.cuda.get_device_name()} (bf16, B8 NH16 T8192 Dqk128 Dv256; "
         f"torch {torch.__version__})",
@@ -140,7 +149,7 @@ def markdown(rows: list[dict]) -> str:
             lines.append(f"| {row['kernel']} | {row['mode']} | {row['note']} |")
             continue
         cells = [row["kernel"], row["mode"], str(row["kernels"])]
-        cells += [f"{row['queue us']:.0f}", f"{row['after sync us']:.0f}"]
+        cells += [f"{row['queue us']:.0f}", row["bursts us"], f"{row['after sync us']:.0f}"]
         cells += [f"{row['gpu ms']:.3f}", f"{row['sync ms']:.3f}"]
         cells.append(f"{row['sync - gpu us']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
