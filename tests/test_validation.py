@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from tfla_bench import gpustate, ncu, validation
-from tfla_bench.validation import NCU_OPTIONS, Check, per_call
+from tfla_bench.validation import NCU_OPTIONS, Check, Split, per_call
 
 GEMM_TOLERANCE = 0.08
 
@@ -67,10 +67,10 @@ def test_markdown_marks_rows_more_than_two_percent_apart():
 def test_suite_agrees_with_a_back_to_back_graph_far_above_l2_and_the_flush_shows():
     fn, _ = validation.make_op("copy", 512 << 20, "cuda")
     stats = validation.suite_time(fn, "cuda").stats
+    # (How often the host fell behind depends on the host: 0 or 1 of the calls on most H100 nodes,
+    # 6 of 12 on one busy one, with the median still within 2% of the graph. That the spin keeps
+    # host gaps out is checked on a call the host is slow to queue, in the test below.)
     assert stats.median_ms == pytest.approx(validation.graph_time(fn), rel=validation.TOLERANCE)
-    # The spin keeps the host out of the calls: a gap in one call (an OS hiccup; on the H100 one of a
-    # series of 6) is allowed, not two.
-    assert round(stats.host_gap_share * stats.reps) <= 1
     # No GEMM here: 100 back-to-back 8192^3 GEMMs run into the power limit (on an H100 the graph was
     # 10% slower per call than the suite's single calls); Nsight Compute is the GEMM's clock.
     small, _ = validation.make_op("copy", 4 << 20, "cuda")
@@ -113,17 +113,25 @@ def test_suite_agrees_with_nsight_compute(tmp_path):
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="needs Nsight Compute (ncu) on PATH")
 def test_the_kernels_clock_agrees_with_nsight_compute_at_every_size(tmp_path):
     # The event bracket adds about 2.5 us that a small copy cannot hide; the GPU's activity record
-    # does not. Below 64 MB the ratio moved between runs on one H100: 0.908-0.974 of ncu at 1 MB,
-    # 0.934-0.983 at 4 MB and 0.957-1.010 at 16 MB (at 1 MB single calls fall into two groups, 2.85
-    # and 3.75 us, and the median into either), so those sizes get 12%. The copies are the clock
-    # check: a GEMM's time depends on its power state (see above).
-    ops = [("copy", mb << 20) for mb in validation.COPY_SIZES_MB]
-    for op, size in ops:
-        fn, _ = validation.make_op(op, size, "cuda")
-        suite = validation.suite_time(fn, "cuda", clean_flush=True, clock="kernels").stats
-        ncu_ms = validation.ncu_time(op, size, ncu.locate(None), tmp_path / f"{op}-{size}.csv")
-        tolerance = 0.12 if op == "copy" and size < 64 << 20 else validation.TOLERANCE
-        assert suite.median_ms == pytest.approx(ncu_ms, rel=tolerance), (op, size)
+    # does not. But the record's call also holds the GPU's gap between the spin's end and the copy's
+    # start, 1.1-1.4 us in one series and 2.0-2.3 us in the next on H100s (the validation's second
+    # table): below 64 MB the ratio moved between runs (0.908-0.979 of ncu at 1 MB, 0.934-0.983 at
+    # 4 MB, 0.957-1.017 at 16 MB), and one series with the long gap was 1.31x ncu at 1 MB. So from
+    # 64 MB up the call agrees within 2%, and below it the copy's own span is checked: ncu's time
+    # holds it and a dispatch of 1.1-1.3 us (measured), so it lies between the span and the span
+    # plus 2.5 us. The copies are the clock check: a GEMM's time depends on its power state.
+    from tfla_bench import timing
+
+    for mb in validation.COPY_SIZES_MB:
+        fn, _ = validation.make_op("copy", mb << 20, "cuda")
+        ncu_ms = validation.ncu_time("copy", mb << 20, ncu.locate(None), tmp_path / f"copy-{mb}.csv")
+        if mb >= 64:
+            suite = validation.suite_time(fn, "cuda", clean_flush=True, clock="kernels").stats
+            assert suite.median_ms == pytest.approx(ncu_ms, rel=validation.TOLERANCE), mb
+        else:
+            _, spans = validation.dispatch_split(fn, "cuda")
+            span_ms = timing.percentile(spans, 50) / 1e6
+            assert span_ms < ncu_ms < span_ms + 2.5e-3, mb
     # The flush still makes an in-L2 copy slower on this clock.
     small, _ = validation.make_op("copy", 4 << 20, "cuda")
     cold = validation.suite_time(small, "cuda", clock="kernels").stats.median_ms
@@ -136,3 +144,11 @@ def test_the_validation_script_needs_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert validation.main([]) == 2
     assert capsys.readouterr().err.startswith("error: the timing validation needs a CUDA GPU")
+
+
+def test_the_split_table_gives_each_part_and_their_sum_per_call():
+    split = Split("1 MB", gaps_ns=[1000, 2000, 1000], spans_ns=[1800, 1800, 1900], ncu_ms=0.00309)
+    lines = validation.split_markdown([split]).splitlines()
+    assert lines[2] == "| copy | gap after the spin | copy's own span | sum: the kernels clock | ncu |"
+    # The sum is taken per call, then its percentiles: 2.8, 3.8 and 2.9 us.
+    assert lines[4] == "| 1 MB | 1.00 / 1.00 / 1.60 | 1.80 / 1.80 / 1.86 | 2.84 / 2.90 / 3.44 | 3.09 |"

@@ -37,10 +37,11 @@ to start the call, to the end of its last kernel, copy or memset. That holds the
 first kernel (about 1 us) and the GPU's gaps between its kernels, as a back-to-back sequence of
 calls would; no event is recorded. A marker kernel after each call closes it in the record. A
 call counts towards `host_gap_share` when the GPU sat idle inside it for more than `HOST_WAIT_NS`.
-On an H100 80GB HBM3 the span of a copy was 0.980-1.010 of Nsight Compute's `gpu__time_duration`
-from 16 MB to 1 GiB in three runs, and 0.908-0.983 at 1 and 4 MB, where single calls of 3-5 us fall
-into two groups about 0.9 us apart (`results/validation/timing-h100-20261126.md`, README "How
-timing works"; `tfla_bench.validation`).
+On an H100 80GB HBM3 the span of a copy was 0.980-1.017 of Nsight Compute's `gpu__time_duration`
+from 16 MB to 1 GiB in five runs, and 0.908-0.983 at 1 and 4 MB: the copy's own span is steady, but
+the GPU's gap between the end of the spin and the copy's start is 1.1-1.4 us in one series and
+2.0-2.3 us in another (`results/validation/timing-h100-20261126.md`, README "How timing works";
+`tfla_bench.validation`).
 
 Library autotuners
 ------------------
@@ -384,15 +385,19 @@ class KernelRecord:
         """Queue the marker kernel that delimits the calls."""
         torch.cuda._sleep(0)
 
-    def calls(self, calls: int) -> list[tuple[int, bool]]:
-        """Stop recording (after the caller's synchronize): `split_calls` of the record."""
+    def activities(self) -> list[tuple[str, int, int]]:
+        """Stop recording (after the caller's synchronize): `(name, start_ns, end_ns)` of every kernel,
+        copy and memset recorded, the markers included."""
         self._profile.stop()
-        activities = [
+        return [
             (event.name(), event.start_ns(), event.end_ns())
             for event in self._profile.profiler.kineto_results.events()
             if event.device_type() == torch.autograd.DeviceType.CUDA and not event.is_user_annotation()
         ]
-        return split_calls(activities, calls)
+
+    def calls(self, calls: int) -> list[tuple[int, bool]]:
+        """Stop recording (after the caller's synchronize): `split_calls` of the record."""
+        return split_calls(self.activities(), calls)
 
 
 def standalone_series(

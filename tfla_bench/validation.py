@@ -23,8 +23,10 @@ zeroing it (`timing.L2Flush(clean=True)`), beside the same ncu time. Every op is
 kernels clock after that reading flush, the match of ncu's clean, empty cache. Two more rows show
 the method's limits: an in-L2 copy timed with and without the flush (the flush must make it
 slower), and a call made of many tiny kernels launched from Python, timed with and without the spin
-that lets the host run ahead (`host_gap_share` says which calls the GPU waited in).
-`experiments/validate_timing.py` prints the markdown table and writes it to a file.
+that lets the host run ahead (`host_gap_share` says which calls the GPU waited in). A second table
+splits the kernels clock's calls of small copies in two (`dispatch_split`): the GPU's gap between the
+end of the spin and the copy's start, and the copy's own span. `experiments/validate_timing.py`
+prints the markdown tables and writes them to a file.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ SUSTAIN_S = 1.0
 DEFAULT_OUT = Path("timing_validation").with_suffix(".md")
 # The Python-heavy call: this many tiny kernels, each launched by the host.
 TINY_KERNELS = 200
+# Copies whose kernels-clock time is split into the GPU's gap after the spin and the copy's own span
+# (`dispatch_split`): the sizes where the gap is a visible share of the call.
+SPLIT_SIZES_MB = (1, 4, 16)
+SPLIT_BATCHES, SPLIT_BATCH = 10, 40
 _UNITS_MS = {
     "nsecond": 1e-6,
     "ns": 1e-6,
@@ -84,6 +90,17 @@ class Check:
 
     def ratio(self, other: float | None) -> float | None:
         return self.suite_ms / other if other else None
+
+
+@dataclass
+class Split:
+    """One op's kernels-clock calls in two parts (ns each): the GPU's gap from the end of the spin to
+    the op's kernel starting, and the kernel's own span; with ncu's time of the op (ms) if known."""
+
+    size: str
+    gaps_ns: list[int]
+    spans_ns: list[int]
+    ncu_ms: float | None = None
 
 
 def per_call(kernel_ms: list[float], calls: int) -> list[float]:
@@ -122,6 +139,29 @@ def markdown(checks: list[Check], gpu: str) -> str:
             f"{ms(check.ncu_ms)} | {ratio(check.ratio(check.ncu_ms))} | {ms(check.graph_ms)} | "
             f"{ratio(check.ratio(check.graph_ms))} | {check.note} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def split_markdown(splits: list[Split]) -> str:
+    """The table of `dispatch_split`s, in us at the 20th / 50th / 80th percentile."""
+    from tfla_bench.timing import percentile
+
+    def cell(values: list[float]) -> str:
+        return " / ".join(f"{percentile(values, q) / 1e3:.2f}" for q in (20, 50, 80))
+
+    calls = SPLIT_BATCHES * SPLIT_BATCH
+    lines = [
+        f"The kernels clock of a small copy in parts ({calls} calls after the reading flush; us at the "
+        "20th / 50th / 80th percentile)",
+        "",
+        "| copy | gap after the spin | copy's own span | sum: the kernels clock | ncu |",
+        "|---|---|---|---|---:|",
+    ]
+    for split in splits:
+        sums = [gap + span for gap, span in zip(split.gaps_ns, split.spans_ns, strict=True)]
+        ncu_us = "" if split.ncu_ms is None else f"{split.ncu_ms * 1e3:.2f}"
+        cells = (cell(split.gaps_ns), cell(split.spans_ns), cell(sums))
+        lines.append(f"| {split.size} | {' | '.join(cells)} | {ncu_us} |")
     return "\n".join(lines) + "\n"
 
 
@@ -174,6 +214,29 @@ def suite_time(
         fn, device, flush=flush, clean_flush=clean_flush, spin=spin, clock=clock
     )
     return gpustate.retime(series, series(), monitor, before, POWER_CAP)
+
+
+def dispatch_split(fn: Callable[[], None], device: str) -> tuple[list[int], list[int]]:
+    """Per call of `fn` (one kernel), timed as the kernels clock times it after the reading flush: the
+    GPU's gap from the end of the spin to the kernel's start, and the kernel's own span, in ns."""
+    from tfla_bench import timing
+
+    _, queue_s = timing.warm_up(fn, device, calls=None, seconds=0.025)
+    flush, spin = timing.L2Flush(device, clean=True), timing.Spin(device, queue_s)
+    gaps, spans = [], []
+    for _ in range(SPLIT_BATCHES):
+        record = timing.KernelRecord()
+        for _ in range(SPLIT_BATCH):
+            flush()
+            spin()
+            fn()
+        timing.synchronize(device)
+        ordered = sorted(record.activities(), key=lambda activity: activity[1])
+        for before, (name, start, end) in zip(ordered, ordered[1:], strict=False):
+            if timing.MARKER_KERNEL in before[0] and timing.MARKER_KERNEL not in name:
+                gaps.append(start - before[2])
+                spans.append(end - start)
+    return gaps, spans
 
 
 def method(clock: str, flush: bool = True, clean_flush: bool = False) -> str:
@@ -320,7 +383,13 @@ def main(argv: list[str] | None = None) -> int:
         print("error: the timing validation needs a CUDA GPU", file=sys.stderr)
         return 2
     out = Path(args[0]) if args else DEFAULT_OUT
-    table = markdown(validate(), torch.cuda.get_device_name())
+    checks = validate()
+    ncu_ms = {check.size: check.ncu_ms for check in checks if check.op == "copy" and check.ncu_ms}
+    splits = []
+    for mb in SPLIT_SIZES_MB:
+        fn, _ = make_op("copy", mb << 20, "cuda")
+        splits.append(Split(f"{mb} MB", *dispatch_split(fn, "cuda"), ncu_ms.get(f"{mb} MB")))
+    table = markdown(checks, torch.cuda.get_device_name()) + "\n" + split_markdown(splits)
     print(table)
     out.write_text(table)
     return 0
