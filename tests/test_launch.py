@@ -1,5 +1,6 @@
 """Our forward kernels' launches: one `Settings` per call signature, whose sites launch the compiled
-kernel directly after their first launch (CPU: a stand-in kernel; the real launcher is on the GPU)."""
+kernel directly after their first launch, and whose calls without a gradient replay a recorded call
+(CPU: a stand-in kernel; the real launcher is on the GPU)."""
 
 import dataclasses
 import inspect
@@ -160,3 +161,122 @@ def test_a_site_with_a_tensor_after_a_scalar_launches_through_triton(compiled_la
     for _ in range(2):
         compiled_launches("output", kernel, 8, (5, x), lambda: {"A": 3})
     assert len(kernel.through_triton) == 2 and not kernel.direct
+
+
+class ThreePointers(StandInKernel):
+    """A stand-in kernel with three pointer parameters, a scalar and a constexpr."""
+
+    arg_names = ["a_ptr", "b_ptr", "c_ptr", "n", "A"]
+    params = [SimpleNamespace(name=name, default=inspect.Parameter.empty) for name in arg_names]
+
+
+def test_a_recorded_call_replays_on_new_tensors_and_one_workspace(compiled_launches):
+    kernel = ThreePointers()
+
+    def call(x, out):
+        scratch, other = torch.empty(2, 100), torch.empty(3)  # 800 and 12 bytes of scratch
+        compiled_launches("first", kernel, 8, (x, scratch[1], other, 5), lambda: {"A": 3})
+        compiled_launches("second", kernel, 4, (other, scratch[0], out, 6), lambda: {"A": 3})
+
+    x, out = torch.zeros(4), torch.zeros(4)
+    compiled_launches.trace = []
+    call(x, out)  # the first call, launched through Triton, recorded
+    compiled_launches.keep_replay((x, out))
+    assert len(kernel.through_triton) == 2 and compiled_launches.trace is None
+    replay = compiled_launches.replay
+    assert replay.workspace_bytes == 1024 + 512  # two slots, each aligned to 512 bytes
+    kernel.direct.clear()
+    x, out = torch.full((4,), 2.0), torch.full((4,), 3.0)
+    assert replay((x, out))
+    first, second = kernel.direct
+    head = (1, 1, 1234, "function", "metadata", None, None, None)
+    workspace = first[10] - 400  # scratch[1] starts 100 floats into its storage, the workspace's first slot
+    assert first == (8, *head, x.data_ptr(), workspace + 400, workspace + 1024, 5, 3)
+    assert second == (4, *head, workspace + 1024, workspace, out.data_ptr(), 6, 3)
+    assert len(kernel.through_triton) == 2  # nothing more through Triton
+
+
+def test_no_replay_of_a_call_that_passes_a_view_of_a_known_tensor(compiled_launches):
+    kernel, x = ThreePointers(), torch.zeros(8)
+    compiled_launches.trace = []
+    compiled_launches("first", kernel, 8, (x, x[4:], x, 5), lambda: {"A": 3})
+    compiled_launches.keep_replay((x,))
+    assert compiled_launches.replay is None and compiled_launches.trace is None
+
+
+def test_no_replay_of_a_call_with_a_site_that_triton_launches_every_time(compiled_launches):
+    kernel, x = StandInKernel(), torch.zeros(4)
+    compiled_launches.trace = []
+    compiled_launches("output", kernel, 8, (5, x), lambda: {"A": 3})  # a tensor after a scalar
+    compiled_launches.keep_replay((x,))
+    assert compiled_launches.replay is None
+
+
+def test_a_replay_launches_nothing_while_a_launch_hook_is_set(compiled_launches):
+    from triton import knobs
+
+    kernel, x = ThreePointers(), torch.zeros(4)
+    compiled_launches.trace = []
+    compiled_launches("first", kernel, 8, (x, x, torch.empty(2), 5), lambda: {"A": 3})
+    compiled_launches.keep_replay((x,))
+
+    def hook(metadata) -> None:
+        pass
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert compiled_launches.replay((x,)) is False
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert not kernel.direct
+    assert compiled_launches.replay((x,)) is True and len(kernel.direct) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("kernel", "options", "with_state"),
+    [
+        ("tfla", {"gate": "exp"}, False),
+        ("tfla", {"gate": "sig"}, False),
+        ("tfla", {"gate": "sig", "normalize": True}, True),
+        ("tfla", {"gate": "exp"}, True),
+        ("limit_chunk", {"chunk_size": 64}, False),
+    ],
+)
+def test_gpu_calls_without_a_gradient_replay_the_first_one(monkeypatch, kernel, options, with_state):
+    # The first call of a signature is launched through Triton and recorded; later calls replay it on
+    # their own tensors. Each replayed output equals, bit for bit, that of a new signature's first call.
+    from mlstm_support import make_inputs, make_state
+
+    from tfla_bench.kernels.limit_chunk import mlstm_limit_chunk
+    from tfla_bench.kernels.tfla import mlstm_tfla
+
+    entry = mlstm_tfla if kernel == "tfla" else mlstm_limit_chunk
+    gate, normalize = options.get("gate", "exp"), options.get("normalize", False)
+    state = [x.cuda() for x in make_state(gate, normalize, 2, 4, 128, 256)] if with_state else None
+
+    def call(seed):
+        inputs = [x.cuda() for x in make_inputs(2, 4, 1024, 128, 256, seed=seed)]
+        inputs[:3] = [x.bfloat16() for x in inputs[:3]]
+        with torch.no_grad():
+            return entry(*inputs, initial_state=state and tuple(state), **options)
+
+    monkeypatch.setattr(chunkwise, "_SIGNATURES", {})
+    call(20)
+    (settings,) = chunkwise._SIGNATURES.values()
+    assert settings.launches.replay is not None
+    replayed = [call(seed) for seed in (21, 22)]
+    assert not torch.equal(replayed[0], replayed[1])
+    for seed, h in zip((21, 22), replayed, strict=True):
+        monkeypatch.setattr(chunkwise, "_SIGNATURES", {})
+        assert torch.equal(h, call(seed))
+    # a call that returns the final state runs the forward pass, recording nothing
+    monkeypatch.setattr(chunkwise, "_SIGNATURES", {})
+    with torch.no_grad():
+        inputs = [
+            x.cuda().bfloat16() if n < 3 else x.cuda()
+            for n, x in enumerate(make_inputs(2, 4, 1024, 128, 256))
+        ]
+        entry(*inputs, return_final_state=True, **options)
+    (settings,) = chunkwise._SIGNATURES.values()
+    assert settings.launches.replay is None
