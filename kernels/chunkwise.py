@@ -431,21 +431,19 @@ def apply(ops: KernelOps, q, k, v, i, f, state: dict[str, torch.Tensor], s: Sett
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
         h, C_T, n_T, m_T = ChunkwiseFunction.apply(ops, *tensors, s)
         return h, tuple(x for x in (C_T, n_T, m_T) if x is not None)
-    if s.final_state:
-        h, final, _ = forward_pass(ops, *tensors, s)
-        return h, tuple(x for x in final if x is not None)
     # The forward kernels alone, their launches replayed where a call of this signature was recorded
-    # (`launch.Launches.keep_replay`); `known`: the tensors a replay takes addresses from, in order.
+    # (`launch.Launches.keep_replay`; not a call that returns the final state, which the workspace
+    # would hold); `known`: the tensors a replay takes addresses from, in order.
     known = tuple(x for x in tensors if x is not None)
     launches = s.launches
     if launches.replay is not None:
         h = torch.empty_like(v)
         if launches.replay((*known, h)):
             return h, ()
-    launches.trace = []
+    launches.trace = None if s.final_state else []
     try:
-        h, _, _ = forward_pass(ops, *tensors, s)
+        h, final, _ = forward_pass(ops, *tensors, s)
         launches.keep_replay((*known, h))
     finally:
         launches.trace = None
-    return h, ()
+    return h, tuple(x for x in final if x is not None)
