@@ -280,3 +280,37 @@ def test_gpu_calls_without_a_gradient_replay_the_first_one(monkeypatch, kernel, 
         entry(*inputs, return_final_state=True, **options)
     (settings,) = chunkwise._SIGNATURES.values()
     assert settings.launches.replay is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["tfla_sig", "tfla_exp", "limit_chunk"])
+def test_gpu_a_replay_captured_in_a_cuda_graph_gives_the_eager_output(kernel):
+    # A spec's `cuda_graph` captures warmed-up calls: the capture holds the replay's launches, with the
+    # workspace and output from the graph's memory pool.
+    from tfla_bench.kernels.limit_chunk import mlstm_limit_chunk
+    from tfla_bench.kernels.tfla import mlstm_tfla
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k = torch.randn(2, 2, 4, 1024, 128, device="cuda", dtype=torch.bfloat16, generator=generator)
+    v = torch.randn(2, 4, 1024, 256, device="cuda", dtype=torch.bfloat16, generator=generator)
+    i, f = torch.randn(2, 2, 4, 1024, device="cuda", generator=generator)
+    f = f + 3
+    gate = {"gate": kernel.removeprefix("tfla_")} if kernel != "limit_chunk" else {}
+    entry = mlstm_tfla if gate else mlstm_limit_chunk
+
+    def call():
+        return entry(q, k, v, i, f, **gate)
+
+    with torch.no_grad():
+        eager = call()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = call()
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
