@@ -290,6 +290,18 @@ def test_shard_files_merge_without_duplicates_under_concurrent_writers(tmp_path)
     assert merged.shard_rows == {rundir.shard_dir(1, index): 25 for index in range(4)}
 
 
+def test_env_lists_the_nodes_in_job_order_whichever_finished_first(tmp_path):
+    record = JobsRecord("local", {}, [Round(1, "now", [JobRecord(i, str(i), 1) for i in range(3)])])
+    for index in (2, 0, 1):  # the jobs write their env.json in this order, a merge after each
+        (tmp_path / rundir.shard_dir(1, index)).mkdir(parents=True)
+        rundir.write_json(tmp_path / rundir.shard_dir(1, index) / rundir.ENV, {"gpu_name": f"node {index}"})
+        cluster.merge(tmp_path, record)
+    env = rundir.read_env(tmp_path)
+    assert [node["shard"] for node in env["nodes"]] == [rundir.shard_dir(1, index) for index in range(3)]
+    assert [node["job_id"] for node in env["nodes"]] == ["0", "1", "2"]
+    assert env["gpu_name"] == "node 2"  # the first node to report heads the record
+
+
 # ----------------------------------------------------------------------------------------------
 # Slurm, stood in for
 

@@ -698,7 +698,8 @@ def merge(run_dir: Path, record: JobsRecord) -> Merged:
 
 
 def _merge_env(run_dir: Path, record: JobsRecord) -> None:
-    """Add the records of nodes not seen yet to the run's `env.json` (the first node's heads it)."""
+    """Add the records of nodes not seen yet to the run's `env.json` (the first node's heads it), in
+    the order of their jobs however the jobs finished."""
     env = rundir.read_env(run_dir)
     nodes = list(env.get("nodes", []))
     seen = {node.get("shard") for node in nodes}
@@ -715,5 +716,7 @@ def _merge_env(run_dir: Path, record: JobsRecord) -> None:
             nodes.append({**node, "shard": shard, "job_id": job.job_id})
             added = True
     if added:
+        order = {one.shard(job): n for n, (one, job) in enumerate(record.jobs())}
+        nodes.sort(key=lambda node: order.get(node.get("shard"), len(order)))
         env.update(nodes=nodes, executor=record.executor, results_schema=rundir.SCHEMA_VERSION)
         rundir.write_json(run_dir / rundir.ENV, env)
