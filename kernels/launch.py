@@ -73,11 +73,11 @@ class Launches:
         """
         entry = self.sites.get(site)
         if entry is not None:
-            run, head, metadata, device, pointers, tail, hooks = entry
+            run, head, device, pointers, tail, hooks = entry
             if not (hooks[0].calls or hooks[1].calls):
                 addresses, scalars = map(DATA_PTR, args[:pointers]), args[pointers:]
                 stream = current_stream(device)
-                run(grid, 1, 1, stream, *head, metadata, None, None, None, *addresses, *scalars, *tail)
+                run(grid, 1, 1, stream, *head, *addresses, *scalars, *tail)
                 if self.trace is not None:
                     self.trace.append((entry, grid, args))
                 return
@@ -110,7 +110,10 @@ class Launches:
         pointers = next((n for n, x in enumerate(args) if not isinstance(x, torch.Tensor)), len(args))
         if any(isinstance(x, torch.Tensor) for x in args[pointers:]):
             return  # a tensor after a scalar: Triton launches this site every time
-        self.sites[site] = (run, head, compiled.packed_metadata, device, pointers, tail, hooks)
+        # What precedes the kernel's parameters: the launcher's head, the metadata, no launch metadata
+        # and no hooks.
+        head = (*head, compiled.packed_metadata, None, None, None)
+        self.sites[site] = (run, head, device, pointers, tail, hooks)
 
     def keep_replay(self, known: tuple[torch.Tensor, ...]) -> None:
         """End the recording that `trace = []` began: keep the recorded call as `replay` where every
@@ -127,7 +130,7 @@ class Launches:
         slots: dict[int, int] = {}  # scratch storage address -> its offset in the workspace
         size = 0
         launches = []
-        for (run, head, metadata, _, pointers, tail, _), grid, args in trace:
+        for (run, head, _, pointers, tail, _), grid, args in trace:
             bases = []
             for x in args[:pointers]:
                 index = next((n for n, y in enumerate(known) if x is y), None)
@@ -142,9 +145,8 @@ class Launches:
                     slots[start] = size
                     size += -(-storage.nbytes() // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
                 bases.append((len(known), slots[start] + x.data_ptr() - start))
-            head_args = (*head, metadata, None, None, None)
-            launches.append((run, grid, head_args, tuple(bases), args[pointers:] + tail))
-        _, _, _, device, _, _, hooks = trace[0][0]  # the same for every site of a call signature
+            launches.append((run, grid, head, tuple(bases), args[pointers:] + tail))
+        _, _, device, _, _, hooks = trace[0][0]  # the same for every site of a call signature
         self.replay = Replay(launches, size, device, hooks)
 
 
