@@ -20,7 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import (
+from tfla_bench.adapters.registry import Adapter, GateShape
+from tfla_bench.adapters.support import (
     bool_param,
     cuda_reason,
     element_bytes,
@@ -31,9 +32,8 @@ from tfla_bench.adapter_support import (
     try_import,
     unknown_params_reason,
 )
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.model.counts import ATTENTION_BACKWARD, attention_bytes, attention_flops
-from tfla_bench.registry import Adapter, GateShape
-from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import (
+from tfla_bench.adapters.registry import Adapter, GateShape
+from tfla_bench.adapters.support import (
     cuda_reason,
     element_bytes,
     generator,
@@ -34,9 +35,8 @@ from tfla_bench.adapter_support import (
     try_import,
     unknown_params_reason,
 )
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
-from tfla_bench.registry import Adapter, GateShape
-from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch

@@ -27,20 +27,20 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from tfla_bench.adapter_support import (
+from tfla_bench.adapters.registry import Adapter, GateShape
+from tfla_bench.adapters.support import (
     cuda_reason,
     element_bytes,
     int_param,
     is_installed,
-    is_power_of_two,
     torch_dtype,
     uniform,
     unknown_params_reason,
 )
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import exception_line
+from tfla_bench.kernels.contract import is_power_of_two
 from tfla_bench.model.families import mamba2_byte_terms, mamba2_flop_terms
-from tfla_bench.registry import Adapter, GateShape
-from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import cuda_reason, is_installed, is_power_of_two, try_import
-from tfla_bench.kernels.adapters._mlstm import ChunkwiseMlstmAdapter
-from tfla_bench.workloads import Case
+from tfla_bench.adapters.mlstm import ChunkwiseMlstmAdapter
+from tfla_bench.adapters.support import cuda_reason, is_installed, try_import
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.kernels.contract import is_power_of_two
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +39,7 @@ MIN_HEAD_DIM = 16
 XL_MIN_CHUNKED_SEQ_LEN = 128
 XL_BLOCK = 64
 SEQ_LEN_MULTIPLE = 16
-# The published series are our kernels' (`tfla_bench.kernels.adapters._mlstm`); the peers rank after them.
+# The published series are our kernels' (`tfla_bench.adapters.mlstm`); the peers rank after them.
 PEER_RANK = 1
 
 

@@ -3,9 +3,9 @@ Ampere or newer), layout `[B, T, H, D]`."""
 
 from __future__ import annotations
 
-from tfla_bench.adapter_support import capability, device_label
+from tfla_bench.adapters.registry import DASH_DOT, PlotStyle, register
+from tfla_bench.adapters.support import capability, device_label
 from tfla_bench.baselines._attention import FlashAttentionAdapter
-from tfla_bench.registry import DASH_DOT, PlotStyle, register
 
 
 @register

@@ -6,9 +6,9 @@ FlashAttention-4's CuTe kernels are the separate adapter `fa4`: one is never rep
 
 from __future__ import annotations
 
-from tfla_bench.adapter_support import capability, device_label
+from tfla_bench.adapters.registry import DASH_DOT, PlotStyle, PublishedSeries, register
+from tfla_bench.adapters.support import capability, device_label
 from tfla_bench.baselines._attention import FlashAttentionAdapter
-from tfla_bench.registry import DASH_DOT, PlotStyle, PublishedSeries, register
 
 
 @register

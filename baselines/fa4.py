@@ -5,9 +5,9 @@ Hopper (sm90) and Blackwell (sm100). Its first call JIT-compiles the kernel for 
 
 from __future__ import annotations
 
-from tfla_bench.adapter_support import capability, device_label
+from tfla_bench.adapters.registry import DASH_DOT, PlotStyle, register
+from tfla_bench.adapters.support import capability, device_label
 from tfla_bench.baselines._attention import FlashAttentionAdapter
-from tfla_bench.registry import DASH_DOT, PlotStyle, register
 
 ARCHITECTURES = (9, 10)
 

@@ -1,10 +1,10 @@
 """`gla`: fla's chunkwise GLA, `fla.ops.gla.chunk_gla(q, k, v, g)`: a log forget gate per token, head
 and key channel, `g` `[B, T, H, Dqk]`. fla fixes its chunk size to min(64, max(16, next_pow2(T)))."""
 
+from tfla_bench.adapters.registry import PlotStyle, PublishedSeries, register
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.baselines._gla import FlaAdapter
 from tfla_bench.model.families import gla_byte_terms, gla_flop_terms
-from tfla_bench.registry import PlotStyle, PublishedSeries, register
-from tfla_bench.workloads import Case
 
 
 def gla_chunk_size(seq_len: int) -> int:

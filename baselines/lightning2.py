@@ -20,25 +20,25 @@ import importlib
 import math
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import (
+from tfla_bench.adapters.registry import Adapter, GateShape, PlotStyle, PublishedSeries, register
+from tfla_bench.adapters.support import (
     cuda_reason,
     element_bytes,
     generator,
     grad_if,
     is_installed,
-    is_power_of_two,
     qkv,
     try_import,
     unknown_params_reason,
 )
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.kernels.contract import is_power_of_two
 from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.model.families import (
     LIGHTNING_BLOCK,
     lightning_byte_terms,
     lightning_flop_terms,
 )
-from tfla_bench.registry import Adapter, GateShape, PlotStyle, PublishedSeries, register
-from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import (
+from tfla_bench.adapters.registry import SOLID, Adapter, GateShape, PlotStyle, PublishedSeries, register
+from tfla_bench.adapters.support import (
     cuda_reason,
     element_bytes,
     generator,
@@ -20,6 +21,7 @@ from tfla_bench.adapter_support import (
     try_import,
     unknown_params_reason,
 )
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.baselines._mamba import (
     MAMBA_INSTALL,
     MAX_SELECTIVE_SCAN_STATE,
@@ -29,8 +31,6 @@ from tfla_bench.baselines._mamba import (
 )
 from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.model.families import selective_scan_bytes, selective_scan_flops
-from tfla_bench.registry import SOLID, Adapter, GateShape, PlotStyle, PublishedSeries, register
-from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import generator, grad_if, randn, torch_dtype, uniform
+from tfla_bench.adapters.registry import PlotStyle, PublishedSeries, register
+from tfla_bench.adapters.support import generator, grad_if, randn, torch_dtype, uniform
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.baselines._mamba import (
     A_MAX,
     A_MIN,
@@ -18,8 +20,6 @@ from tfla_bench.baselines._mamba import (
     time_steps,
 )
 from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
-from tfla_bench.registry import PlotStyle, PublishedSeries, register
-from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import (
+from tfla_bench.adapters.registry import DASHED, PlotStyle, PublishedSeries, register
+from tfla_bench.adapters.support import (
     element_bytes,
     generator,
     grad_if,
@@ -18,6 +19,7 @@ from tfla_bench.adapter_support import (
     try_import,
     uniform,
 )
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.baselines._mamba import (
     A_MAX,
     A_MIN,
@@ -29,8 +31,6 @@ from tfla_bench.baselines._mamba import (
 )
 from tfla_bench.model.counts import LINEAR_RNN_BACKWARD
 from tfla_bench.model.families import causal_conv1d_bytes, causal_conv1d_flops
-from tfla_bench.registry import DASHED, PlotStyle, PublishedSeries, register
-from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch

@@ -3,9 +3,9 @@
 
 import dataclasses
 
+from tfla_bench.adapters.mlstm import XL_CHUNK_SIG
+from tfla_bench.adapters.registry import DASHED, PlotStyle, register
 from tfla_bench.baselines._mlstm_kernels import PEER_RANK, MlstmKernelsPeer
-from tfla_bench.kernels.adapters._mlstm import XL_CHUNK_SIG
-from tfla_bench.registry import DASHED, PlotStyle, register
 
 
 @register

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from tfla_bench.adapters.registry import SOLID, PlotStyle, PublishedSeries, register
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.baselines._attention import SdpaAdapter
-from tfla_bench.registry import SOLID, PlotStyle, PublishedSeries, register
-from tfla_bench.workloads import Case
 
 
 @register

@@ -1,8 +1,8 @@
 """`sdpa_math`: torch SDPA's math backend (plain matmul + softmax; materializes the T x T scores),
 on CPU and GPU."""
 
+from tfla_bench.adapters.registry import SOLID, PlotStyle, register
 from tfla_bench.baselines._attention import SdpaAdapter
-from tfla_bench.registry import SOLID, PlotStyle, register
 
 
 @register

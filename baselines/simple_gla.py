@@ -14,11 +14,11 @@ from fla's own flags, so the fwbw row carries the reason and fw still runs. GLA'
 
 from __future__ import annotations
 
-from tfla_bench.adapter_support import cuda_reason, is_installed, try_import
+from tfla_bench.adapters.registry import DASHED, PlotStyle, PublishedSeries, register
+from tfla_bench.adapters.support import cuda_reason, is_installed, try_import
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.baselines._gla import FlaAdapter
 from tfla_bench.model.families import simple_gla_byte_terms, simple_gla_flop_terms
-from tfla_bench.registry import DASHED, PlotStyle, PublishedSeries, register
-from tfla_bench.workloads import Case
 
 SIMPLE_GLA_CHUNK = 64
 

@@ -36,9 +36,10 @@ from pathlib import Path
 
 import torch
 
-from tfla_bench import gpustate, registry, timing
-from tfla_bench.worker import Worker, clear_grads, grad_leaves, make_step
-from tfla_bench.workloads import Case
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.measure import gpustate, timing
+from tfla_bench.measure.worker import Worker, clear_grads, grad_leaves, make_step
 
 CONTENDED = [
     Case("lightning2", "fwbw", "bfloat16", 4, 16384, 32, 128, 128, None),

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from tfla_bench import registry, timing
-from tfla_bench.worker import clear_grads, grad_leaves, make_step
-from tfla_bench.workloads import Case
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.measure import timing
+from tfla_bench.measure.worker import clear_grads, grad_leaves, make_step
 
 COPIES = 6
 CASES = [

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 
-from tfla_bench import registry, timing
-from tfla_bench.worker import clear_grads, grad_leaves, make_step
-from tfla_bench.workloads import Case
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.measure import timing
+from tfla_bench.measure.worker import clear_grads, grad_leaves, make_step
 
 KERNELS = {
     "tfla_sig": 128,

@@ -1,4 +1,4 @@
-"""Tune our kernels' `KernelConfig` for this GPU at given shapes (see tfla_bench.tuning).
+"""Tune our kernels' `KernelConfig` for this GPU at given shapes (see tfla_bench.measure.tuning).
 
 python experiments/tune_kernels.py tfla:sig:8,16,8192,128,256:128 [more shapes] \
     [--out kernels/tuned_configs.json] [--tables results/kernels] [--processes 14]
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from tfla_bench import timing, tuning
 from tfla_bench.kernels import config as kconfig
+from tfla_bench.measure import timing, tuning
 
 
 def parse_shape(text: str) -> tuning.Shape:

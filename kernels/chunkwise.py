@@ -33,14 +33,13 @@ from tfla_bench.kernels.common import (
     fwd_kernel_gates,
     fwd_kernel_states,
 )
-from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_name, is_pow2
+from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_name
+from tfla_bench.kernels.contract import chunk_reason, head_dim_reason
 from tfla_bench.kernels.gates import GATES, num_chunks
 from tfla_bench.kernels.launch import INTERPRETED, Launches
 from tfla_bench.kernels.reference import state_names
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MIN_CHUNK, MAX_CHUNK = 16, 4096
-MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 1024
 MAX_SIGNATURES = 256  # call signatures whose settings `settings_of` keeps (then it starts again)
 
 
@@ -331,10 +330,12 @@ def check_inputs(q, k, v, i, f, gate, chunk_size, seq_len_padded, eps):
     if q.device.type != "cuda" and not INTERPRETED:
         raise ValueError(f"q must be a CUDA tensor (or set TRITON_INTERPRET=1 before import), got {q.device}")
     for name, dim in (("Dqk (q.shape[-1])", dqk), ("Dv (v.shape[-1])", v.shape[-1])):
-        if not (MIN_HEAD_DIM <= dim <= MAX_HEAD_DIM and dim % 16 == 0):
-            raise ValueError(f"head dim {name} must be a multiple of 16 in [16, 1024], got {dim}")
-    if not isinstance(chunk_size, int) or not is_pow2(chunk_size) or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
-        raise ValueError(f"chunk_size must be a power of two in [16, 4096], got {chunk_size!r}")
+        reason = head_dim_reason(f"head dim {name}", dim)
+        if reason is not None:
+            raise ValueError(reason)
+    reason = chunk_reason(chunk_size)
+    if reason is not None:
+        raise ValueError(reason)
     if chunk_size > seq_len_padded:
         raise ValueError(
             f"chunk_size must be at most the sequence length T={seq_len_padded}, got {chunk_size}"

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import torch
 
+from tfla_bench.kernels.contract import is_power_of_two
+
 KERNELS = ("tfla", "limit_chunk")
 SRAM_BYTES = 228 * 1024  # shared memory of one H100 (sm90) streaming multiprocessor
 MIN_BLOCK = 16  # tl.dot's smallest operand dimension
@@ -89,10 +91,6 @@ class KernelConfig:
     state_num_warps: int = 4
     state_num_stages: int = 3
     state_one_tile: bool = False
-
-
-def is_pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
 
 
 def largest_pow2_divisor(n: int, cap: int) -> int:
@@ -269,7 +267,7 @@ def default_config(
 
 
 # Tuned configs by (GPU name, kernel, Dqk, Dv, L, dtype, gate): filled by an offline tuning run
-# (`tfla_bench.tuning`) through `register_tuned`, never inside a timed call; `TUNED_FILE` (or the file
+# (`tfla_bench.measure.tuning`) through `register_tuned`, never inside a timed call; `TUNED_FILE` (or the file
 # that `TUNED_FILE_ENV` names) is loaded on import.
 TUNED_CONFIGS: dict[tuple[str, str, int, int, int, torch.dtype, str], KernelConfig] = {}
 KEY_FIELDS = ("gpu", "kernel", "head_dim_qk", "head_dim_v", "chunk_size", "dtype", "gate")
@@ -344,20 +342,20 @@ def check_config(
         )
     for name in ("seq_q", "seq_kv", "bwd_seq_q", "bwd_seq_kv", "state_seq"):
         size = getattr(config, name)
-        if not (is_pow2(size) and MIN_BLOCK <= size <= chunk_size):
+        if not (is_power_of_two(size) and MIN_BLOCK <= size <= chunk_size):
             raise ValueError(
                 f"config.{name} must be a power of two in [16, chunk_size={chunk_size}], got {size}"
             )
     for name in ("qk", "v", "bwd_qk", "bwd_v", "state_qk", "state_v"):
         dim = head_dim_v if name.endswith("v") else head_dim_qk
         size = getattr(config, name)
-        if not (is_pow2(size) and size >= MIN_BLOCK and dim % size == 0):
+        if not (is_power_of_two(size) and size >= MIN_BLOCK and dim % size == 0):
             raise ValueError(
                 f"config.{name} must be a power of two >= 16 dividing the head dim {dim}, got {size}"
             )
     for field in fields(KernelConfig):
         value = getattr(config, field.name)
-        if field.name.endswith("num_warps") and not is_pow2(value):
+        if field.name.endswith("num_warps") and not is_power_of_two(value):
             raise ValueError(f"config.{field.name} must be a power of two, got {value}")
         if field.name.endswith("num_stages") and value < 1:
             raise ValueError(f"config.{field.name} must be at least 1, got {value}")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from plugin_support import registered_test_adapters
 
-from tfla_bench import registry
+from tfla_bench.adapters import registry
 
 if not torch.cuda.is_available():
     # Must be set before any `@triton.jit` function is defined (i.e. before our kernels are imported).

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from plugin_adapters import _Tiny
 
-from tfla_bench.registry import register
+from tfla_bench.adapters.registry import register
 
 
 @register

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from tfla_bench.registry import Adapter, register
-from tfla_bench.workloads import Case
+from tfla_bench.adapters.registry import Adapter, register
+from tfla_bench.adapters.workloads import Case
 
 
 class _Tiny(Adapter):

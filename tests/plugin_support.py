@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Iterator
 from types import ModuleType
 
-from tfla_bench import registry
+from tfla_bench.adapters import registry
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ from typing import Any
 
 import pandas as pd
 
-from tfla_bench import rundir
 from tfla_bench.model.counts import (
     ATTENTION_BACKWARD,
     LINEAR_RNN_BACKWARD,
@@ -23,6 +22,7 @@ from tfla_bench.model.counts import (
     mlstm_bytes,
     mlstm_flops,
 )
+from tfla_bench.run import rundir
 
 REPO = Path(__file__).resolve().parent.parent
 PUBLISHED = REPO / "results" / "published"
@@ -279,7 +279,7 @@ def write_run(
 
 def write_cases_as_run(run_dir: Path, cases: list, published: str | None) -> Path:
     """A run directory with one ok row per `Case` (made-up timings), as a sweep of those cases would write."""
-    from tfla_bench import registry
+    from tfla_bench.adapters import registry
 
     rows = []
     for case in cases:

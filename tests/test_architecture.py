@@ -22,53 +22,20 @@ ROOTS = {
     "tfla_bench.baselines": REPO / "baselines",
 }
 ADAPTER_PACKAGES = ("tfla_bench.kernels.adapters", "tfla_bench.baselines")
-# The README's map, bottom layer first; every module of the suite belongs to one layer.
-LAYERS = (
-    # what adapters build on; none of it may import an adapter or the rest of the suite
-    (
-        "tfla_bench",
-        "tfla_bench.errors",
-        "tfla_bench.workloads",
-        "tfla_bench.registry",
-        "tfla_bench.adapter_support",
-        "tfla_bench.model",
-        "tfla_bench.kernels",
-    ),
-    ADAPTER_PACKAGES,
-    # measuring
-    (
-        "tfla_bench.specs",
-        "tfla_bench.timing",
-        "tfla_bench.memory",
-        "tfla_bench.gpustate",
-        "tfla_bench.worker",
-        "tfla_bench.correctness",
-        "tfla_bench.precompile",
-        "tfla_bench.rundir",
-        "tfla_bench.envinfo",
-        "tfla_bench.phases",
-        "tfla_bench.roofs",
-        "tfla_bench.console",
-        "tfla_bench.runner",
-        "tfla_bench.shard",
-        "tfla_bench.jobs",
-        "tfla_bench.cluster",
-        "tfla_bench.ncu",
-        "tfla_bench.profiling",
-        "tfla_bench.validation",
-        "tfla_bench.tuning",
-    ),
-    # analysing
-    (
-        "tfla_bench.published",
-        "tfla_bench.compare",
-        "tfla_bench.plots",
-        "tfla_bench.diff",
-        "tfla_bench.report",
-    ),
-    # the command line, and the wheel builder that stands alone
-    ("tfla_bench.paths", "tfla_bench.commands", "tfla_bench.cli", "tfla_bench.cuda_wheels"),
+# The layers of the data flow, bottom first, as folders: every module belongs to the layer of the
+# folder it sits in, so a new module needs no entry here, and a new folder must take its place below.
+FOLDER_LAYERS = (
+    ("adapters", "model", "kernels"),  # what adapters build on
+    ("kernels.adapters", "baselines"),  # the adapters
+    ("measure",),  # one case, and the machine
+    ("run",),  # a sweep: spec, run directory, runner, jobs
+    ("analyse", "plots"),  # finished runs
+    ("cli",),  # the command line
 )
+# Modules at the top of `tfla_bench/`: the package itself and what every layer may use (the error
+# type) sit at the bottom; the wheel builder stands alone above the command line.
+TOP_MODULES = {"tfla_bench": 0, "tfla_bench.errors": 0, "tfla_bench.cuda_wheels": len(FOLDER_LAYERS)}
+LAYERS = tuple(tuple(f"tfla_bench.{folder}" for folder in folders) for folders in FOLDER_LAYERS)
 
 
 def module_files(roots: dict[str, Path]) -> dict[str, Path]:
@@ -165,13 +132,15 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
 
 
 def layer(module: str) -> int:
-    """The module's layer in `LAYERS` (the most specific package naming it); -1 for none. The root
-    package `tfla_bench` names only its own `__init__`, not every module below it."""
+    """The module's layer: that of the most specific folder in `FOLDER_LAYERS` holding it, or its
+    entry in `TOP_MODULES`; -1 for none."""
+    if module in TOP_MODULES:
+        return TOP_MODULES[module]
     found = [
         (len(package), index)
         for index, packages in enumerate(LAYERS)
         for package in packages
-        if module == package or (package != "tfla_bench" and module.startswith(f"{package}."))
+        if module == package or module.startswith(f"{package}.")
     ]
     return max(found)[1] if found else -1
 
@@ -193,7 +162,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_suite_has_no_import_cycle():
     graph = import_graph(ROOTS)
-    assert "tfla_bench.worker" in graph and "tfla_bench.baselines.sdpa_math" in graph
+    assert "tfla_bench.measure.worker" in graph and "tfla_bench.baselines.sdpa_math" in graph
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
@@ -205,9 +174,20 @@ def test_every_module_has_a_layer():
     assert [module for module in import_graph(ROOTS) if layer(module) < 0] == []
 
 
+def test_every_folder_of_the_suite_is_a_layer_and_few_modules_stay_at_its_top():
+    folders = {path.parent.name for path in (REPO / "tfla_bench").glob("*/__init__.py")}
+    assert folders == {name for names in FOLDER_LAYERS for name in names} - {
+        "kernels",
+        "kernels.adapters",
+        "baselines",
+    }
+    top = {f"tfla_bench.{path.stem}".removesuffix(".__init__") for path in (REPO / "tfla_bench").glob("*.py")}
+    assert top == set(TOP_MODULES) and len(top) <= 6
+
+
 def test_the_worker_imports_neither_the_gate_nor_precompile():
-    targets = import_graph(ROOTS)["tfla_bench.worker"]
-    assert not targets & {"tfla_bench.correctness", "tfla_bench.precompile"}
+    targets = import_graph(ROOTS)["tfla_bench.measure.worker"]
+    assert not targets & {"tfla_bench.run.correctness", "tfla_bench.run.precompile"}
 
 
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -223,9 +203,9 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_the_worker_and_a_job_import_no_module_that_submits_jobs():
     graph = import_graph(ROOTS)
-    for module in ("tfla_bench.worker", "tfla_bench.shard"):
-        assert "tfla_bench.cluster" not in reachable(graph, module), module
-    assert "tfla_bench.shard" in graph["tfla_bench.cluster"]
+    for module in ("tfla_bench.measure.worker", "tfla_bench.run.shard"):
+        assert "tfla_bench.run.cluster" not in reachable(graph, module), module
+    assert "tfla_bench.run.shard" in graph["tfla_bench.run.cluster"]
 
 
 def write_package(root: Path, files: dict[str, str]) -> None:
@@ -274,15 +254,16 @@ def test_type_checking_imports_and_relative_imports(tmp_path):
 @pytest.mark.parametrize(
     ("edge", "wrong"),
     [
-        (("tfla_bench.registry", "tfla_bench.runner"), True),
+        (("tfla_bench.adapters.registry", "tfla_bench.run.runner"), True),
         (("tfla_bench.model.counts", "tfla_bench.baselines.fa2"), True),
-        (("tfla_bench.baselines.fa2", "tfla_bench.correctness"), True),
+        (("tfla_bench.baselines.fa2", "tfla_bench.run.correctness"), True),
         (("tfla_bench.kernels.adapters.tfla_sig", "tfla_bench.baselines._attention"), True),
-        (("tfla_bench.baselines.mlstm_kernels_sig", "tfla_bench.kernels.adapters._mlstm"), False),
-        (("tfla_bench.runner", "tfla_bench.registry"), False),
-        (("tfla_bench.runner", "tfla_bench.report"), True),
-        (("tfla_bench.report", "tfla_bench.runner"), False),
-        (("tfla_bench.plots.style", "tfla_bench.commands.bench"), True),
+        (("tfla_bench.baselines.mlstm_kernels_sig", "tfla_bench.adapters.mlstm"), False),
+        (("tfla_bench.run.runner", "tfla_bench.adapters.registry"), False),
+        (("tfla_bench.measure.worker", "tfla_bench.run.specs"), True),
+        (("tfla_bench.run.runner", "tfla_bench.analyse.report"), True),
+        (("tfla_bench.analyse.report", "tfla_bench.run.runner"), False),
+        (("tfla_bench.plots.style", "tfla_bench.cli.bench"), True),
     ],
 )
 def test_an_upward_import_is_reported(edge, wrong):

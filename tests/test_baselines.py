@@ -10,12 +10,12 @@ import types
 import pytest
 import torch
 
-from tfla_bench import registry
-from tfla_bench.adapter_support import CUDA_MISSING
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.support import CUDA_MISSING
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.baselines import _attention as attention
 from tfla_bench.baselines import _mamba, gla, lightning2, simple_gla
 from tfla_bench.model.counts import mlstm_flops
-from tfla_bench.workloads import Case
 
 ADAPTERS = {
     "fa2": ("attention", "BTHD"),

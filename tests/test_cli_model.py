@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tfla_bench.cli import main
+from tfla_bench.cli.main import main
 from tfla_bench.plots import catalog
 from tfla_bench.plots.model_figures import FIGURE_NAMES
 

@@ -7,8 +7,8 @@ import torch
 import typer
 from synthetic_run import fig5_rows, write_run
 
-from tfla_bench import paths
-from tfla_bench.cli import app, main
+from tfla_bench.cli import paths
+from tfla_bench.cli.main import app, main
 from tfla_bench.errors import UserError
 
 

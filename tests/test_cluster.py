@@ -1,4 +1,4 @@
-"""Sweeps through a job scheduler (`sweep --executor local|slurm`, `tfla_bench.cluster`).
+"""Sweeps through a job scheduler (`sweep --executor local|slurm`, `tfla_bench.run.cluster`).
 
 Local jobs (submitit's `LocalExecutor`, real processes on this machine) measure a tiny CPU spec and
 must give the cases of the in-process sweep; a killed job leaves its missing cases, and only those,
@@ -23,14 +23,15 @@ import pytest
 from plugin_support import registered_test_adapters
 from synthetic_run import H100_NAME, headdim_rows, write_run
 
-from tfla_bench import cluster, jobs, registry, rundir, specs
-from tfla_bench.cli import main
-from tfla_bench.compare import load_run
-from tfla_bench.console import make_console
-from tfla_bench.jobs import JobRecord, JobsRecord, Round
-from tfla_bench.rundir import ResultRow
-from tfla_bench.shard import ShardJob
-from tfla_bench.workloads import Case
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.analyse.compare import load_run
+from tfla_bench.cli.main import main
+from tfla_bench.run import cluster, jobs, rundir, specs
+from tfla_bench.run.console import make_console
+from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
+from tfla_bench.run.rundir import ResultRow
+from tfla_bench.run.shard import ShardJob
 
 TESTS = Path(__file__).resolve().parent
 WAIT_S = 120.0

@@ -16,11 +16,11 @@ from synthetic_run import (
     write_run,
 )
 
-from tfla_bench.cli import main
-from tfla_bench.compare import compare_run, comparison_frame, comparison_tables, load_run
+from tfla_bench.analyse.compare import compare_run, comparison_frame, comparison_tables, load_run
+from tfla_bench.analyse.published import load_published
+from tfla_bench.cli.main import main
 from tfla_bench.errors import UserError
 from tfla_bench.model.hardware import ACCELERATORS
-from tfla_bench.published import load_published
 
 FIG5 = "tfla_fig5_consttoken_rerun_nh16"
 FIG5_CSV = "tfla_fig5_consttoken.csv"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tfla_bench import registry, rundir
-from tfla_bench.cli import main
+from tfla_bench.adapters import registry
+from tfla_bench.cli.main import main
+from tfla_bench.run import rundir
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "tests" / "examples" / "torch_linear_attention.py"

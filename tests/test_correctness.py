@@ -12,9 +12,10 @@ import pytest
 import torch
 import typer
 
-from tfla_bench import correctness, registry
-from tfla_bench.commands import check
+from tfla_bench.adapters import registry
+from tfla_bench.cli import check
 from tfla_bench.errors import UserError
+from tfla_bench.run import correctness
 
 
 def test_max_relative_error():
@@ -56,7 +57,7 @@ PLUGIN = textwrap.dedent(
 
     import torch
 
-    from tfla_bench.registry import Adapter, register
+    from tfla_bench.adapters.registry import Adapter, register
 
 
     class _Scale(Adapter):

@@ -6,11 +6,11 @@ import math
 import pandas as pd
 import pytest
 
-from tfla_bench import rundir
-from tfla_bench.cli import main
-from tfla_bench.diff import diff_runs, verdict
-from tfla_bench.rundir import ResultRow
-from tfla_bench.workloads import Case
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.analyse.diff import diff_runs, verdict
+from tfla_bench.cli.main import main
+from tfla_bench.run import rundir
+from tfla_bench.run.rundir import ResultRow
 
 ENV = {
     "gpu_name": "NVIDIA H100 80GB HBM3",
@@ -137,7 +137,7 @@ def test_agreement_per_device_and_without_throttled_cases(tmp_path, capsys):
     assert by_device["cuda:0 in A, cuda:1 in B"]["max_deviation"] == pytest.approx(0.1)
     unthrottled = result.agreement_unthrottled()
     assert unthrottled["cases"] == 3 and unthrottled["max_deviation"] == pytest.approx(0.04)
-    from tfla_bench.diff import HOLLOW, ratio_figure
+    from tfla_bench.analyse.diff import HOLLOW, ratio_figure
 
     fig = ratio_figure(result, "two GPUs / one")
     assert [text.get_text() for text in fig.legends[0].get_texts()] == ["tfla_sig", f"hollow: {HOLLOW}"]
@@ -209,7 +209,7 @@ def test_cli_no_matching_case_or_no_run_is_one_line_and_exit_2(runs, tmp_path, c
 
 
 def test_the_plot_runs_along_the_column_that_varies(tmp_path):
-    from tfla_bench.diff import ratio_figure
+    from tfla_bench.analyse.diff import ratio_figure
 
     def head_dim_case(dim):
         return Case("tfla_sig", "fwbw", "bfloat16", 8, 8192, 16, dim, dim, 128)

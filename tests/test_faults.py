@@ -30,8 +30,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfla_bench import phases, registry, rundir
-from tfla_bench.cli import main
+from tfla_bench.adapters import registry
+from tfla_bench.cli.main import main
+from tfla_bench.run import phases, rundir
 
 TESTS = Path(__file__).resolve().parent
 README = TESTS.parent / "README.md"
@@ -104,7 +105,7 @@ def start(args: list[str], cwd: Path, log: Path, plugins: str | None = None) -> 
     """`tfla-bench ARGS` in a subprocess; its output goes to `log` (a pipe nobody reads could fill up)."""
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "tfla_bench.cli", *args],
+            [sys.executable, "-m", "tfla_bench.cli.main", *args],
             cwd=cwd,
             env=_env(plugins),
             stdout=out,
@@ -291,7 +292,7 @@ if os.geteuid() == 0:
         data[0] &= ~(1 << cap)
         data[1] &= ~(1 << cap)
     assert libc.capset(header, data) == 0, os.strerror(ctypes.get_errno())
-from tfla_bench.cli import main
+from tfla_bench.cli.main import main
 answers = []
 for argv in json.loads(sys.argv[1]):
     err = io.StringIO()

@@ -8,8 +8,9 @@ import itertools
 import pytest
 from synthetic_run import fig5_rows, headdim_rows, write_run
 
-from tfla_bench import registry
-from tfla_bench.compare import compare_run, load_run
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.registry import PlotStyle
+from tfla_bench.analyse.compare import compare_run, load_run
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
 from tfla_bench.plots.base import (
     CPU,
@@ -25,7 +26,6 @@ from tfla_bench.plots.base import (
 )
 from tfla_bench.plots.catalog import GROUPS, plots, run_context
 from tfla_bench.plots.style import accelerator_style, resolve_style, row_style
-from tfla_bench.registry import PlotStyle
 
 H100_H200 = [ACCELERATORS["h100"], ACCELERATORS["h200"]]
 MLSTM = ("tfla_sig", "tfla_exp", "limit_chunk", "mlstm_kernels_sig", "mlstm_kernels_exp")

@@ -5,8 +5,9 @@ import types
 
 import pytest
 
-from tfla_bench import gpustate, rundir
-from tfla_bench.gpustate import Monitor, Reading
+from tfla_bench.measure import gpustate
+from tfla_bench.measure.gpustate import Monitor, Reading
+from tfla_bench.run import rundir
 
 
 def test_reason_names_and_the_throttle_flag():

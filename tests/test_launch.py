@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tfla_bench import timing
 from tfla_bench.kernels import chunkwise, launch
 from tfla_bench.kernels.config import default_config
+from tfla_bench.measure import timing
 
 
 class StandInKernel:

@@ -35,7 +35,8 @@ from mlstm_support import (
     run_with_grads,
 )
 
-from tfla_bench import registry
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.kernels.config import (
     SRAM_BYTES,
     TUNED_CONFIGS,
@@ -47,7 +48,6 @@ from tfla_bench.kernels.config import (
 from tfla_bench.kernels.limit_chunk import mlstm_limit_chunk
 from tfla_bench.kernels.reference import mlstm_chunkwise, mlstm_recurrent
 from tfla_bench.model.counts import LINEAR_RNN_BACKWARD, mlstm_bytes, mlstm_flops
-from tfla_bench.workloads import Case
 
 FP32_RTOL = 1e-4
 

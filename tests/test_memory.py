@@ -6,8 +6,8 @@ import weakref
 import pytest
 import torch
 
-from tfla_bench import memory
-from tfla_bench.precompile import sharded_autotuning
+from tfla_bench.measure import memory
+from tfla_bench.run.precompile import sharded_autotuning
 
 pytestmark = pytest.mark.usefixtures("plugin_adapters")
 

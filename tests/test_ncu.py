@@ -1,7 +1,7 @@
-"""Nsight Compute's CSV and the ncu runner (`tfla_bench.ncu`), with a fake `ncu` on CPU.
+"""Nsight Compute's CSV and the ncu runner (`tfla_bench.measure.ncu`), with a fake `ncu` on CPU.
 
 `tests/data/ncu_sample.csv` is ncu's `--csv --page details --print-units base` output; a file made by
-a real ncu on the GPU replaces it (see `tfla_bench.ncu`), so its tests check what holds for any such
+a real ncu on the GPU replaces it (see `tfla_bench.measure.ncu`), so its tests check what holds for any such
 file rather than its numbers.
 """
 
@@ -13,8 +13,8 @@ import io
 import fake_ncu
 import pytest
 
-from tfla_bench import ncu
 from tfla_bench.errors import UserError
+from tfla_bench.measure import ncu
 
 
 def test_parser_reads_every_launch_of_the_sample_file():

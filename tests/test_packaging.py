@@ -30,7 +30,8 @@ def test_wheel_maps_kernels_and_baselines_into_the_namespace(tmp_path):
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)]
     subprocess.run(install, check=True, capture_output=True)
     probe = (
-        "import tfla_bench.kernels.adapters, tfla_bench.baselines.sdpa_math, tfla_bench.published as p;"
+        "import tfla_bench.kernels.adapters, tfla_bench.baselines.sdpa_math;"
+        "import tfla_bench.analyse.published as p;"
         "print(tfla_bench.kernels.adapters.__file__);"
         "print(p.published_dir()); print(len(p.load_published('tfla_fig5_consttoken_rerun_nh16')))"
     )

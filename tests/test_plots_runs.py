@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from synthetic_run import RUNTIME_FACTOR, fig5_rows, headdim_rows, published_value, write_run
 
-from tfla_bench.cli import main
-from tfla_bench.compare import compare_run, load_run
+from tfla_bench.analyse.compare import compare_run, load_run
+from tfla_bench.cli.main import main
 from tfla_bench.model.hardware import ACCELERATORS
 from tfla_bench.plots.base import render
 from tfla_bench.plots.catalog import plot_measured_roofline, plot_run, run_context

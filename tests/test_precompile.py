@@ -6,8 +6,9 @@ import threading
 import pytest
 import torch
 
-from tfla_bench import precompile, registry, runner, specs
-from tfla_bench.workloads import Case
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.run import precompile, runner, specs
 
 pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
@@ -335,7 +336,7 @@ def test_the_fingerprint_follows_the_devices_and_the_tuned_configs(monkeypatch):
 @pytest.mark.gpu
 def test_precompile_an_autotuned_library_kernel_on_the_gpu(tmp_path):
     """fla's GLA (autotuned) through the real workers: every shard runs without a failure."""
-    from tfla_bench import registry
+    from tfla_bench.adapters import registry
 
     gla = registry.get("gla")
     if gla.available() is not None:

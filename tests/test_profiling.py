@@ -1,4 +1,4 @@
-"""Measured bytes under Nsight Compute (`tfla-bench profile`, `tfla_bench.profiling`): profile.csv beside
+"""Measured bytes under Nsight Compute (`tfla-bench profile`, `tfla_bench.run.profiling`): profile.csv beside
 results.csv, its join, the measured intensity, the flag above the measured roof, figures and report.
 
 A fake `ncu` (`fake_ncu.py`) stands in for Nsight Compute on CPU; the GPU test uses the real one.
@@ -16,16 +16,17 @@ import pytest
 import torch
 from synthetic_run import fig5_rows, write_run
 
-from tfla_bench import ncu, profiling, roofs, rundir, specs
-from tfla_bench.cli import main
-from tfla_bench.compare import load_run
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.analyse.compare import load_run
+from tfla_bench.analyse.report import build_report
+from tfla_bench.cli.main import main
+from tfla_bench.measure import ncu, roofs
+from tfla_bench.measure.roofs import MeasuredRoofs
 from tfla_bench.model.hardware import ACCELERATORS
 from tfla_bench.plots.base import render
 from tfla_bench.plots.catalog import run_context
 from tfla_bench.plots.measured import PROFILE_LINK, measured_plots
-from tfla_bench.report import build_report
-from tfla_bench.roofs import MeasuredRoofs
-from tfla_bench.workloads import Case
+from tfla_bench.run import profiling, rundir, specs
 
 SAMPLE_KERNELS = ncu.parse_csv(fake_ncu.SAMPLE.read_text())
 SAMPLE_BYTES = sum(k.dram_read_bytes + k.dram_write_bytes for k in SAMPLE_KERNELS)

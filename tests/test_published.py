@@ -9,11 +9,9 @@ import pandas as pd
 import pytest
 from synthetic_run import fig5_rows, write_cases_as_run, write_run
 
-from tfla_bench import registry, specs
-from tfla_bench.cli import main
-from tfla_bench.compare import compare_run, load_run
-from tfla_bench.errors import UserError
-from tfla_bench.published import (
+from tfla_bench.adapters import registry
+from tfla_bench.analyse.compare import compare_run, load_run
+from tfla_bench.analyse.published import (
     PUBLISHED_COLUMNS,
     PUBLISHED_DIR_ENV,
     UNMAPPED,
@@ -26,6 +24,9 @@ from tfla_bench.published import (
     published_cases,
     published_dir,
 )
+from tfla_bench.cli.main import main
+from tfla_bench.errors import UserError
+from tfla_bench.run import specs
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_README_LINES = ("Source: GitHub repository **NX-AI/mlstm_kernels**", "zeroes a 256e6-byte buffer")

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tfla_bench import registry
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.kernels.gates import chunk_gates, log_gates, reverse_cumsum
 from tfla_bench.kernels.reference import (
     decay_linear_attention,
@@ -19,7 +20,6 @@ from tfla_bench.kernels.reference import (
     state_names,
     zero_state,
 )
-from tfla_bench.workloads import Case
 
 # float64 formulations of the same function differ only by rounding: ~1e-13 relative.
 FP64_RTOL = 1e-10

@@ -6,10 +6,11 @@ import sys
 
 import pytest
 
-from tfla_bench import published, registry
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.registry import Adapter, PlotStyle, PublishedSeries
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.analyse import published
 from tfla_bench.plots.style import base_style, row_style
-from tfla_bench.registry import Adapter, PlotStyle, PublishedSeries
-from tfla_bench.workloads import Case
 
 
 def built_in_adapters() -> list[Adapter]:
@@ -80,7 +81,7 @@ def test_a_new_adapter_joins_the_published_mapping_and_the_plots_by_itself(scrat
 
 def test_origin_of_an_entry_point_and_of_a_plugins_env_module(scratch_registry, monkeypatch, tmp_path):
     (tmp_path / "origin_adapters_for_test.py").write_text(
-        "from test_registry import _Linear\nfrom tfla_bench.registry import register\n\n"
+        "from test_registry import _Linear\nfrom tfla_bench.adapters.registry import register\n\n"
         "@register\nclass FromEnv(_Linear):\n    name = 'test_from_env'\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))

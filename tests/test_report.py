@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 from synthetic_run import fig5_rows, write_run
 
-from tfla_bench import rundir
-from tfla_bench.cli import main
-from tfla_bench.compare import compare_run, comparison_tables, load_run
+from tfla_bench.analyse.compare import compare_run, comparison_tables, load_run
+from tfla_bench.analyse.report import build_report, failures_table, write_report
+from tfla_bench.cli.main import main
 from tfla_bench.model.hardware import ACCELERATORS
 from tfla_bench.plots.base import render
 from tfla_bench.plots.catalog import plots, run_context
-from tfla_bench.report import build_report, failures_table, write_report
+from tfla_bench.run import rundir
 
 FIG5 = "tfla_fig5_consttoken_rerun_nh16"
 TABLE_IDS = (
@@ -128,7 +128,7 @@ def test_cli_report_with_out_and_published_none(tmp_path, capsys):
 
 
 def test_report_shows_the_gate_of_a_checked_sweep(tmp_path):
-    from tfla_bench import correctness
+    from tfla_bench.run import correctness
 
     run_dir = write_run(tmp_path / "fig5_consttoken-20250101-000000", fw_rows()[:4])
     assert 'id="gate"' not in build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])
@@ -143,7 +143,7 @@ def test_report_shows_the_gate_of_a_checked_sweep(tmp_path):
 
 
 def test_report_shows_where_the_time_went(tmp_path):
-    from tfla_bench import phases
+    from tfla_bench.run import phases
 
     run_dir = write_run(tmp_path / "fig5_consttoken-20250101-000000", fw_rows()[:4])
     assert 'id="timings"' not in build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])

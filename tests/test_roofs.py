@@ -1,4 +1,4 @@
-"""Measured roofs (`tfla_bench.roofs`, `tfla-bench roofs`, `--gpu measured`): the cache per GPU and
+"""Measured roofs (`tfla_bench.measure.roofs`, `tfla-bench roofs`, `--gpu measured`): the cache per GPU and
 driver, the CPU refusal, and on a GPU the measurement itself."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from tfla_bench import roofs
-from tfla_bench.cli import main
-from tfla_bench.commands.roofs import roofs_table
+from tfla_bench.cli.main import main
+from tfla_bench.cli.roofs import roofs_table
 from tfla_bench.errors import UserError
+from tfla_bench.measure import roofs
 
 H100 = "NVIDIA H100 80GB HBM3"
 

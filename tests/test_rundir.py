@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from synthetic_run import fig5_rows, write_run
 
-from tfla_bench import registry, rundir, runner, specs
-from tfla_bench.cli import main
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case, parse_bool
+from tfla_bench.cli.main import main
 from tfla_bench.errors import UserError
-from tfla_bench.rundir import ResultRow
-from tfla_bench.worker import failure_of
-from tfla_bench.workloads import Case, parse_bool
+from tfla_bench.measure.worker import failure_of
+from tfla_bench.run import rundir, runner, specs
+from tfla_bench.run.rundir import ResultRow
 
 pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
@@ -214,7 +215,7 @@ def test_lock_held_in_another_process_is_refused(tmp_path):
             textwrap.dedent(f"""
             import sys, time
             from pathlib import Path
-            from tfla_bench import rundir
+            from tfla_bench.run import rundir
             lock = rundir.RunLock(Path({str(tmp_path)!r}), warn=print)
             lock.acquire()
             print("held", flush=True)
@@ -278,9 +279,9 @@ def test_a_file_size_limit_is_an_oserror_not_a_signal(tmp_path):
     script = textwrap.dedent(f"""
         import resource
         from pathlib import Path
-        from tfla_bench import rundir
-        from tfla_bench.rundir import ResultRow
-        from tfla_bench.workloads import Case, parse_bool
+        from tfla_bench.run import rundir
+        from tfla_bench.run.rundir import ResultRow
+        from tfla_bench.adapters.workloads import Case, parse_bool
         resource.setrlimit(resource.RLIMIT_FSIZE, (2039, 2039))  # within a row, not at its end
         case = Case("sdpa_math", "fw", "float32", 1, 16, 2, 8, 8, None, {{}})
         writer = rundir.RowWriter(Path({str(tmp_path / rundir.RESULTS)!r}), rundir.columns_for([case]))

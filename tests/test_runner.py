@@ -12,12 +12,14 @@ import pytest
 import torch
 from worker_jobs import EnvironmentJob, ProcessJob
 
-from tfla_bench import gpustate, phases, registry, rundir, runner, specs, timing, worker
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import UserError
 from tfla_bench.kernels import config as kernel_config
-from tfla_bench.specs import MeasureSettings
-from tfla_bench.worker import measure_case
-from tfla_bench.workloads import Case
+from tfla_bench.measure import gpustate, timing, worker
+from tfla_bench.measure.settings import MeasureSettings
+from tfla_bench.measure.worker import measure_case
+from tfla_bench.run import phases, rundir, runner, specs
 
 pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
@@ -327,7 +329,7 @@ def test_broken_entry_point_becomes_an_unavailable_adapter(monkeypatch):
 
 def test_plugins_env_imports_modules(monkeypatch, tmp_path):
     (tmp_path / "extra_adapters_for_test.py").write_text(
-        "from plugin_adapters import _Tiny\nfrom tfla_bench.registry import register\n\n"
+        "from plugin_adapters import _Tiny\nfrom tfla_bench.adapters.registry import register\n\n"
         "@register\nclass Extra(_Tiny):\n    name = 'test_extra'\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -430,7 +432,7 @@ def test_each_adapter_measures_in_a_process_of_its_own(tmp_path, monkeypatch):
 
 
 def test_git_sha_named_in_the_env_wins_over_a_stale_checkout(monkeypatch):
-    from tfla_bench import envinfo
+    from tfla_bench.measure import envinfo
 
     monkeypatch.setenv(envinfo.GIT_SHA_ENV, "0123abcd")
     assert envinfo._git_state() == {"git_sha": "0123abcd", "git_dirty": None}

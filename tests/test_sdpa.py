@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from tfla_bench import registry
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.measure.settings import MeasureSettings
+from tfla_bench.measure.worker import measure_case
 from tfla_bench.model.counts import ATTENTION_BACKWARD
-from tfla_bench.specs import MeasureSettings
-from tfla_bench.worker import measure_case
-from tfla_bench.workloads import Case
 
 
 def case(kernel="sdpa_math", mode="fw", dtype="float32", dqk=16, dv=24, seq_len=40, **params) -> Case:

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from tfla_bench import registry, specs
+from tfla_bench.adapters import registry
 from tfla_bench.errors import UserError
+from tfla_bench.run import specs
 
 pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
@@ -142,11 +143,26 @@ def test_to_dict_round_trips_and_measurement_overrides(tmp_path):
             BASE.replace('name = "t"', 'name = "t"\npower_cap = "wait"'),
             "key 'power_cap': expected one of gaps, again",
         ),
-        (BASE.replace('name = "t"', 'name = "t"\nreps = 0'), "key 'reps': expected an integer >= 1"),
-        (BASE.replace('name = "t"', 'name = "t"\nrel_ci = 0'), "key 'rel_ci': expected a positive number"),
-        (BASE.replace('name = "t"', 'name = "t"\nbudget_s = "1s"'), "key 'budget_s': expected a positive"),
-        (BASE.replace('name = "t"', 'name = "t"\nautotune_ms = 0'), "key 'autotune_ms': expected a positive"),
-        (BASE.replace('name = "t"', 'name = "t"\nwarmup_s = -1'), "key 'warmup_s': expected a number >= 0"),
+        (
+            BASE.replace('name = "t"', 'name = "t"\nreps = 0'),
+            "key 'reps': expected an integer in [1, 1000000]",
+        ),
+        (
+            BASE.replace('name = "t"', 'name = "t"\nrel_ci = 0'),
+            "key 'rel_ci': expected a finite number in (0, 1]",
+        ),
+        (
+            BASE.replace('name = "t"', 'name = "t"\nbudget_s = "1s"'),
+            "key 'budget_s': expected a finite number in (0, 86400] seconds",
+        ),
+        (
+            BASE.replace('name = "t"', 'name = "t"\nautotune_ms = 0'),
+            "key 'autotune_ms': expected a finite number in (0, 60000] ms",
+        ),
+        (
+            BASE.replace('name = "t"', 'name = "t"\nwarmup_s = -1'),
+            "key 'warmup_s': expected a finite number in [0, 3600] seconds",
+        ),
         (
             BASE.replace('name = "t"', 'name = "t"\nmin_reps = 10\nmax_reps = 5'),
             "key 'max_reps': expected at least min_reps (10), got 5",

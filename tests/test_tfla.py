@@ -32,7 +32,8 @@ from mlstm_support import (
     run_with_grads,
 )
 
-from tfla_bench import registry
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.kernels import chunkwise
 from tfla_bench.kernels import config as config_module
 from tfla_bench.kernels.chunkwise import RowDots, Settings, gates_backward, gates_forward
@@ -46,7 +47,6 @@ from tfla_bench.kernels.config import (
 from tfla_bench.kernels.gates import chunk_gates, chunk_log_gate_grads, log_gates
 from tfla_bench.kernels.reference import mlstm_chunkwise, mlstm_recurrent, state_names
 from tfla_bench.kernels.tfla import mlstm_tfla
-from tfla_bench.workloads import Case
 
 FP32_RTOL = 1e-4
 # Small tiles for the CPU interpreter, so a chunk spans several tiles and a head dim several blocks.

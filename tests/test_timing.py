@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from tfla_bench import timing
-from tfla_bench.timing import StopRule
+from tfla_bench.measure import timing
+from tfla_bench.measure.timing import StopRule
 
 
 def simulate(rule: StopRule, draw, per_call_s: float) -> tuple[int, str]:

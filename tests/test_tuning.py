@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from tfla_bench import timing, tuning
 from tfla_bench.kernels import config as kconfig
+from tfla_bench.measure import timing, tuning
 
 
 def shape(chunk_size=128, kernel="tfla", gate="sig"):

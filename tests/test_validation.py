@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from tfla_bench import gpustate, ncu, validation
-from tfla_bench.validation import NCU_OPTIONS, Check, Split, per_call
+from tfla_bench.measure import gpustate, ncu, validation
+from tfla_bench.measure.validation import NCU_OPTIONS, Check, Split, per_call
 
 GEMM_TOLERANCE = 0.08
 
@@ -120,7 +120,7 @@ def test_the_kernels_clock_agrees_with_nsight_compute_at_every_size(tmp_path):
     # 64 MB up the call agrees within 2%, and below it the copy's own span is checked: ncu's time
     # holds it and a dispatch of 1.1-1.3 us (measured), so it lies between the span and the span
     # plus 2.5 us. The copies are the clock check: a GEMM's time depends on its power state.
-    from tfla_bench import timing
+    from tfla_bench.measure import timing
 
     for mb in validation.COPY_SIZES_MB:
         fn, _ = validation.make_op("copy", mb << 20, "cuda")

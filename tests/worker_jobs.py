@@ -1,9 +1,9 @@
-"""Jobs that ask a spawned worker about its own process (`tfla_bench.worker.WorkerJob`)."""
+"""Jobs that ask a spawned worker about its own process (`tfla_bench.measure.worker.WorkerJob`)."""
 
 import os
 from dataclasses import dataclass
 
-from tfla_bench.workloads import Case
+from tfla_bench.adapters.workloads import Case
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import torch_dtype, try_import
-from tfla_bench.kernels.adapters._mlstm import (
-    LIMIT_CHUNK,
-    MAX_HEAD_DIM,
-    MIN_CHUNK,
-    MIN_HEAD_DIM,
-    OwnKernelAdapter,
-)
-from tfla_bench.registry import SOLID, PlotStyle, register
-from tfla_bench.workloads import Case
+from tfla_bench.adapters.mlstm import LIMIT_CHUNK, OwnKernelAdapter
+from tfla_bench.adapters.registry import SOLID, PlotStyle, register
+from tfla_bench.adapters.support import torch_dtype, try_import
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.kernels.contract import MAX_HEAD_DIM, MIN_CHUNK, MIN_HEAD_DIM
 
 if TYPE_CHECKING:
     import torch

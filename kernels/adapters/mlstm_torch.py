@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import unknown_params_reason
-from tfla_bench.kernels.adapters._mlstm import MlstmAdapter, float64_inputs, mlstm_counts, mlstm_inputs
-from tfla_bench.registry import DOTTED, PlotStyle, register
-from tfla_bench.workloads import Case
+from tfla_bench.adapters.mlstm import MlstmAdapter, float64_inputs, mlstm_counts, mlstm_inputs
+from tfla_bench.adapters.registry import DOTTED, PlotStyle, register
+from tfla_bench.adapters.support import unknown_params_reason
+from tfla_bench.adapters.workloads import Case
 
 if TYPE_CHECKING:
     import torch

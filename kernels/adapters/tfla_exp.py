@@ -1,7 +1,7 @@
 """`tfla_exp`: our TFLA mLSTMexp kernels (xl_chunk, `tfla_bench.kernels.tfla.mlstm_tfla`)."""
 
-from tfla_bench.kernels.adapters._mlstm import XL_CHUNK_EXP, TflaAdapter
-from tfla_bench.registry import PlotStyle, register
+from tfla_bench.adapters.mlstm import XL_CHUNK_EXP, TflaAdapter
+from tfla_bench.adapters.registry import PlotStyle, register
 
 
 @register

@@ -1,8 +1,8 @@
 """`tfla_sig`: our TFLA mLSTMsig kernels (xl_chunk, `tfla_bench.kernels.tfla.mlstm_tfla`), param
 `normalize` (default false, as in all the paper's TFLA runs)."""
 
-from tfla_bench.kernels.adapters._mlstm import XL_CHUNK_SIG, TflaAdapter
-from tfla_bench.registry import PlotStyle, register
+from tfla_bench.adapters.mlstm import XL_CHUNK_SIG, TflaAdapter
+from tfla_bench.adapters.registry import PlotStyle, register
 
 
 @register

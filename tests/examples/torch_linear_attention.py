@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapter_support import element_bytes, generator, grad_if, qkv, unknown_params_reason
+from tfla_bench.adapters.registry import Adapter, GateShape, PlotStyle, register
+from tfla_bench.adapters.support import element_bytes, generator, grad_if, qkv, unknown_params_reason
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.model.counts import attention_flops
-from tfla_bench.registry import Adapter, GateShape, PlotStyle, register
-from tfla_bench.workloads import Case
 
 if TYPE_CHECKING:
     import torch

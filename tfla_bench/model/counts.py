@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tfla_bench.adapters.workloads import MODES
 from tfla_bench.errors import UserError
-from tfla_bench.workloads import MODES
 
 GATES = ("exp", "sig")
 FORMULATIONS = ("chunkwise", "parallel", "recurrent")

@@ -141,7 +141,7 @@ def resolve_accelerator(
             accelerator `measured` returns; `"custom"` for one defined by both overrides.
         peak_flops_per_s: replaces the peak FLOP/s.
         bandwidth_bytes_per_s: replaces the memory bandwidth.
-        measured: the measured roofs (the CLI passes `tfla_bench.roofs.measured_accelerator`, which
+        measured: the measured roofs (the CLI passes `tfla_bench.measure.roofs.measured_accelerator`, which
             lives above the model: it measures and reads saved files).
     """
     key = name.strip().lower()

@@ -18,10 +18,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
-from tfla_bench import rundir
-from tfla_bench.compare import Comparison, Run
+from tfla_bench.analyse.compare import Comparison, Run
 from tfla_bench.model.hardware import Accelerator
 from tfla_bench.plots.style import accelerator_style
+from tfla_bench.run import rundir
 
 MAX_ASPECT = 2.5  # width / height of any figure
 DPI = 120

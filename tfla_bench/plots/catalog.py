@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tfla_bench import rundir
-from tfla_bench.compare import Comparison, Run, compare_run, load_run, resolve_published_name
+from tfla_bench.analyse.compare import Comparison, Run, compare_run, load_run, resolve_published_name
+from tfla_bench.measure.roofs import from_env
 from tfla_bench.model.hardware import Accelerator
 from tfla_bench.plots.base import HBM, L2, MEASURED, FigureContext, Plot, Roof, is_cpu_run, render, save
 from tfla_bench.plots.measured import measured_plots, roofline_fractions
 from tfla_bench.plots.model_figures import model_plots
 from tfla_bench.plots.runs import run_plots
-from tfla_bench.roofs import from_env
+from tfla_bench.run import rundir
 
 GROUPS: dict[str, Callable[[FigureContext], list[Plot]]] = {
     "run": run_plots,

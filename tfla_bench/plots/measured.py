@@ -14,11 +14,11 @@ RUN_DIR` and by the report), each against the context's roofs:
   the chunk size (Fig. 23: a higher FLOP/s does not mean a shorter runtime);
 - `roofline_fraction.png` and `roofline_fraction.csv`: every ok row's fraction of its roofline
   bound, lower-bound runtime / measured runtime, on the run's own GPU (1.0 = at the roof);
-- `roofline_profiled_<mode>.png` (runs profiled under ncu, `tfla_bench.profiling`): every profiled
+- `roofline_profiled_<mode>.png` (runs profiled under ncu, `tfla_bench.run.profiling`): every profiled
   row of any kernel at its measured intensity (filled), linked by a thin line to its model
   intensity (hollow).
 
-Where the run recorded measured roofs (`env.json`, `tfla_bench.roofs`), they are among the
+Where the run recorded measured roofs (`env.json`, `tfla_bench.measure.roofs`), they are among the
 context's roofs (black: HBM solid, L2 dotted, beside the data-sheet roofs); the roofline figures
 place profiled rows at their measured intensity and ring in red every point above the measured roof.
 
@@ -37,9 +37,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tfla_bench import registry
-from tfla_bench.compare import Run, param_columns
-from tfla_bench.kernels.adapters._mlstm import ChunkwiseMlstmAdapter, mlstm_counts
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.mlstm import ChunkwiseMlstmAdapter, mlstm_counts
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.analyse.compare import Run, param_columns
+from tfla_bench.analyse.published import CASE_KEYS
+from tfla_bench.measure.roofs import from_env
 from tfla_bench.model.hardware import Accelerator
 from tfla_bench.model.roofline import runtime_ms_lower, runtime_ms_upper
 from tfla_bench.plots.base import (
@@ -62,10 +65,7 @@ from tfla_bench.plots.runs import (
     shape_slug,
 )
 from tfla_bench.plots.style import accelerator_style, row_style
-from tfla_bench.profiling import roof_check
-from tfla_bench.published import CASE_KEYS
-from tfla_bench.roofs import from_env
-from tfla_bench.workloads import Case
+from tfla_bench.run.profiling import roof_check
 
 MIN_THEORY_CHUNK = 16
 FRACTION_MIN_HEIGHT = 3.6

@@ -30,7 +30,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from tfla_bench.compare import Comparison, Run, param_columns
+from tfla_bench.analyse.compare import Comparison, Run, param_columns
 from tfla_bench.plots.base import MAX_ASPECT, FigureContext, Plot, new_figure, run_subtitle
 from tfla_bench.plots.style import LineStyle, row_style
 

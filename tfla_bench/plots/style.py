@@ -29,10 +29,10 @@ from typing import Any
 
 from matplotlib.colors import to_hex, to_rgb
 
-from tfla_bench import registry
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.registry import DASH_DOT, DASHED, DOTTED, SOLID, PlotStyle
+from tfla_bench.adapters.workloads import parse_bool
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
-from tfla_bench.registry import DASH_DOT, DASHED, DOTTED, SOLID, PlotStyle
-from tfla_bench.workloads import parse_bool
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Reading finished runs: the paper's published numbers, `compare`, `diff` and the HTML report."""

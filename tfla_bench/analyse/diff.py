@@ -1,0 +1,346 @@
+"""Two runs of the suite side by side (`tfla-bench diff RUN_A RUN_B`): did anything get slower?
+
+Rows match by case: kernel, mode, dtype, batch, seq_len, heads, head dims, chunk size and params
+(`Case.key`). For a case that is `ok` in both runs the ratio is B / A of the medians, and its
+noise is the sum of the two runs' relative uncertainties of their medians: `ci_rel` (the
+median's 95% interval) where the row has a finite one, else half the p20..p80 spread over the
+median (runs timed with fixed reps before `ci_rel` existed). The verdict is `same` when
+|ratio - 1| is within that noise, else `faster` or `slower`; a case not `ok` in both runs is
+`status` (its two statuses are in the row). Per kernel and mode the summary is the geometric mean
+of the ratios. Cases in one run only are listed apart, and a different GPU, library version or
+measurement setting (spec.json: the stop rule, the L2 flush, the clock, the power-cap policy)
+between the runs is a warning.
+
+The agreement (the shares of cases within 2% and 5%, the largest deviation) is given over all
+cases ok in both, per pair of devices (A's, B's) when either run spread its cases over several
+GPUs (each GPU's rows against the other run's), and without the cases that either run measured under a power,
+thermal or hardware slowdown (`throttled`): a GPU at its power cap runs at lower clocks for as
+long as the cap holds, which moves a median by more than the timing's own noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from tfla_bench.errors import UserError
+from tfla_bench.measure.settings import MeasureSettings
+from tfla_bench.plots.base import DPI, MAX_ASPECT, new_figure
+from tfla_bench.plots.runs import MODE_TITLES, set_log2_x
+from tfla_bench.plots.style import row_style
+from tfla_bench.run import rundir
+from tfla_bench.run.rundir import ResultRow
+
+# env.json facts that make two runs' numbers differ for reasons other than the code.
+ENV_FACTS = ("gpu_name", "driver", "cuda", "cudnn", "torch", "triton")
+# spec.json's settings that change what a row's time means (a case's time limit does not).
+MEASURE_SETTINGS = tuple(f.name for f in dataclasses.fields(MeasureSettings) if f.name != "timeout_s")
+VERDICTS = ("faster", "slower", "same", "status")
+# The plot's x axis: the first of these case columns that varies between the matched rows.
+X_COLUMNS = ("seq_len", "head_dim_v", "chunk_size")
+# What a hollow marker on the plot means.
+HOLLOW = "throttled in A or B"
+# Labelled ratios on the plot's log y axis.
+RATIO_TICKS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
+ROW_COLUMNS = (
+    *rundir.CASE_COLUMNS,
+    "params",
+    "status_a",
+    "status_b",
+    "a_ms",
+    "b_ms",
+    "ratio",
+    "noise",
+    "verdict",
+    "device_a",
+    "device_b",
+    "throttled",
+)
+
+
+@dataclass
+class RunDiff:
+    """The comparison of run B with run A.
+
+    Attributes:
+        rows: one row per case in both runs (`ROW_COLUMNS`).
+        summary: per kernel and mode: matched ok cases, the geometric mean of B/A, and verdict counts.
+        only_a, only_b: cases found in one run only (case columns and status).
+        warnings: differences between the runs' GPUs, library versions or measurement settings.
+    """
+
+    rows: pd.DataFrame
+    summary: pd.DataFrame
+    only_a: pd.DataFrame
+    only_b: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+
+    def slower_than(self, threshold_pct: float) -> pd.DataFrame:
+        """Rows judged slower (beyond their noise) by more than `threshold_pct` percent."""
+        rows = self.rows
+        return rows[(rows["verdict"] == "slower") & (rows["ratio"] > 1 + threshold_pct / 100)]
+
+    def agreement(self) -> dict[str, float | int]:
+        """How closely the runs agree over the cases ok in both (`agreement_of`)."""
+        return agreement_of(self.rows)
+
+    def agreement_by_device(self) -> dict[str, dict[str, float | int]]:
+        """`agreement_of` per pair of devices (A's, B's), when either run spread its cases over several
+        devices (empty otherwise)."""
+        rows = self.rows.dropna(subset=["ratio"])
+        devices_a, devices_b = set(rows["device_a"]), set(rows["device_b"])
+        if len(devices_a) < 2 and len(devices_b) < 2:
+            return {}
+        return {
+            f"{device_a} in A, {device_b} in B": agreement_of(group)
+            for (device_a, device_b), group in rows.groupby(["device_a", "device_b"], sort=True)
+        }
+
+    def agreement_unthrottled(self) -> dict[str, float | int] | None:
+        """`agreement_of` over the cases that neither run measured while the GPU was throttled; None
+        when no case was."""
+        rows = self.rows.dropna(subset=["ratio"])
+        throttled = rows["throttled"].fillna(False).astype(bool)
+        return agreement_of(rows[~throttled]) if throttled.any() else None
+
+    def to_json(self) -> dict[str, Any]:
+        def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+            return json.loads(frame.to_json(orient="records"))
+
+        return {
+            "agreement": self.agreement(),
+            "agreement_by_device": self.agreement_by_device(),
+            "agreement_unthrottled": self.agreement_unthrottled(),
+            "rows": records(self.rows),
+            "summary": records(self.summary),
+            "only_a": records(self.only_a),
+            "only_b": records(self.only_b),
+            "warnings": self.warnings,
+        }
+
+
+def agreement_of(rows: pd.DataFrame) -> dict[str, float | int]:
+    """How closely two runs agree over the matched rows ok in both: their count, the shares within 2%
+    and 5% (|B/A - 1|), and the largest deviation (the repeatability of a run measured twice)."""
+    deviation = (rows["ratio"].dropna() - 1).abs()
+    count = len(deviation)
+    return {
+        "cases": count,
+        "within_2pct": float((deviation <= 0.02).mean()) if count else math.nan,
+        "within_5pct": float((deviation <= 0.05).mean()) if count else math.nan,
+        "max_deviation": float(deviation.max()) if count else math.nan,
+    }
+
+
+def load(run_dir: Path, gpu: str | None = None) -> tuple[list[ResultRow], dict[str, Any]]:
+    """A run directory's rows and env.json (an empty env when it has none), as the view of one GPU
+    (`rundir.on_one_gpu`: `gpu`, or the run's only one)."""
+    run_dir = Path(run_dir)
+    path = run_dir / rundir.RESULTS
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no {rundir.RESULTS} (not a run directory)")
+    read = rundir.read_results(path)
+    if read.skipped:
+        print(f"warning: {read.warning()}", file=sys.stderr)
+    rows = read.rows
+    try:
+        env = rundir.read_env(run_dir)
+    except UserError:
+        env = {}
+    return rundir.on_one_gpu(rows, env, gpu, where=run_dir)
+
+
+def noise(row: ResultRow) -> float:
+    """The relative uncertainty of a row's median: `ci_rel` if finite, else half its p20..p80 spread."""
+    if row.ci_rel is not None and math.isfinite(row.ci_rel):
+        return row.ci_rel
+    if row.p20_ms is None or row.p80_ms is None or not row.median_ms:
+        return 0.0
+    return (row.p80_ms - row.p20_ms) / 2 / row.median_ms
+
+
+def verdict(ratio: float, noise_rel: float) -> str:
+    """`same` when the change is within the noise, else `faster` (ratio < 1) or `slower`."""
+    if abs(ratio - 1) <= noise_rel:
+        return "same"
+    return "faster" if ratio < 1 else "slower"
+
+
+def diff_runs(run_a: Path, run_b: Path, gpu: str | None = None) -> RunDiff:
+    """Compare run B with run A (the rows of `gpu` in each, for runs that mix GPUs); a `UserError`
+    when no case is in both."""
+    rows_a, env_a = load(run_a, gpu)
+    rows_b, env_b = load(run_b, gpu)
+    by_key_a = {row.case.key: row for row in rows_a}
+    by_key_b = {row.case.key: row for row in rows_b}
+    common = [key for key in by_key_a if key in by_key_b]
+    if not common:
+        raise UserError(f"no case of {run_b} matches a case of {run_a}")
+    records = [_compare(by_key_a[key], by_key_b[key]) for key in common]
+    table = pd.DataFrame(records, columns=list(ROW_COLUMNS))
+    only_a = _cases([row for key, row in by_key_a.items() if key not in by_key_b])
+    only_b = _cases([row for key, row in by_key_b.items() if key not in by_key_a])
+    warnings = env_warnings(env_a, env_b) + settings_warnings(run_a, run_b)
+    return RunDiff(table, summarize(table), only_a, only_b, warnings)
+
+
+def _compare(a: ResultRow, b: ResultRow) -> dict[str, Any]:
+    flags = [row.throttled for row in (a, b) if row.throttled is not None]
+    record = {
+        **_case_cells(a),
+        "status_a": a.status,
+        "status_b": b.status,
+        "device_a": a.device,
+        "device_b": b.device,
+        "throttled": any(flags) if flags else None,
+    }
+    if a.status == b.status == "ok" and a.median_ms and b.median_ms:
+        ratio = b.median_ms / a.median_ms
+        spread = noise(a) + noise(b)
+        record.update(a_ms=a.median_ms, b_ms=b.median_ms, ratio=ratio, noise=spread)
+        record["verdict"] = verdict(ratio, spread)
+    else:
+        record.update(a_ms=a.median_ms, b_ms=b.median_ms, ratio=math.nan, noise=math.nan, verdict="status")
+    return record
+
+
+def _case_cells(row: ResultRow) -> dict[str, Any]:
+    cells = {column: getattr(row.case, column) for column in rundir.CASE_COLUMNS}
+    cells["params"] = " ".join(f"{k}={v}" for k, v in sorted(row.case.params.items()))
+    return cells
+
+
+def display(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table for the terminal: the shape columns folded into one `shape` cell."""
+    chunk = frame["chunk_size"].map(lambda value: "" if pd.isna(value) else f" L{int(value)}")
+    shape = (
+        "B"
+        + frame["batch"].astype(str)
+        + " T"
+        + frame["seq_len"].astype(str)
+        + " H"
+        + frame["num_heads"].astype(str)
+        + " Dqk"
+        + frame["head_dim_qk"].astype(str)
+        + " Dv"
+        + frame["head_dim_v"].astype(str)
+        + chunk
+    )
+    rest = [column for column in frame.columns if column not in rundir.CASE_COLUMNS[3:]]
+    return frame[rest].assign(shape=shape)[[*rest[:3], "shape", *rest[3:]]]
+
+
+def _cases(rows: list[ResultRow]) -> pd.DataFrame:
+    columns = [*rundir.CASE_COLUMNS, "params", "status"]
+    return pd.DataFrame([{**_case_cells(row), "status": row.status} for row in rows], columns=columns)
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel and mode: ok cases in both runs, the geometric mean of B/A and the verdict counts."""
+    records = []
+    for (kernel, mode), group in table.groupby(["kernel", "mode"], sort=True):
+        ratios = group["ratio"].dropna()
+        counts = group["verdict"].value_counts()
+        records.append(
+            {
+                "kernel": kernel,
+                "mode": mode,
+                "cases": len(ratios),
+                "geomean_ratio": math.exp(ratios.map(math.log).mean()) if len(ratios) else math.nan,
+                **{name: int(counts.get(name, 0)) for name in VERDICTS},
+            }
+        )
+    return pd.DataFrame(records, columns=["kernel", "mode", "cases", "geomean_ratio", *VERDICTS])
+
+
+def env_warnings(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
+    """One line per GPU or library fact (env.json, its `packages` included) that differs between runs."""
+    facts_a = {**{k: env_a.get(k) for k in ENV_FACTS}, **(env_a.get("packages") or {})}
+    facts_b = {**{k: env_b.get(k) for k in ENV_FACTS}, **(env_b.get("packages") or {})}
+    return [
+        f"{name} differs: A {facts_a.get(name)}, B {facts_b.get(name)}"
+        for name in dict.fromkeys([*facts_a, *facts_b])
+        if name != "tfla-bench" and facts_a.get(name) != facts_b.get(name)
+    ]
+
+
+def settings_warnings(run_a: Path, run_b: Path) -> list[str]:
+    """One line per measurement setting of spec.json (`MeasureSettings`) that differs between
+    the runs; a setting one run's spec.json does not record is "not recorded"."""
+    recorded = []
+    for run_dir in (run_a, run_b):
+        try:
+            recorded.append(json.loads((Path(run_dir) / rundir.SPEC).read_text()))
+        except (OSError, ValueError):
+            return []  # a run without a readable spec.json: nothing to compare
+    spec_a, spec_b = recorded
+    return [
+        f"measurement setting {name} differs: A {spec_a.get(name, 'not recorded')}, "
+        f"B {spec_b.get(name, 'not recorded')}"
+        for name in MEASURE_SETTINGS
+        if (name in spec_a or name in spec_b) and spec_a.get(name) != spec_b.get(name)
+    ]
+
+
+def ratio_figure(run_diff: RunDiff, title: str) -> Figure:
+    """B/A per matched ok case: one panel per mode, log y, each kernel in its own style
+    (`tfla_bench.plots.style`), hollow where either run was throttled, the legend outside the
+    panels; x is the first of seq_len, head_dim_v and chunk_size that takes more than one value
+    (seq_len if none does)."""
+    ok = run_diff.rows.dropna(subset=["ratio"])
+    x = next((column for column in X_COLUMNS if ok[column].nunique() > 1), X_COLUMNS[0])
+    modes = [mode for mode in MODE_TITLES if mode in set(ok["mode"])] or ["fw"]
+    width = 5.5 * len(modes) + 2.0
+    fig = new_figure(width, max(4.8, width / MAX_ASPECT))
+    fig.set_dpi(DPI)
+    axes = fig.subplots(1, len(modes), squeeze=False)[0]
+    entries: dict[str, Any] = {}  # the legend: one filled marker per kernel
+    for ax, mode in zip(axes, modes, strict=True):
+        rows = ok[(ok["mode"] == mode) & ok[x].notna()]
+        for kernel, group in rows.groupby("kernel", sort=True):
+            family = str(group["family"].iloc[0]) if "family" in group else ""
+            style = row_style(kernel, family)
+            slowed = group["throttled"].fillna(False).astype(bool)
+            for part, hollow in ((group[~slowed], False), (group[slowed], True)):
+                if len(part):
+                    ax.errorbar(
+                        part[x].astype(float),
+                        part["ratio"],
+                        yerr=part["noise"] * part["ratio"],
+                        fmt=style.marker,
+                        color=style.color,
+                        markerfacecolor="none" if hollow else style.color,
+                        alpha=0.85,
+                        capsize=2,
+                    )
+            entries.setdefault(kernel, Line2D([], [], marker=style.marker, color=style.color, ls=""))
+        ax.axhline(1.0, color="#555", linewidth=1)
+        ax.set_yscale("log")
+        if len(rows):
+            set_log2_x(ax, sorted(set(rows[x].astype(float))))
+            low = min(rows["ratio"].min() / 1.05, 0.95)
+            high = max(rows["ratio"].max() * 1.05, 1.05)
+            ax.set_ylim(low, high)
+            ticks = [tick for tick in RATIO_TICKS if low <= tick <= high]
+            ax.set_yticks(ticks, labels=[f"{tick:g}" for tick in ticks])
+            ax.minorticks_off()
+        ax.set_title(MODE_TITLES.get(mode, mode))
+        ax.set_xlabel(f"{x.replace('_', ' ')} [{'elements' if x == 'head_dim_v' else 'tokens'}]")
+        ax.set_ylabel("runtime B / A (below 1: B faster)")
+        ax.grid(True, which="both", alpha=0.3)
+    entries = dict(sorted(entries.items()))
+    if ok["throttled"].fillna(False).astype(bool).any():
+        entries[f"hollow: {HOLLOW}"] = Line2D([], [], marker="o", color="#555", markerfacecolor="none", ls="")
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside right center", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return fig

@@ -1,0 +1,573 @@
+"""CLI commands `list`, `run` (ad hoc cases from flags) and `sweep` (a TOML spec).
+
+Examples::
+
+    tfla-bench list --json
+    tfla-bench run --kernel sdpa_cudnn,mlstm_torch --seq-len 2048,8192 --tokens 65536 --heads 32 \\
+        --head-dim-qk 128 --mode fw,fwbw --param causal=false
+    tfla-bench sweep experiments/sdpa_h100.toml --kernel sdpa_cudnn --dry-run
+    tfla-bench sweep experiments/smoke.toml --out /tmp/smoke-run
+    tfla-bench sweep --resume results/runs/smoke-20250101-120000 --retry crashed,timeout
+    tfla-bench sweep experiments/fig5_consttoken.toml --executor slurm --partition gpu --nodes 4 \\
+        --gpus-per-node 8 --time 4:00:00 --precompile 14
+
+A sweep or resume holds the run directory's lock (`tfla_bench.run.rundir`) from before the correctness
+gate to its last row. With `--executor slurm` or `local` the cases run in jobs (`tfla_bench.run.cluster`)
+and the lock is held while the sweep follows them (with `--no-wait`, while it submits them).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Annotated, Any, get_type_hints
+
+import torch
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.cli import check as check_command
+from tfla_bench.cli.options import _int_list, _ints, _names
+from tfla_bench.cli.paths import output_dir
+from tfla_bench.errors import UserError
+from tfla_bench.measure import settings
+from tfla_bench.run import cluster, correctness, jobs, phases, rundir, runner, specs
+from tfla_bench.run.cluster import ClusterFlags
+from tfla_bench.run.console import cases_table, make_console, summary_table
+from tfla_bench.run.specs import Spec
+
+# The flags whose names differ from the settings they set.
+FLAG_OF = {"budget_s": "budget", "timeout_s": "timeout"}
+
+KernelOption = Annotated[
+    list[str] | None,
+    typer.Option("--kernel", "-k", help="kernel name; repeat or comma-separate (sweep: filter the spec's)"),
+]
+OutOption = Annotated[
+    Path | None, typer.Option("--out", help="run directory (default results/runs/SPEC-TIMESTAMP)")
+]
+ExecutorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--executor",
+        metavar="none|slurm|local",
+        help="none: in this process (default); slurm: jobs through submitit; local: submitit's jobs on "
+        "this machine. A resumed run keeps its own",
+    ),
+]
+NodesOption = Annotated[
+    int | None, typer.Option("--nodes", help="split the cases over N jobs of one node each (default 1)")
+]
+GpusPerNodeOption = Annotated[
+    int | None, typer.Option("--gpus-per-node", help="GPUs of each job (default 1; local: 1, or 0 on CPU)")
+]
+TimeOption = Annotated[
+    str | None,
+    typer.Option("--time", help="each job's time limit: minutes or [D-]HH:MM:SS (default 60 minutes)"),
+]
+PartitionOption = Annotated[str | None, typer.Option("--partition", help="Slurm partition")]
+AccountOption = Annotated[str | None, typer.Option("--account", help="Slurm account")]
+ConstraintOption = Annotated[
+    str | None, typer.Option("--constraint", help="Slurm node constraint, e.g. a GPU type")
+]
+SlurmArgOption = Annotated[
+    list[str] | None,
+    typer.Option("--slurm-arg", metavar="KEY=VALUE", help="any other sbatch option, e.g. qos=high (repeat)"),
+]
+NoWaitOption = Annotated[
+    bool,
+    typer.Option("--no-wait", help="submit the jobs and return; `tfla-bench status RUN_DIR` merges the rows"),
+]
+
+
+@dataclass(frozen=True)
+class _Flags:
+    """The options `run` and `sweep` share (None: the spec's value); each field is one option, so a
+    new shared option is one field here (`_with_flags` gives it to both commands)."""
+
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="GPUs to use: a count N (the first N) or a list such as 0,2")
+    ] = None
+    warmup: Annotated[
+        int | None, typer.Option("--warmup", help="a fixed number of untimed calls (default: 25 ms of calls)")
+    ] = None
+    reps: Annotated[
+        int | None,
+        typer.Option("--reps", help="a fixed number of timed calls (default: adaptive, see --rel-ci)"),
+    ] = None
+    rel_ci: Annotated[
+        float | None,
+        typer.Option(
+            "--rel-ci", help="adaptive reps: stop when the median's 95% interval is within +-this (0.01)"
+        ),
+    ] = None
+    budget: Annotated[
+        float | None,
+        typer.Option("--budget", help="adaptive reps: seconds of timed calls per case at most (1.0)"),
+    ] = None
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="seconds per case, first call included (default 900)")
+    ] = None
+    autotune_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--autotune-ms",
+            help="timed ms per config of a library's Triton autotuner in a first call (20; Triton: 100)",
+        ),
+    ] = None
+    l2_flush: Annotated[
+        bool | None,
+        typer.Option("--l2-flush/--no-l2-flush", help="zero a 2x-L2 buffer before each timed call"),
+    ] = None
+    cuda_graph: Annotated[
+        bool | None, typer.Option("--cuda-graph/--no-cuda-graph", help="time CUDA-graph replays of one call")
+    ] = None
+    clock: Annotated[
+        str | None,
+        typer.Option(
+            "--clock",
+            help="events (CUDA events around each call) or kernels (its span in the GPU's activity record)",
+        ),
+    ] = None
+    power_cap: Annotated[
+        str | None,
+        typer.Option(
+            "--power-cap",
+            help="a case meeting its power cap is timed again: gaps (idle gaps between calls) or again",
+        ),
+    ] = None
+    grad: Annotated[
+        str | None,
+        typer.Option("--grad", help="fwbw upstream gradient: fixed (randn, made once) or sum (out.sum())"),
+    ] = None
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the expanded cases and exit")] = False
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="run the correctness gate first; a failing kernel's rows say failed_check"
+        ),
+    ] = False
+    precompile: Annotated[
+        int,
+        typer.Option(
+            "--precompile",
+            metavar="N",
+            help="compile the kernels in N processes before measuring (autotuned configs split over them)",
+        ),
+    ] = 0
+    roofs: Annotated[
+        bool,
+        typer.Option(
+            "--roofs/--no-roofs",
+            help="record the GPU's measured roofs in env.json (measured first when none are saved)",
+        ),
+    ] = True
+    ncu: Annotated[
+        bool,
+        typer.Option(
+            "--ncu", help="after timing, profile every ok case under ncu for its DRAM bytes (profile.csv)"
+        ),
+    ] = False
+    ncu_path: Annotated[
+        Path | None, typer.Option("--ncu-path", help="the ncu executable for --ncu (default: ncu on PATH)")
+    ] = None
+
+
+def _with_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with the options of `_Flags` after its own; it receives their values as one `flags`.
+
+    Typer reads a command's options from its signature, so the wrapper shows typer the merged one.
+    """
+    hints = get_type_hints(_Flags, include_extras=True)
+    shared = [
+        inspect.Parameter(
+            field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default, annotation=hints[field.name]
+        )
+        for field in fields(_Flags)
+    ]
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "flags"]
+
+    @functools.wraps(command)
+    def with_flags(**values: Any) -> None:
+        flags = _Flags(**{field.name: values.pop(field.name) for field in fields(_Flags)})
+        command(**values, flags=flags)
+
+    with_flags.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
+    return with_flags
+
+
+def register(app: typer.Typer) -> None:
+    """Add `list`, `run` and `sweep` to the main app."""
+    app.command("list")(list_adapters)
+    app.command("run")(_with_flags(run))
+    app.command("sweep")(_with_flags(sweep))
+
+
+def list_adapters(
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
+) -> None:
+    """List every kernel adapter: family, layout, modes, dtypes, availability (with reason), constraints
+    and origin (built-in module, entry point or TFLA_BENCH_PLUGINS module)."""
+    entries = []
+    for adapter in registry.adapters():
+        reason = adapter.available()
+        entries.append(
+            {
+                "name": adapter.name,
+                "family": adapter.family,
+                "layout": adapter.layout,
+                "modes": list(adapter.modes),
+                "dtypes": list(adapter.dtypes),
+                "cpu_capable": adapter.cpu_capable,
+                "uses_chunk_size": adapter.uses_chunk_size,
+                "available": reason is None,
+                "reason": reason,
+                "constraints": adapter.constraints,
+                "module": type(adapter).__module__,
+                "origin": adapter.origin,
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(entries, indent=2))
+        return
+    table = Table(title=f"{len(entries)} kernel adapter(s)")
+    for column in ("name", "family", "layout", "modes", "dtypes", "cpu"):
+        table.add_column(column, no_wrap=True)
+    for column in ("available", "constraints", "origin"):
+        table.add_column(column, overflow="fold")
+    for entry in entries:
+        table.add_row(
+            entry["name"],
+            entry["family"],
+            entry["layout"],
+            ",".join(entry["modes"]),
+            " ".join(entry["dtypes"]),
+            "yes" if entry["cpu_capable"] else "no",
+            "[green]yes[/]" if entry["available"] else f"[red]no[/]: {entry['reason']}",
+            entry["constraints"],
+            entry["origin"],
+        )
+    make_console().print(table)
+
+
+def run(
+    kernel: KernelOption = None,
+    seq_len: Annotated[
+        str | None, typer.Option("--seq-len", help="sequence length(s), e.g. 2048,8192")
+    ] = None,
+    tokens: Annotated[
+        str | None, typer.Option("--tokens", help="tokens per batch: batch = tokens/seq_len")
+    ] = None,
+    batch: Annotated[str | None, typer.Option("--batch", help="batch size(s), instead of --tokens")] = None,
+    heads: Annotated[str | None, typer.Option("--heads", help="number of heads")] = None,
+    embedding_dim: Annotated[
+        str | None,
+        typer.Option("--embedding-dim", help="heads = embedding_dim / head_dim_v, instead of --heads"),
+    ] = None,
+    head_dim_qk: Annotated[str | None, typer.Option("--head-dim-qk", help="query/key head dim(s)")] = None,
+    head_dim_v: Annotated[
+        str | None, typer.Option("--head-dim-v", help="value head dim(s) (default: --head-dim-qk)")
+    ] = None,
+    chunk_size: Annotated[
+        str | None, typer.Option("--chunk-size", help="chunk size(s), for kernels that take one")
+    ] = None,
+    mode: Annotated[str, typer.Option("--mode", help="fw, fwbw or fw,fwbw")] = "fw,fwbw",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="bfloat16, float16 or float32 (or a list)")
+    ] = "bfloat16",
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="kernel parameter key=value (repeat; a,b expands)")
+    ] = None,
+    expand: Annotated[str, typer.Option("--expand", help="grid or zip for several lists")] = "grid",
+    name: Annotated[str, typer.Option("--name", help="run name (directory prefix)")] = "adhoc",
+    out: OutOption = None,
+    flags: _Flags = _Flags(),
+) -> None:
+    """Measure kernels at shapes given as flags (the same spec a TOML file would give)."""
+    kernels = _names(kernel)
+    if not kernels:
+        raise UserError("run needs --kernel NAME (see tfla-bench list)")
+    for flag, value in (("--seq-len", seq_len), ("--head-dim-qk", head_dim_qk)):
+        if value is None:
+            raise UserError(f"run needs {flag}")
+    if (tokens is None) == (batch is None):
+        raise UserError("run needs exactly one of --tokens and --batch")
+    if (heads is None) == (embedding_dim is None):
+        raise UserError("run needs exactly one of --heads and --embedding-dim")
+    shape: dict[str, Any] = {
+        "seq_len": _ints("--seq-len", seq_len),
+        "head_dim_qk": _ints("--head-dim-qk", head_dim_qk),
+        "head_dim_v": _ints("--head-dim-v", head_dim_v if head_dim_v is not None else head_dim_qk),
+    }
+    for key, flag, value in (
+        ("tokens", "--tokens", tokens),
+        ("batch", "--batch", batch),
+        ("num_heads", "--heads", heads),
+        ("embedding_dim", "--embedding-dim", embedding_dim),
+        ("chunk_size", "--chunk-size", chunk_size),
+    ):
+        if value is not None:
+            shape[key] = _ints(flag, value)
+    raw: dict[str, Any] = {
+        "name": name,
+        "description": "ad hoc run from the command line",
+        "kernels": kernels,
+        "modes": _names([mode]),
+        "dtype": _names([dtype]),
+        "expand": expand,
+        "params": _params(param or []),
+        "shape": shape,
+    }
+    spec = specs.parse_spec(raw, "command line")
+    _execute(spec, None, out, None, flags)
+
+
+def sweep(
+    spec_path: Annotated[
+        Path | None,
+        typer.Argument(metavar="SPEC", help="TOML spec (optional with --resume)", show_default=False),
+    ] = None,
+    out: OutOption = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="continue this run directory; finished cases are kept")
+    ] = None,
+    retry: Annotated[
+        str | None,
+        typer.Option(
+            "--retry",
+            metavar="STATUSES",
+            help="with --resume: run rows of these statuses again and replace them "
+            f"(any of {','.join(rundir.RERUNNABLE_STATUSES)})",
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="with --resume: accept a spec that differs from the run's (recorded)"),
+    ] = False,
+    kernel: KernelOption = None,
+    seq_len: Annotated[
+        str | None,
+        typer.Option("--seq-len", help="filter the spec's cases to these sequence lengths, e.g. 8192"),
+    ] = None,
+    executor: ExecutorOption = None,
+    nodes: NodesOption = None,
+    gpus_per_node: GpusPerNodeOption = None,
+    time: TimeOption = None,
+    partition: PartitionOption = None,
+    account: AccountOption = None,
+    constraint: ConstraintOption = None,
+    slurm_arg: SlurmArgOption = None,
+    no_wait: NoWaitOption = False,
+    flags: _Flags = _Flags(),
+) -> None:
+    """Run every case of a spec, each in an isolated worker; rows go to results.csv in the run directory.
+    With --executor slurm or local the cases are split over jobs of one node each."""
+    if spec_path is not None:
+        spec = specs.load_spec(spec_path)
+    elif resume is not None:
+        spec = runner.load_run_spec(resume)
+    else:
+        raise UserError("sweep needs a SPEC file (or --resume DIR)")
+    if resume is None and (retry is not None or force):
+        raise UserError(f"{'--retry' if retry is not None else '--force'} needs --resume DIR")
+    only_lengths = _int_list("--seq-len", seq_len) if seq_len else None
+    scheduler = ClusterFlags(
+        executor, nodes, gpus_per_node, time, partition, account, constraint, tuple(slurm_arg or ()), no_wait
+    )
+    _execute(spec, _names(kernel), out, resume, flags, _statuses(retry), force, only_lengths, scheduler)
+
+
+def _execute(
+    spec: Spec,
+    only: list[str] | None,
+    out: Path | None,
+    resume: Path | None,
+    flags: _Flags,
+    retry: frozenset[str] = frozenset(),
+    force: bool = False,
+    seq_lens: list[int] | None = None,
+    scheduler: ClusterFlags | None = None,
+) -> None:
+    """Apply measurement flags, expand (keeping the kernels `only` and lengths `seq_lens` when given),
+    and either print the cases or run them (holding the run directory's lock), in this process or in
+    jobs as `scheduler` says, and print the summary."""
+    clock = phases.PhaseClock()
+    given = {
+        "warmup": flags.warmup,
+        "reps": flags.reps,
+        "rel_ci": flags.rel_ci,
+        "budget_s": flags.budget,
+        "timeout_s": flags.timeout,
+        "autotune_ms": flags.autotune_ms,
+        "l2_flush": flags.l2_flush,
+        "cuda_graph": flags.cuda_graph,
+        "clock": flags.clock,
+        "power_cap": flags.power_cap,
+        "grad": flags.grad,
+    }
+    for key, value in given.items():
+        if value is not None:
+            settings.check(key, value, f"--{FLAG_OF.get(key, key).replace('_', '-')}")
+    if flags.precompile < 0:
+        raise UserError(f"--precompile: expected a number of processes >= 0, got {flags.precompile}")
+    spec = spec.with_measurement(**given)
+    if resume is not None and not only and not seq_lens:
+        only, seq_lens = rundir.read_selection(resume)  # the cases the run set out to measure
+    cases = specs.expand(spec, only or None)
+    if seq_lens:
+        missing = sorted(set(seq_lens) - {case.seq_len for case in cases})
+        if missing:
+            known = ", ".join(str(length) for length in sorted({case.seq_len for case in cases}))
+            raise UserError(
+                f"--seq-len: {missing[0]} is not a sequence length of spec {spec.name!r} ({known})"
+            )
+        cases = [case for case in cases if case.seq_len in seq_lens]
+    options = cluster.resolve(scheduler or ClusterFlags(), jobs.read(resume) if resume is not None else None)
+    if options is not None:
+        for flag, given in (("--gpus", flags.gpus), ("--check", flags.check), ("--ncu", flags.ncu)):
+            if given:
+                raise UserError(f"{flag} is not available with --executor {options.executor}")
+        cluster.require_submitit(options.executor)
+    if flags.ncu:
+        from tfla_bench.measure import ncu
+
+        ncu.locate(flags.ncu_path)  # a bad --ncu-path is refused before anything runs
+    stdout = make_console()
+    if flags.dry_run:
+        stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
+        if options is not None:
+            stdout.print(f"would submit {cluster.describe(options, len(cases))}")
+        return
+    devices = runner.select_devices(flags.gpus) if options is None else []
+    for path, flag in ((out, "--out"), (resume, "--resume")):
+        if path is not None:
+            output_dir(path, flag)
+    run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
+    with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
+        forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)
+        if resuming:
+            cluster.settle(run_dir)
+        else:
+            rundir.write_selection(run_dir, only, seq_lens)
+        if options is not None:
+            _execute_in_jobs(spec, cases, run_dir, options, resuming, retry, forced, flags, clock, stdout)
+            return
+        kernels = sorted({case.kernel for case in cases})
+        failed_check = {}
+        if flags.check:
+            with clock.phase("gate"):
+                failed_check = _gate(kernels, devices[0], run_dir, stdout)
+        report = runner.run_sweep(
+            spec,
+            cases,
+            run_dir,
+            resume=resuming,
+            retry=retry,
+            forced=forced,
+            devices=devices,
+            failed_check=failed_check,
+            precompile_processes=flags.precompile,
+            roofs=flags.roofs,
+            clock=clock,
+        )
+        stdout.print(summary_table(report.rows))
+        stdout.print(
+            f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} "
+            f"kept; {clock.to_dict()['wall_s']:.1f} s; results in {run_dir / rundir.RESULTS}"
+        )
+        stdout.print(
+            "time per phase: "
+            + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in clock.phases.items())
+            + f"; outside the phases {phases.outside_s(clock.to_dict()):.1f} s"
+        )
+        ok_rows = [row for row in report.rows if row.status == "ok"]
+        if flags.ncu and ok_rows:
+            from tfla_bench.cli.profile import profile_run
+
+            with clock.phase("profile"):
+                profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
+            clock.write(run_dir)
+
+
+def _execute_in_jobs(
+    spec: Spec,
+    cases: list[Case],
+    run_dir: Path,
+    options: cluster.ClusterOptions,
+    resuming: bool,
+    retry: frozenset[str],
+    forced: str | None,
+    flags: _Flags,
+    clock: phases.PhaseClock,
+    stdout: Console,
+) -> None:
+    """Submit the cases as jobs (`tfla_bench.run.cluster`) and, when it follows them, print the summary."""
+    rows = cluster.sweep(
+        spec,
+        cases,
+        run_dir,
+        options,
+        resume=resuming,
+        retry=retry,
+        forced=forced,
+        precompile=flags.precompile,
+        roofs=flags.roofs,
+        console=stdout,
+    )
+    if rows is None:
+        return
+    stdout.print(summary_table(rows))
+    stdout.print(
+        f"{len(rows)} row(s) of {len(cases)} case(s); {clock.to_dict()['wall_s']:.1f} s; "
+        f"results in {run_dir / rundir.RESULTS}"
+    )
+
+
+def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dict[str, str]:
+    """Run the correctness gate on `names` (its worker logs to `<run_dir>/check.log`), keep the verdicts
+    as `<run_dir>/check.json`, and return the failing ones with the reason."""
+    with check_command.gate_progress(len(names)) as callbacks:
+        results = correctness.run_gate(names, device, log_path=run_dir / rundir.CHECK_LOG, **callbacks)
+    console.print(check_command.gate_table(results))
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
+    try:
+        correctness.write_gate(run_dir / rundir.CHECK, results, gpu)
+    except OSError as exc:
+        raise UserError(f"cannot write {run_dir / rundir.CHECK}: {exc.strerror}") from None
+    return {
+        result.name: result.reason
+        or f"max relative error {result.max_rel_error:.3g} > tolerance {result.tolerance:.3g}"
+        for result in results
+        if result.passed is False
+    }
+
+
+def _statuses(text: str | None) -> frozenset[str]:
+    """`--retry crashed,timeout` as a set of statuses; a `UserError` naming an unknown one."""
+    names = _names([text]) if text is not None else []
+    unknown = [name for name in names if name not in rundir.RERUNNABLE_STATUSES]
+    if unknown or (text is not None and not names):
+        raise UserError(
+            f"--retry: expected a comma list of {', '.join(rundir.RERUNNABLE_STATUSES)}, got {text!r}"
+        )
+    return frozenset(names)
+
+
+def _params(entries: list[str]) -> dict[str, Any]:
+    """`--param key=value` entries: values parsed as bool, int, float or string; `a,b` is a list."""
+    params: dict[str, Any] = {}
+    for entry in entries:
+        key, sep, text = entry.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--param: expected key=value, got {entry!r}")
+        values = [rundir.parse_param(part.strip()) for part in text.split(",")]
+        params[key.strip()] = values[0] if len(values) == 1 else values
+    return params

@@ -1,0 +1,152 @@
+"""CLI command `check`: the correctness gate of `tfla_bench.run.correctness`.
+
+Runs every available adapter (or the `--kernel` ones) at a small shape and compares its forward
+output with a PyTorch reference of the same math; prints adapter, status, max relative error,
+tolerance, pass, and the reason where an adapter did not run or failed.
+
+Exit code: 0 when every adapter that ran passed; 1 when an available adapter failed (error above
+its tolerance, an exception, a crash or a timeout). Unavailable and unsupported adapters and
+adapters without a reference are listed but do not fail the gate. Mistakes in flags: 2.
+
+Examples::
+
+    tfla-bench check
+    tfla-bench check --kernel gla,simple_gla --json
+    tfla-bench check --device cpu --kernel sdpa_math
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import DTYPES
+from tfla_bench.errors import UserError
+from tfla_bench.run.console import STATUS_STYLE, make_console, progress_bar
+from tfla_bench.run.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, json_row, run_gate
+
+
+def register(app: typer.Typer) -> None:
+    """Add `check` to the main app."""
+    app.command("check")(check)
+
+
+def check(
+    kernel: Annotated[
+        list[str] | None,
+        typer.Option("--kernel", "-k", help="kernel name; repeat or comma-separate (default: all)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
+    device: Annotated[
+        str, typer.Option("--device", help="auto (CUDA if present), cuda, cuda:N or cpu")
+    ] = "auto",
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="input dtype (default: bfloat16 where supported)")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds per adapter, first-call autotuning included")
+    ] = DEFAULT_TIMEOUT_S,
+    isolate: Annotated[
+        bool,
+        typer.Option(
+            "--isolate/--no-isolate",
+            help="run the kernels in a worker process (one for all adapters, replaced after a crash, "
+            "a hang or a lost CUDA context); --no-isolate runs them in this process",
+        ),
+    ] = True,
+) -> None:
+    """Check every available kernel's forward output against a PyTorch reference (exit 1 on a failure)."""
+    names = [part.strip() for value in kernel or [] for part in value.split(",") if part.strip()]
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if timeout <= 0:
+        raise UserError(f"--timeout must be positive, got {timeout:g}")
+    device = _device(device)
+    chosen = list(dict.fromkeys(names)) or None
+    total = len(chosen) if chosen else len(registry.adapters())
+    with gate_progress(total) as callbacks:
+        results = run_gate(chosen, device, dtype=dtype, isolate=isolate, timeout_s=timeout, **callbacks)
+    if as_json:
+        typer.echo(json.dumps([json_row(result) for result in results], indent=2))
+    else:
+        make_console().print(gate_table(results))
+    if failed_names(results):
+        raise typer.Exit(code=1)
+
+
+def _device(text: str) -> str:
+    import torch
+
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text not in ("cpu", "cuda") and not re.fullmatch(r"cuda:\d+", text):
+        raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
+    if text.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UserError(f"--device {text}: no CUDA device is visible")
+        index = int(text.partition(":")[2] or 0)
+        if index >= count:
+            raise UserError(f"--device {text}: only {count} CUDA device(s) are visible")
+    return text
+
+
+@contextmanager
+def gate_progress(total: int) -> Iterator[dict[str, Callable[[Any], None]]]:
+    """`run_gate`'s `on_start` / `on_result` callbacks that show the gate's progress on stderr: a bar
+    naming the adapter being checked, and one line per adapter as it finishes (stdout stays clean
+    for `--json`)."""
+    with progress_bar(make_console(stderr=True), transient=True) as bar:
+        task = bar.add_task("gate", total=total)
+
+        def start(name: str) -> None:
+            bar.update(task, description=f"gate: {name}")
+
+        def done(result: GateResult) -> None:
+            bar.console.print(progress_line(result), highlight=False, soft_wrap=True)
+            bar.advance(task)
+
+        yield {"on_start": start, "on_result": done}
+
+
+def progress_line(result: GateResult) -> str:
+    """One line for a finished adapter: status, error against tolerance or the reason, seconds."""
+    style = STATUS_STYLE.get(result.status, "red")
+    if result.max_rel_error is not None:
+        detail = f"max rel err {result.max_rel_error:.2e} (tol {result.tolerance:.0e})"
+    else:
+        detail = result.reason or ""
+    return f"[{style}]{result.status:>11}[/] {result.name} {_seconds(result)}: {detail}"
+
+
+def _seconds(result: GateResult) -> str:
+    return "" if result.seconds is None else f"{result.seconds:.1f} s"
+
+
+def gate_table(results: list[GateResult]) -> Table:
+    failed = failed_names(results)
+    title = f"correctness gate: {len(results)} adapter(s), {len(failed)} failed"
+    table = Table(title=title)
+    for column in ("adapter", "status", "max rel err", "tolerance", "pass", "time"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reason", overflow="fold")
+    for result in results:
+        style = STATUS_STYLE.get(result.status, "red")
+        passed = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[result.passed]
+        table.add_row(
+            result.name,
+            f"[{style}]{result.status}[/]",
+            "-" if result.max_rel_error is None else f"{result.max_rel_error:.2e}",
+            "-" if result.tolerance is None else f"{result.tolerance:.0e}",
+            passed,
+            _seconds(result),
+            result.reason or "",
+        )
+    return table

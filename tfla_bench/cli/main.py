@@ -1,0 +1,104 @@
+"""The `tfla-bench` command line: one typer app, one module per command group in `commands/`.
+
+User mistakes (`UserError`, click usage errors) end in one line on stderr and exit code 2, a
+started run stopped by its environment (`RunFailed`) in one line and exit code 1; bugs keep their
+traceback. A command or group given without arguments prints its help.
+"""
+
+import functools
+import sys
+from typing import Any
+
+import typer
+import typer.core
+
+from tfla_bench.cli import analysis, bench, check, diff, model, profile, roofs, status
+from tfla_bench.errors import RunFailed, UserError
+
+app = typer.Typer(
+    name="tfla-bench",
+    help="Benchmarks and roofline analysis for TFLA (mLSTM) kernels and their competitors.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Benchmarks and roofline analysis for TFLA (mLSTM) kernels and their competitors."""
+
+
+model.register(app)
+bench.register(app)
+analysis.register(app)
+check.register(app)
+roofs.register(app)
+profile.register(app)
+diff.register(app)
+status.register(app)
+
+# typer >= 0.20 vendors click and older typer uses the click package; both raise usage errors
+# derived from a class named ClickException, found here without importing either click.
+_CLICK_EXCEPTION = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _plain_help(command: Any) -> Any:
+    """Give every parameter of `command` and its subcommands a plain metavar: none for a flag,
+    `INT`, `PATH` or `exp|sig` for an option's value, the upper-case name for an argument.
+    Typer's own (`<bool>` after a flag that takes no value, `{run_dir}` for a required argument)
+    read as text to type. Typer before 0.20 shows click's plain metavars and is left as it is."""
+    if not hasattr(typer.core.TyperArgument, "display_type"):
+        return command
+    ctx = typer.Context(command)
+    for param in command.get_params(ctx):  # with the --help option
+        if isinstance(param, typer.core.TyperArgument):
+            param.metavar = param.metavar or param.name.upper()
+            usage = param.metavar if param.required else f"[{param.metavar}]"
+            param.get_usage_pieces = lambda ctx, usage=usage: [usage]
+            param.display_type_rich = lambda ctx: None
+        elif param.is_flag:
+            param.metavar = ""
+        elif param.metavar is None:
+            label = param.display_type(ctx).strip("<>").removeprefix("list[").removesuffix("]")
+            param.metavar = label if "|" in label else label.upper()
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
+    return command
+
+
+@functools.cache
+def _command() -> Any:
+    """The click command of `app`, built once per process (building it takes longer than most commands)."""
+    return _plain_help(typer.main.get_command(app))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code (the console script passes it to `sys.exit`)."""
+    command = _command()
+    try:
+        code = command.main(args=argv, prog_name="tfla-bench", standalone_mode=False)
+    except _CLICK_EXCEPTION as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            return 0  # typer printed the help while raising it
+        return _usage_error(exc.format_message())
+    except UserError as exc:
+        return _usage_error(str(exc))
+    except RunFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (typer.Abort, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        return 130
+    return code if isinstance(code, int) else 0
+
+
+def _usage_error(message: str) -> int:
+    """Print the first line of a mistake's message as `error: ...`; return exit code 2."""
+    first_line = message.strip().splitlines()[0] if message.strip() else "invalid input"
+    print(f"error: {first_line}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

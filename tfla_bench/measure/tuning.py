@@ -1,0 +1,330 @@
+"""Tuning the `KernelConfig` of our mLSTM kernels for one GPU and shape, offline
+(`python experiments/tune_kernels.py`); a sweep only looks the result up.
+
+Each kernel of the chain reads one group of the config's fields (`GROUPS`): the forward output
+kernel `fwd`, the dQ/dK/dV kernels `bwd`, the recurrent state kernels `state`. The groups are
+searched one after the other (a coordinate search): each over its grid (`grid`), the others at
+their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
+
+- Compiling: before a group is timed, every candidate runs once in `processes` worker processes at
+  a small shape with the same integer specializations as the tuned one (batch*heads and the number
+  of chunks multiples of 16), so the compiling happens side by side and the timing process finds
+  the kernels in Triton's cache (`TRITON_CACHE_DIR`, shared by the processes of a machine).
+- Correctness: each candidate's fw output and fwbw gradients (q, k, v, i, f) are compared with
+  those of the default config, which the GPU tests check against the float64 reference. A
+  candidate whose relative RMS difference exceeds `TOLERANCE` is rejected, as is one that fails
+  (out of shared memory, an error).
+- Timing: the suite's method (`timing.time_calls`): the L2 flushed before each call, a spin ahead
+  of it, the median to within +-0.5% or 1 s of calls.
+
+The result is one `config.tuned_entry` per shape, with the default's and the tuned config's median
+times; `config.load_tuned` registers such a file, and `config_for` looks the entries up by GPU name
+and shape. The default config stays the fallback for every other GPU and shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import multiprocessing
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tfla_bench.kernels import config as kconfig
+from tfla_bench.kernels.config import KernelConfig
+from tfla_bench.measure import timing
+
+KERNELS = ("tfla", "limit_chunk")
+GROUPS = {
+    "fwd": ("seq_q", "seq_kv", "num_warps", "num_stages"),
+    "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_qk", "bwd_num_warps", "bwd_num_stages"),
+    "state": ("state_seq", "state_qk", "state_v", "state_num_warps"),
+}
+GROUP_MODE = {"fwd": "fw", "bwd": "fwbw", "state": "fwbw"}
+TOLERANCE = 2e-2
+SMALL_CHUNKS = 16  # chunks of the compile shape: a multiple of 16, like the tuned one's
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a config is tuned for."""
+
+    kernel: str
+    gate: str
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim_qk: int
+    head_dim_v: int
+    chunk_size: int
+    dtype: torch.dtype = torch.bfloat16
+
+    def small(self) -> Shape:
+        """The compile shape: one sequence of `SMALL_CHUNKS` chunks, 16 heads."""
+        return dataclasses.replace(self, batch=1, heads=16, seq_len=SMALL_CHUNKS * self.chunk_size)
+
+    def config_key(self, gpu: str) -> tuple:
+        """The key of `config.TUNED_CONFIGS` for this shape on GPUs named `gpu`."""
+        return (gpu, self.kernel, self.head_dim_qk, self.head_dim_v, self.chunk_size, self.dtype, self.gate)
+
+    def label(self) -> str:
+        return (
+            f"{self.kernel} {self.gate} B{self.batch} NH{self.heads} T{self.seq_len} "
+            f"Dqk{self.head_dim_qk} Dv{self.head_dim_v} L{self.chunk_size}"
+        )
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A candidate of a group: its config, median ms (None: rejected), error vs the default, why rejected."""
+
+    group: str
+    config: KernelConfig
+    median_ms: float | None
+    rel_err: float | None
+    error: str = ""
+
+
+def grid(shape: Shape, group: str) -> dict[str, tuple[int, ...]]:
+    """The values tried for each field of `group` (limit_chunk keeps whole-chunk sequence tiles)."""
+    L = shape.chunk_size
+    if shape.kernel == "limit_chunk":
+        return {
+            "fwd": {"num_warps": (4, 8), "num_stages": (1, 2)},
+            "bwd": {"bwd_num_warps": (4, 8), "bwd_num_stages": (1, 2)},
+            "state": {"state_qk": (32, 64), "state_v": (64, 128), "state_num_warps": (4, 8)},
+        }[group]
+    return {
+        "fwd": {
+            "seq_q": tuple(s for s in (64, 128) if s <= L),
+            "seq_kv": tuple(s for s in (32, 64, 128) if s <= L),
+            "num_warps": (4, 8),
+            "num_stages": (1, 2, 3),
+        },
+        "bwd": {
+            "bwd_seq_q": tuple(s for s in (32, 64) if s <= L),
+            "bwd_seq_kv": tuple(s for s in (32, 64, 128) if s <= L),
+            "bwd_qk": tuple(d for d in (128, 256) if shape.head_dim_qk % d == 0)
+            or (kconfig.largest_pow2_divisor(shape.head_dim_qk, 128),),
+            "bwd_num_warps": (4, 8),
+            "bwd_num_stages": (1, 2, 3),
+        },
+        "state": {
+            "state_seq": tuple(s for s in (32, 64, 128) if s <= L),
+            "state_qk": (32, 64),
+            "state_v": (64, 128),
+            "state_num_warps": (4, 8),
+        },
+    }[group]
+
+
+def candidates(shape: Shape, base: KernelConfig, group: str) -> list[KernelConfig]:
+    """`base` with `group`'s fields set to every point of its grid that `check_config` accepts; `base`
+    first."""
+    values = grid(shape, group)
+    found = [base]
+    for point in itertools.product(*values.values()):
+        candidate = dataclasses.replace(base, **dict(zip(values, point, strict=True)))
+        try:
+            kconfig.check_config(
+                shape.kernel, candidate, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size
+            )
+        except ValueError:
+            continue
+        if candidate not in found:
+            found.append(candidate)
+    return found
+
+
+def kernel_fn(kernel: str) -> Callable[..., Any]:
+    from tfla_bench.kernels.limit_chunk import mlstm_limit_chunk
+    from tfla_bench.kernels.tfla import mlstm_tfla
+
+    return {"tfla": mlstm_tfla, "limit_chunk": mlstm_limit_chunk}[kernel]
+
+
+def make_inputs(shape: Shape, device: str) -> list[torch.Tensor]:
+    """q, k, v standard normal, input- and forget-gate pre-activations N(-10, 1) and N(3, 1) in
+    float32, all with gradients (seed 0)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    B, NH, T = shape.batch, shape.heads, shape.seq_len
+
+    def randn(*size: int, dtype: torch.dtype = shape.dtype, shift: float = 0.0) -> torch.Tensor:
+        x = torch.randn(*size, generator=generator, device=device, dtype=torch.float32) + shift
+        return x.to(dtype).requires_grad_()
+
+    return [
+        randn(B, NH, T, shape.head_dim_qk),
+        randn(B, NH, T, shape.head_dim_qk),
+        randn(B, NH, T, shape.head_dim_v),
+        randn(B, NH, T, dtype=torch.float32, shift=-10.0),
+        randn(B, NH, T, dtype=torch.float32, shift=3.0),
+    ]
+
+
+def make_call(shape: Shape, inputs: list[torch.Tensor], config: KernelConfig, mode: str) -> Callable[[], Any]:
+    """One call: fw under no_grad (returns h), or fwbw from `h.sum()` (returns None; grads on `inputs`)."""
+    fn = kernel_fn(shape.kernel)
+    extra = {"gate": shape.gate} if shape.kernel == "tfla" else {}
+
+    def forward() -> torch.Tensor:
+        return fn(*inputs, chunk_size=shape.chunk_size, config=config, **extra)
+
+    if mode == "fw":
+
+        def fw() -> torch.Tensor:
+            with torch.no_grad():
+                return forward()
+
+        return fw
+
+    def fwbw() -> None:
+        for x in inputs:
+            x.grad = None
+        forward().float().sum().backward()
+
+    return fwbw
+
+
+def outputs(shape: Shape, inputs: list[torch.Tensor], config: KernelConfig, mode: str) -> list[torch.Tensor]:
+    """What a candidate is compared on: h (fw), or every input's gradient (fwbw)."""
+    result = make_call(shape, inputs, config, mode)()
+    if mode == "fw":
+        return [result]
+    return [x.grad for x in inputs]
+
+
+def rel_rms(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest relative RMS difference over the tensors."""
+    worst = 0.0
+    for a, b in zip(got, want, strict=True):
+        a, b = a.double(), b.double()
+        worst = max(worst, float((a - b).norm() / b.norm().clamp_min(1e-30)))
+    return worst
+
+
+def _compile_one(args: tuple[Shape, KernelConfig, str]) -> str:
+    """Worker: run `config` once at the compile shape (fw and fwbw); '' or the error's last line."""
+    shape, config, device = args
+    try:
+        small = shape.small()
+        inputs = make_inputs(small, device)
+        make_call(small, inputs, config, "fw")()
+        make_call(small, inputs, config, "fwbw")()
+        timing.synchronize(device)
+        return ""
+    except Exception as exc:  # a candidate that does not compile or run is rejected, not fatal
+        traceback.print_exc()
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+
+
+def compile_all(shape: Shape, configs: list[KernelConfig], processes: int, device: str) -> list[str]:
+    """Run every config once at the compile shape, `processes` at a time (0: in this process)."""
+    jobs = [(shape, config, device) for config in configs]
+    if processes <= 0:
+        return [_compile_one(job) for job in jobs]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return pool.map(_compile_one, jobs, chunksize=1)
+
+
+def time_call(call: Callable[[], Any], device: str, rule: timing.StopRule) -> float:
+    """The suite's median (ms) of `call` (`timing.time_standalone` after 3 warm-up calls)."""
+    return timing.time_standalone(call, device, rule=rule, warmup_calls=3, warmup_s=0.0).median_ms
+
+
+def tune(
+    shape: Shape,
+    *,
+    device: str = "cuda",
+    processes: int = 8,
+    groups: tuple[str, ...] = ("bwd", "state", "fwd"),
+    rule: timing.StopRule | None = None,
+    on_trial: Callable[[Trial], None] | None = None,
+    inputs: list[torch.Tensor] | None = None,
+) -> tuple[KernelConfig, list[Trial]]:
+    """Coordinate search over `groups` (module docstring) from the default config, on `inputs`
+    (default: `make_inputs(shape, device)`).
+
+    Returns:
+        The best config and every trial, the default first in each group.
+    """
+    rule = rule or timing.StopRule(rel_ci=0.005, budget_s=1.0, min_reps=10)
+    best = kconfig.default_config(
+        shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate
+    )
+    inputs = inputs if inputs is not None else make_inputs(shape, device)
+    references = {mode: outputs(shape, inputs, best, mode) for mode in ("fw", "fwbw")}
+    trials: list[Trial] = []
+    for group in groups:
+        mode = GROUP_MODE[group]
+        configs = candidates(shape, best, group)
+        errors = compile_all(shape, configs, processes, device)
+        group_trials = []
+        for config, error in zip(configs, errors, strict=True):
+            trial = _trial(shape, inputs, references[mode], group, config, mode, error, device, rule)
+            group_trials.append(trial)
+            if on_trial is not None:
+                on_trial(trial)
+        trials += group_trials
+        timed = [trial for trial in group_trials if trial.median_ms is not None]
+        if timed:
+            best = min(timed, key=lambda trial: trial.median_ms).config
+    return best, trials
+
+
+def _trial(
+    shape: Shape,
+    inputs: list[torch.Tensor],
+    reference: list[torch.Tensor],
+    group: str,
+    config: KernelConfig,
+    mode: str,
+    error: str,
+    device: str,
+    rule: timing.StopRule,
+) -> Trial:
+    if error:
+        return Trial(group, config, None, None, error)
+    try:
+        err = rel_rms(outputs(shape, inputs, config, mode), reference)
+        if not err <= TOLERANCE:
+            return Trial(group, config, None, err, f"{err:.2e} from the default config's result")
+        return Trial(group, config, time_call(make_call(shape, inputs, config, mode), device, rule), err)
+    except Exception as exc:  # out of resources at the full shape, for instance
+        return Trial(group, config, None, None, f"{type(exc).__name__}: {str(exc).strip()[:200]}")
+
+
+def changed_fields(config: KernelConfig, base: KernelConfig) -> str:
+    """`field=value` for every field where `config` differs from `base` ('default' when none)."""
+    changes = [
+        f"{field.name}={getattr(config, field.name)}"
+        for field in dataclasses.fields(KernelConfig)
+        if getattr(config, field.name) != getattr(base, field.name)
+    ]
+    return " ".join(changes) or "default"
+
+
+def markdown(shape: Shape, trials: list[Trial], base: KernelConfig, gpu: str) -> str:
+    """The trials as a table, fastest first within each group."""
+    lines = [
+        f"Config search for {shape.label()} {str(shape.dtype).removeprefix('torch.')} on {gpu} "
+        f"(median ms of the group's mode; `rel err`: relative RMS vs the default config's result)",
+        "",
+        "| group | mode | config (vs default) | median ms | rel err | note |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for group in GROUPS:
+        rows = [trial for trial in trials if trial.group == group]
+        rows.sort(key=lambda trial: (trial.median_ms is None, trial.median_ms or 0.0))
+        for trial in rows:
+            ms = f"{trial.median_ms:.3f}" if trial.median_ms is not None else ""
+            err = f"{trial.rel_err:.1e}" if trial.rel_err is not None else ""
+            lines.append(
+                f"| {group} | {GROUP_MODE[group]} | {changed_fields(trial.config, base)} | {ms} | {err} | "
+                f"{trial.error[:120]} |"
+            )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,722 @@
+"""Sweeps through a job scheduler: a run's cases sharded over jobs of one node each, through submitit.
+
+`tfla-bench sweep SPEC --executor slurm` submits the cases to Slurm; `--executor local` runs the
+same path through submitit's `LocalExecutor` on this machine (what the tests use). In order:
+
+1. `resolve` turns the flags into `ClusterOptions`, refusing bad ones with one `UserError` line
+   before anything is written. A resumed run keeps the executor and options it was submitted
+   with, unless flags say otherwise.
+2. `submit` splits the cases to run (every case; on `--resume` those without a finished row and
+   those of a `--retry` status) round-robin into at most `--nodes` shards, and submits one
+   `shard.ShardJob` per shard: one node, `--gpus-per-node` GPUs, `--time`. On Slurm the shards go
+   as one job array (one sbatch). submitit keeps its scripts, pickles and the jobs' logs in
+   `submitit/<round>/` of the run directory, and `jobs.json` records the submission
+   (`tfla_bench.run.jobs`). A preempted or timed-out job is requeued once (`shard.ShardJob.checkpoint`).
+3. `follow` (unless `--no-wait`) polls the jobs and merges their rows into `results.csv` as they
+   come, with a progress bar per job state, until every job has ended; `status` polls and merges
+   once.
+
+Merging (`merge`): a row is final once it is in a shard file (one write and one fsync each; a torn
+last line waits for a later merge), so each merge reads every shard file of the open rounds and
+rewrites `results.csv` atomically: its own rows, then the shards' rows, the last row of a case
+winning. Only the holder of the run's lock merges, so `results.csv` has one writer. A round is
+closed once all its jobs ended and a last merge took their rows. The run's `env.json` is the first
+node's, with every node's record under `nodes` (where `rundir.on_one_gpu` finds the record of a
+GPU).
+
+Job states come from submitit: a job that wrote its result is `COMPLETED` or `FAILED`; before
+that, Slurm's state (sacct, polled every `STATE_POLL_S`) or, for a local job, whether its
+controller process still runs (`RUNNING`, else `INTERRUPTED`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.measure.envinfo import now_iso
+from tfla_bench.run import jobs, rundir, runner
+from tfla_bench.run.console import job_line, progress_bar
+from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
+from tfla_bench.run.rundir import ResultRow
+from tfla_bench.run.shard import MAX_REQUEUES, ShardJob
+from tfla_bench.run.specs import Spec
+
+EXECUTORS = ("none", "slurm", "local")
+EXTRA = "pip install tfla-bench[cluster]"
+DEFAULT_TIME_MIN = 60
+# Seconds between merges while following jobs, and between two sacct calls.
+POLL_S = 1.0
+STATE_POLL_S = 30.0
+# Seconds between Slurm's signal and the end of a job's time: enough to stop the workers and requeue.
+SIGNAL_DELAY_S = 120
+# sbatch options the flags set, and those submitit sets itself (the logs go into the run directory).
+_FLAG_OF = {
+    "partition": "--partition",
+    "time": "--time",
+    "nodes": "--nodes",
+    "gpus-per-node": "--gpus-per-node",
+    "account": "--account",
+    "constraint": "--constraint",
+}
+_SUBMITIT_OWNS = ("output", "error", "array", "signal", "open-mode")
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+@dataclass(frozen=True)
+class ClusterFlags:
+    """The scheduler flags of `sweep` as given (None or empty: not given)."""
+
+    executor: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    constraint: str | None = None
+    slurm_args: tuple[str, ...] = ()
+    no_wait: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """How the jobs of a sweep are submitted.
+
+    Attributes:
+        executor: `slurm` or `local`.
+        nodes: how many jobs the cases are split over, one node each.
+        gpus_per_node: the GPUs of each job.
+        time_min: each job's time limit in minutes.
+        partition, account, constraint: Slurm's (None: the cluster's default).
+        slurm_args: other sbatch options, name without dashes to value (True: an option without one).
+        wait: follow the jobs until they end (`--no-wait`: submit and return).
+    """
+
+    executor: str
+    nodes: int = 1
+    gpus_per_node: int = 0
+    time_min: int = DEFAULT_TIME_MIN
+    partition: str | None = None
+    account: str | None = None
+    constraint: str | None = None
+    slurm_args: dict[str, str | bool] = field(default_factory=dict)
+    wait: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options `jobs.json` keeps for a resume (all but `wait`)."""
+        return {key: value for key, value in asdict(self).items() if key not in ("executor", "wait")}
+
+
+@dataclass
+class Merged:
+    """What a merge found.
+
+    Attributes:
+        rows: every row of `results.csv` after it.
+        shard_rows: readable rows per shard directory of the open rounds.
+    """
+
+    rows: list[ResultRow]
+    shard_rows: dict[str, int]
+
+
+# ----------------------------------------------------------------------------------------------
+# Options
+
+
+def resolve(flags: ClusterFlags, recorded: JobsRecord | None) -> ClusterOptions | None:
+    """The options of a sweep through jobs, or None for a sweep in this process.
+
+    Args:
+        flags: the flags given.
+        recorded: the jobs of the run being resumed, if any: its executor and options apply
+            where no flag is given.
+
+    Raises:
+        UserError: an unknown executor, a flag the executor does not take, or a bad value.
+    """
+    executor = flags.executor
+    if executor is not None and executor not in EXECUTORS:
+        raise UserError(f"--executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if executor is None:
+        executor = recorded.executor if recorded is not None else "none"
+    slurm_only = (
+        ("--partition", flags.partition),
+        ("--account", flags.account),
+        ("--constraint", flags.constraint),
+        ("--slurm-arg", flags.slurm_args or None),
+    )
+    if executor == "none":
+        given = (
+            ("--nodes", flags.nodes),
+            ("--gpus-per-node", flags.gpus_per_node),
+            ("--time", flags.time),
+            *slurm_only,
+            ("--no-wait", flags.no_wait or None),
+        )
+        for flag, value in given:
+            if value is not None:
+                raise UserError(f"{flag} needs --executor slurm or local")
+        return None
+    if executor == "local":
+        for flag, value in slurm_only:
+            if value is not None:
+                raise UserError(f"{flag} needs --executor slurm")
+    base = recorded.options if recorded is not None and recorded.executor == executor else {}
+    nodes = flags.nodes if flags.nodes is not None else base.get("nodes", 1)
+    if nodes < 1:
+        raise UserError(f"--nodes: expected a number of jobs >= 1, got {nodes}")
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    default_gpus = 1 if executor == "slurm" or cuda_count else 0
+    gpus = flags.gpus_per_node if flags.gpus_per_node is not None else base.get("gpus_per_node", default_gpus)
+    if gpus < 0:
+        raise UserError(f"--gpus-per-node: expected a number >= 0, got {gpus}")
+    if executor == "local" and nodes * gpus > cuda_count:
+        raise UserError(
+            f"--executor local: {nodes} job(s) of {gpus} GPU(s) need {nodes * gpus} GPU(s); "
+            f"this machine has {cuda_count}"
+        )
+    words = {
+        key: _word(f"--{key}", value) if value is not None else base.get(key)
+        for key, value in (
+            ("partition", flags.partition),
+            ("account", flags.account),
+            ("constraint", flags.constraint),
+        )
+    }
+    return ClusterOptions(
+        executor=executor,
+        nodes=nodes,
+        gpus_per_node=gpus,
+        time_min=parse_time(flags.time) if flags.time is not None else base.get("time_min", DEFAULT_TIME_MIN),
+        slurm_args={**base.get("slurm_args", {}), **parse_slurm_args(flags.slurm_args)},
+        wait=not flags.no_wait,
+        **words,
+    )
+
+
+def parse_time(text: str) -> int:
+    """`--time` in minutes (rounded up), from minutes or Slurm's `[D-]H:M:S` forms.
+
+    Raises:
+        UserError: another form, or no time at all.
+    """
+    match = _TIME.fullmatch(text.strip())
+    if match is None:
+        raise UserError(f"--time: expected minutes or D-HH:MM:SS, got {text!r}")
+    days, first, second, third = (int(part) if part else 0 for part in match.groups())
+    if match.group(1) is not None:
+        seconds = ((days * 24 + first) * 60 + second) * 60 + third
+    elif match.group(4) is not None:
+        seconds = (first * 60 + second) * 60 + third
+    else:
+        seconds = first * 60 + second
+    if seconds <= 0:
+        raise UserError(f"--time: expected a positive time, got {text!r}")
+    return -(-seconds // 60)
+
+
+def parse_slurm_args(entries: tuple[str, ...]) -> dict[str, str | bool]:
+    """`--slurm-arg KEY=VALUE` entries as sbatch options (`KEY` alone: an option without a value).
+
+    Raises:
+        UserError: a malformed entry, an option one of the flags sets, or one submitit sets.
+    """
+    options: dict[str, str | bool] = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        key = key.strip().removeprefix("--").replace("_", "-")
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", key) or (sep and not value.strip()):
+            raise UserError(f"--slurm-arg: expected KEY=VALUE with an sbatch option as KEY, got {entry!r}")
+        if key in _FLAG_OF:
+            raise UserError(f"--slurm-arg {key}: give it as {_FLAG_OF[key]}")
+        if key in _SUBMITIT_OWNS:
+            raise UserError(f"--slurm-arg {key}: set by tfla-bench (the jobs' logs go to the run directory)")
+        options[key] = value.strip() if sep else True
+    return options
+
+
+def _word(flag: str, value: str) -> str:
+    if not value.strip() or any(char.isspace() for char in value.strip()):
+        raise UserError(f"{flag}: expected one word, got {value!r}")
+    return value.strip()
+
+
+def require_submitit(executor: str) -> Any:
+    """The submitit module, once it is known to reach the executor's scheduler.
+
+    Raises:
+        UserError: submitit is not installed (naming the extra that installs it), or Slurm's
+            commands are not on this machine.
+    """
+    try:
+        import submitit
+    except ImportError:
+        raise UserError(f"--executor {executor} needs submitit: {EXTRA}") from None
+    if executor == "slurm" and submitit.SlurmExecutor.affinity() < 0:
+        raise UserError("--executor slurm: no srun on PATH; submit from a node of a Slurm cluster")
+    return submitit
+
+
+def slurm_parameters(options: ClusterOptions, job_name: str) -> dict[str, Any]:
+    """The parameters of `submitit.SlurmExecutor.update_parameters` for the options: one node and
+    one task per job, so each job runs one shard on its node's GPUs."""
+    parameters: dict[str, Any] = {
+        "job_name": job_name,
+        "time": options.time_min,
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "signal_delay_s": SIGNAL_DELAY_S,
+    }
+    if options.gpus_per_node:
+        parameters["gpus_per_node"] = options.gpus_per_node
+    for key in ("partition", "account", "constraint"):
+        if getattr(options, key) is not None:
+            parameters[key] = getattr(options, key)
+    if options.slurm_args:
+        parameters["additional_parameters"] = dict(options.slurm_args)
+    return parameters
+
+
+def describe(options: ClusterOptions, cases: int) -> str:
+    """One line saying how `cases` cases would be submitted."""
+    count = min(options.nodes, cases)
+    return (
+        f"{cases} case(s) in {count} {options.executor} job(s) of one node, "
+        f"{options.gpus_per_node} GPU(s) and {options.time_min} min each"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Submitting
+
+
+def sweep(
+    spec: Spec,
+    cases: list[Case],
+    run_dir: Path,
+    options: ClusterOptions,
+    *,
+    resume: bool = False,
+    retry: frozenset[str] = frozenset(),
+    forced: str | None = None,
+    precompile: int = 0,
+    roofs: bool = True,
+    console: Console,
+) -> list[ResultRow] | None:
+    """Submit the cases and, unless `options.wait` is off, follow the jobs to the end.
+
+    Call it holding the run's lock, after `settle` on a resumed run.
+
+    Args:
+        spec: the spec the cases come from, measurement flags applied (saved for `--resume`).
+        cases: from `specs.expand`.
+        run_dir: from `runner.resolve_run_dir`, checked by `runner.check_run_dir`.
+        options: from `resolve`.
+        resume: submit only the cases without a finished row of `run_dir`.
+        retry: with `resume`, statuses whose rows are submitted again.
+        forced: the spec difference a forced resume accepted.
+        precompile: `--precompile N`, run in each job before it measures.
+        roofs: record each node's measured roofs.
+        console: where the submission, the jobs' states and the progress go.
+
+    Returns:
+        Every row of the run once the jobs ended, or None when they were only submitted.
+
+    Raises:
+        UserError: the jobs could not be submitted (the scheduler's message is in it).
+        RunFailed: jobs ended without a row for every case (their rows are kept).
+    """
+    record, submitted, handles = submit(
+        spec,
+        cases,
+        run_dir,
+        options,
+        resume=resume,
+        retry=retry,
+        forced=forced,
+        precompile=precompile,
+        roofs=roofs,
+        console=console,
+    )
+    if submitted is None:
+        return rundir.read_results(run_dir / rundir.RESULTS).rows
+    if not options.wait:
+        console.print(f"`tfla-bench status {run_dir}` shows the jobs and merges their rows into results.csv")
+        return None
+    try:
+        merged = follow(run_dir, record, submitted, handles, console)
+    except KeyboardInterrupt:
+        console.print(f"interrupted: running jobs go on; `tfla-bench status {run_dir}` merges their rows")
+        raise
+    for job in submitted.jobs:
+        if job.failed:
+            console.print(f"[red]{job_line(submitted, job)}[/]; log {run_dir / job.stderr}")
+    done = {row.case.key for row in merged.rows}
+    missing = [case for case in cases if case.key not in done]
+    if missing:
+        raise RunFailed(
+            f"{len(missing)} case(s) have no row: their job ended first (see above); the rows written "
+            f"are in {run_dir / rundir.RESULTS}; submit the rest with tfla-bench sweep --resume {run_dir}"
+        )
+    return merged.rows
+
+
+def submit(
+    spec: Spec,
+    cases: list[Case],
+    run_dir: Path,
+    options: ClusterOptions,
+    *,
+    resume: bool,
+    retry: frozenset[str],
+    forced: str | None,
+    precompile: int,
+    roofs: bool,
+    console: Console,
+) -> tuple[JobsRecord, Round | None, list[Any]]:
+    """Write the run's `spec.json` and `results.csv` (the rows a resume keeps), submit one job per
+    shard of the cases to run, and record them in `jobs.json`. The arguments are those of `sweep`.
+
+    Returns:
+        The jobs record, the new round (None when every case has a finished row) and submitit's
+        job handles.
+    """
+    submitit = require_submitit(options.executor)
+    record = jobs.read(run_dir) or JobsRecord(options.executor, options.to_dict())
+    record.executor, record.options = options.executor, options.to_dict()
+    csv_path = run_dir / rundir.RESULTS
+    if resume:
+        todo, kept, columns = runner.resume_plan(cases, csv_path, retry, console)
+    else:
+        todo, kept, columns = cases, [], rundir.columns_for(cases)
+    try:
+        rundir.rewrite_results(csv_path, kept, columns)
+        rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
+    except OSError as exc:
+        raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
+    if kept:
+        console.print(f"resuming {run_dir}: {len(kept)} finished row(s) kept")
+    if not todo:
+        console.print("nothing to submit: every case has a finished row")
+        return record, None, []
+    number = len(record.rounds) + 1
+    executor = _executor(submitit, options, run_dir / rundir.submitit_dir(number), f"tfla-bench-{spec.name}")
+    count = min(options.nodes, len(todo))
+    work = [
+        ShardJob(run_dir.resolve(), number, index, spec, tuple(todo[index::count]), precompile, roofs, forced)
+        for index in range(count)
+    ]
+    handles = _submit_all(submitit, executor, options, work)
+    submitted = Round(
+        number,
+        now_iso(),
+        [
+            JobRecord(
+                shard.index,
+                str(handle.job_id),
+                len(shard.cases),
+                stdout=_relative(handle.paths.stdout, run_dir),
+                stderr=_relative(handle.paths.stderr, run_dir),
+            )
+            for shard, handle in zip(work, handles, strict=True)
+        ],
+        forced=forced,
+    )
+    record.rounds.append(submitted)
+    jobs.write(run_dir, record)
+    ids = ", ".join(job.job_id for job in submitted.jobs)
+    console.print(f"submitted {describe(options, len(todo))}: job id(s) {ids}")
+    return record, submitted, handles
+
+
+def _executor(submitit: Any, options: ClusterOptions, folder: Path, job_name: str) -> Any:
+    """submitit's executor for the options, writing into `folder`; requeues a job `MAX_REQUEUES` times."""
+    if options.executor == "local":
+        executor = submitit.LocalExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
+        executor.update_parameters(
+            timeout_min=options.time_min, gpus_per_node=options.gpus_per_node, signal_delay_s=SIGNAL_DELAY_S
+        )
+        return executor
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
+    executor.update_parameters(**slurm_parameters(options, job_name))
+    return executor
+
+
+def _submit_all(submitit: Any, executor: Any, options: ClusterOptions, work: list[ShardJob]) -> list[Any]:
+    """Submit every shard: on Slurm as one job array, locally one by one, each job on its own GPUs."""
+    refused = (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError, OSError)
+    # submitit prints a refused submission's stderr before raising it; the message is shown once, below.
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            if options.executor == "local":
+                handles = []
+                for shard in work:
+                    first = shard.index * options.gpus_per_node
+                    gpus = tuple(range(first, first + options.gpus_per_node))
+                    executor.update_parameters(visible_gpus=gpus)
+                    handles.append(executor.submit(shard))
+                return handles
+            with executor.batch():
+                delayed = [executor.submit(shard) for shard in work]
+            return delayed
+        except refused as exc:
+            message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            raise UserError(f"the {options.executor} submission was refused: {message}") from None
+
+
+def _relative(path: Path, run_dir: Path) -> str:
+    return os.path.relpath(path, run_dir.resolve())
+
+
+# ----------------------------------------------------------------------------------------------
+# Following
+
+
+def follow(
+    run_dir: Path, record: JobsRecord, submitted: Round, handles: list[Any], console: Console
+) -> Merged:
+    """Poll the round's jobs and merge their rows until every job has ended, then close the round.
+
+    Prints a line when a job changes state, and keeps a progress bar of the round's rows and one of
+    the jobs in each state.
+    """
+    progress = progress_bar(console)
+    rows_task = progress.add_task("rows", total=sum(job.cases for job in submitted.jobs))
+    state_tasks: dict[str, Any] = {}
+    last_poll = float("-inf")
+    with progress:
+        while True:
+            force = time.monotonic() - last_poll >= STATE_POLL_S
+            last_poll = time.monotonic() if force else last_poll
+            before = [(job.state, job.host) for job in submitted.jobs]
+            for job in _refresh(record.executor, run_dir, submitted, handles, force=force):
+                progress.console.print(job_line(submitted, job))
+            merged = merge(run_dir, record)
+            if before != [(job.state, job.host) for job in submitted.jobs]:
+                jobs.write(run_dir, record)
+            written = sum(merged.shard_rows.get(submitted.shard(job), 0) for job in submitted.jobs)
+            progress.update(rows_task, completed=written)
+            states = Counter(job.state.lower() for job in submitted.jobs)
+            for state in sorted({*states, *state_tasks}):
+                if state not in state_tasks:
+                    state_tasks[state] = progress.add_task(f"jobs {state}", total=len(submitted.jobs))
+                progress.update(state_tasks[state], completed=states.get(state, 0))
+            if all(job.ended for job in submitted.jobs):
+                break
+            time.sleep(POLL_S)
+    return close(run_dir, record, submitted)
+
+
+def close(run_dir: Path, record: JobsRecord, ended: Round) -> Merged:
+    """Merge the rows of a round whose jobs all ended, and mark it closed."""
+    merged = merge(run_dir, record)
+    ended.closed = True
+    jobs.write(run_dir, record)
+    return merged
+
+
+def settle(run_dir: Path) -> None:
+    """Before a resume: close the rounds whose jobs all ended; refuse while a job may still write rows.
+
+    Raises:
+        UserError: a job of the run is pending or running.
+    """
+    record = jobs.read(run_dir)
+    if record is None or not record.open_rounds():
+        return
+    _refresh_open(record, run_dir)
+    jobs.write(run_dir, record)
+    active = [job for one in record.open_rounds() for job in one.jobs if not job.ended]
+    if active:
+        listed = ", ".join(f"{job.job_id} {job.state}" for job in active)
+        raise UserError(
+            f"{len(active)} job(s) of {run_dir} may still write rows ({listed}); "
+            f"wait for them or cancel them (`tfla-bench status {run_dir}`)"
+        )
+    for one in record.open_rounds():
+        close(run_dir, record, one)
+
+
+def status(run_dir: Path, console: Console) -> tuple[JobsRecord, dict[str, int], bool]:
+    """Poll the jobs of the open rounds and, unless a sweep holds the run's lock, merge their rows.
+
+    Returns:
+        The jobs record, the readable rows per shard directory, and whether the rows were merged.
+
+    Raises:
+        UserError: the run never submitted a job.
+    """
+    record = jobs.read(run_dir)
+    if record is None:
+        raise UserError(f"{run_dir} has no {rundir.JOBS}: its cases were not submitted as jobs")
+    _refresh_open(record, run_dir)
+    merged = True
+    lock = rundir.RunLock(run_dir, warn=lambda line: console.print(line))
+    try:
+        lock.acquire()
+    except UserError as exc:
+        console.print(f"[yellow]rows not merged:[/] {exc}")
+        merged = False
+    else:
+        try:
+            for one in record.open_rounds():
+                if all(job.ended for job in one.jobs):
+                    close(run_dir, record, one)
+            merge(run_dir, record)
+            jobs.write(run_dir, record)
+        finally:
+            lock.release()
+    shard_rows = {
+        one.shard(job): len(rundir.read_results(run_dir / one.shard(job) / rundir.RESULTS).rows)
+        for one, job in record.jobs()
+    }
+    return record, shard_rows, merged
+
+
+def _refresh_open(record: JobsRecord, run_dir: Path) -> None:
+    """Poll the jobs of every open round (one sacct call on Slurm)."""
+    open_rounds = record.open_rounds()
+    if not open_rounds:
+        return
+    submitit = require_submitit(record.executor)
+    kind = submitit.SlurmJob if record.executor == "slurm" else submitit.LocalJob
+    for index, one in enumerate(open_rounds):
+        folder = run_dir.resolve() / rundir.submitit_dir(one.number)
+        handles = [kind(folder=folder, job_id=job.job_id) for job in one.jobs]
+        _refresh(record.executor, run_dir, one, handles, force=index == 0)
+
+
+def _refresh(executor: str, run_dir: Path, one: Round, handles: list[Any], *, force: bool) -> list[JobRecord]:
+    """Update the state, host and error of a round's jobs that had not ended; return those whose state
+    changed.
+
+    Args:
+        force: on Slurm, ask sacct now (one call for every job), else use what it said last.
+    """
+    if executor == "slurm" and force and handles:
+        handles[0].get_info(mode="force")
+    changed = []
+    for job, handle in zip(one.jobs, handles, strict=True):
+        if job.ended:
+            continue
+        state, error = _state(executor, handle)
+        host = job.host or _host(run_dir / one.shard(job))
+        if state != job.state:
+            changed.append(job)
+        job.state, job.error, job.host = state, error, host
+    return changed
+
+
+def _state(executor: str, handle: Any) -> tuple[str, str]:
+    """A job's state and, for one that failed, the last line of its error."""
+    # The scheduler's view first: a job writes its result before it ends, so a result looked for
+    # after this is there whenever the job has ended normally.
+    if executor == "slurm":
+        live = (handle.watcher.get_state(handle.job_id, mode="cache") or "UNKNOWN").split()[0].upper()
+    else:
+        live = handle.state
+        if live == "NO PROCESS AND NO RESULT":  # a job this process did not submit
+            live = "RUNNING" if _local_job_alive(handle.job_id) else "INTERRUPTED"
+    if handle.paths.result_pickle.exists():
+        import submitit.core.utils
+
+        try:
+            outcome, value = submitit.core.utils.pickle_load(handle.paths.result_pickle)
+        except (OSError, EOFError):  # still being moved into place
+            return live, ""
+        if outcome == "success":
+            return jobs.COMPLETED, ""
+        lines = [line.strip() for line in str(value).splitlines() if line.strip()]
+        return "FAILED", lines[-1] if lines else "failed"
+    if live == "FINISHED":  # a local job whose process ended without writing its result
+        return "FAILED", "the job's process ended without a result"
+    return live, ""
+
+
+def _local_job_alive(job_id: str) -> bool:
+    """Whether a local job's controller (its process id is the job id) still runs: a live process,
+    not a zombie, still submitit's (the id may have been reused)."""
+    proc = Path("/proc") / job_id
+    try:
+        stat = (proc / "stat").read_text()
+        command = (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z" and b"submitit" in command
+
+
+def _host(shard: Path) -> str:
+    """The node a shard ran on, from its `env.json` once the job wrote it."""
+    try:
+        return str(rundir.read_env(shard).get("host") or "")
+    except UserError:
+        return ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Merging
+
+
+def merge(run_dir: Path, record: JobsRecord) -> Merged:
+    """Merge the rows of the open rounds' shard files into `results.csv` and their nodes' records into
+    `env.json`. Call it holding the run's lock.
+
+    `results.csv` is rewritten atomically, and only when the shards add something: its rows, then
+    each shard's readable rows (a torn last line is left for the next merge), the last row of a
+    case replacing an earlier one, so no case appears twice.
+    """
+    csv_path = run_dir / rundir.RESULTS
+    read = rundir.read_results(csv_path)
+    rows = {row.case.key: row for row in read.rows}
+    columns = list(read.header)
+    shard_rows: dict[str, int] = {}
+    for one in record.open_rounds():
+        for job in one.jobs:
+            shard = rundir.read_results(run_dir / one.shard(job) / rundir.RESULTS)
+            shard_rows[one.shard(job)] = len(shard.rows)
+            columns += [column for column in shard.header if column not in columns]
+            rows.update((row.case.key, row) for row in shard.rows)
+    merged = list(rows.values())
+    if merged != read.rows or columns != read.header:
+        rundir.rewrite_results(csv_path, merged, columns)
+    _merge_env(run_dir, record)
+    return Merged(merged, shard_rows)
+
+
+def _merge_env(run_dir: Path, record: JobsRecord) -> None:
+    """Add the records of nodes not seen yet to the run's `env.json` (the first node's heads it), in
+    the order of their jobs however the jobs finished."""
+    env = rundir.read_env(run_dir)
+    nodes = list(env.get("nodes", []))
+    seen = {node.get("shard") for node in nodes}
+    added = False
+    for one in record.open_rounds():
+        for job in one.jobs:
+            shard = one.shard(job)
+            if shard in seen or not (run_dir / shard / rundir.ENV).is_file():
+                continue
+            node = {key: value for key, value in rundir.read_env(run_dir / shard).items() if key != "resumed"}
+            env = env or dict(node)
+            if one.forced is not None:
+                env["forced_spec_difference"] = one.forced
+            nodes.append({**node, "shard": shard, "job_id": job.job_id})
+            added = True
+    if added:
+        order = {one.shard(job): n for n, (one, job) in enumerate(record.jobs())}
+        nodes.sort(key=lambda node: order.get(node.get("shard"), len(order)))
+        env.update(nodes=nodes, executor=record.executor, results_schema=rundir.SCHEMA_VERSION)
+        rundir.write_json(run_dir / rundir.ENV, env)

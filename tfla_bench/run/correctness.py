@@ -1,0 +1,342 @@
+"""The correctness gate: every available adapter's forward output against a PyTorch reference.
+
+For each adapter the gate builds one small forward case (`adapter.gate_shape`), makes the
+adapter's inputs, runs `adapter.forward` and `adapter.reference` on the same inputs and compares.
+The references of every family live in `tfla_bench.kernels.reference` (softmax attention, the decay
+linear-attention recurrence behind GLA, Mamba and LightningAttention-2, the mLSTM formulations);
+each adapter maps its library's inputs onto one.
+
+References compute in float64 from the very tensors the kernel gets, so the error measures the
+kernel's arithmetic and not the rounding of its inputs.
+
+Error measure: `max_rel_error = max|out - ref| / max|ref|`, the largest deviation relative to the
+reference's largest magnitude. It does not blow up where the output crosses zero (an elementwise
+relative error would) and it catches any element that is wrong by a fraction of the output scale.
+
+Tolerances (`TOLERANCES`, by input dtype): the kernels accumulate in fp32 but round intermediate
+tiles (attention probabilities, chunk states, intra-chunk scores) and the output to the input dtype.
+One bf16 rounding is a relative error of at most 2^-8 ~ 0.004 per element (torch's bf16 math-SDPA
+lands at ~2.5e-3 on the attention gate case); a few such roundings along the computation, partly
+averaging out, stay inside 2e-2, while a wrong gate convention, a missing scale or a dropped
+chunk-state contribution gives errors of order 1. fp16 rounds at 2^-11; 1e-2 leaves room for the
+larger dynamic range of unnormalized linear attention. fp32 inputs still meet TF32 tensor-core
+matmuls in the Triton kernels (also ~2^-11 per product, accumulated over the head dim): 5e-3.
+
+The kernels run in a worker process of `tfla_bench.measure.worker` with a per-adapter timeout
+(`isolate=True`, the default): one process for all adapters, replaced after a crash, a hang or a
+CUDA error that poisons its context. A kernel that aborts the process (the official mLSTMexp
+xl_chunk kernel hits an LLVM assertion on Triton 3.6) or hangs in autotuning yields a `crashed` /
+`timeout` result that quotes the worker's last output, and the gate goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.errors import exception_line
+from tfla_bench.measure.worker import Failure, Worker, is_fatal_cuda_error, log_outcome
+from tfla_bench.run import rundir
+
+if TYPE_CHECKING:
+    import torch
+
+    from tfla_bench.adapters.registry import Adapter
+
+TOLERANCES: dict[str, float] = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 5e-3}
+DEFAULT_TIMEOUT_S = 900.0
+
+# Statuses of a gate result. `passed` is True/False for "ok" and False for "error", "crashed" and
+# "timeout" (an available adapter that cannot produce a checked output fails the gate); None for
+# adapters the gate could not run ("unavailable", "unsupported") or could not compare ("no_reference").
+# Not the statuses of a results row (`tfla_bench.run.rundir.STATUSES`): a gate "ok" means compared
+# (passed or not), a gate has no "oom" and no "failed_check", a row has no "no_reference".
+GATE_STATUSES = ("ok", "error", "crashed", "timeout", "unavailable", "unsupported", "no_reference")
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The gate's verdict on one adapter.
+
+    Attributes:
+        name: adapter name.
+        status: one of `GATE_STATUSES` (a gate verdict, not a result row's status).
+        max_rel_error: `max|out - ref| / max|ref|` when compared, else None.
+        tolerance: the bound `max_rel_error` must not exceed, else None.
+        passed: True/False when the adapter ran; None when it could not run or has no reference.
+        reason: why it did not run or fail (unavailable reason, exception's last line), else None.
+        seconds: wall time the gate spent on the adapter (compile and autotune included), else None.
+    """
+
+    name: str
+    status: str
+    max_rel_error: float | None
+    tolerance: float | None
+    passed: bool | None
+    reason: str | None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in GATE_STATUSES:
+            raise ValueError(f"unknown gate status {self.status!r}")
+
+
+def max_relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """`max|out - ref| / max|ref|` in float64; NaN if `out` has NaN or infinities.
+
+    Args:
+        out: the kernel's output.
+        ref: the reference, same shape.
+    """
+    import torch
+
+    if out.shape != ref.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} differs from the reference's {tuple(ref.shape)}")
+    out64 = out.detach().to(torch.float64)
+    ref64 = ref.detach().to(device=out64.device, dtype=torch.float64)
+    if not torch.isfinite(out64).all():
+        return math.nan
+    scale = ref64.abs().max().item()
+    return (out64 - ref64).abs().max().item() / max(scale, torch.finfo(torch.float64).tiny)
+
+
+def gate_dtype(adapter: Adapter) -> str:
+    """The dtype the gate runs an adapter in: bfloat16 (the benchmarks' dtype) where supported."""
+    return "bfloat16" if "bfloat16" in adapter.dtypes else adapter.dtypes[0]
+
+
+def gate_case(adapter: Adapter, dtype: str | None = None) -> Case:
+    """The small forward case the gate runs for `adapter` (its `gate_shape`)."""
+    shape = adapter.gate_shape
+    return Case(
+        kernel=adapter.name,
+        mode="fw",
+        dtype=dtype or gate_dtype(adapter),
+        batch=shape.batch,
+        seq_len=shape.seq_len,
+        num_heads=shape.num_heads,
+        head_dim_qk=shape.head_dim_qk,
+        head_dim_v=shape.head_dim_v,
+        chunk_size=shape.chunk_size if adapter.uses_chunk_size else None,
+    )
+
+
+def _skipped(name: str, status: str, reason: str | None) -> GateResult:
+    return GateResult(
+        name=name, status=status, max_rel_error=None, tolerance=None, passed=None, reason=reason
+    )
+
+
+def _failed(name: str, status: str, reason: str) -> GateResult:
+    return GateResult(
+        name=name, status=status, max_rel_error=None, tolerance=None, passed=False, reason=reason
+    )
+
+
+def _preflight(adapter: Adapter, device: str, dtype: str | None) -> GateResult | Case:
+    """The gate case of `adapter`, or the result that says why the gate cannot run it."""
+    import torch
+
+    try:
+        reason = adapter.available()
+    except Exception as exc:  # a third-party adapter's probe must not stop the gate
+        reason = f"available() raised {exception_line(exc)}"
+    if reason is not None:
+        return _skipped(adapter.name, "unavailable", reason)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return _skipped(adapter.name, "unavailable", "CUDA not available")
+    if device == "cpu" and not adapter.cpu_capable:
+        return _skipped(adapter.name, "unavailable", "needs a CUDA GPU")
+    case = gate_case(adapter, dtype)
+    if case.dtype not in adapter.dtypes:
+        return _skipped(adapter.name, "unsupported", f"dtype {case.dtype} not supported")
+    reason = adapter.check(case)
+    if reason is not None:
+        return _skipped(adapter.name, "unsupported", reason)
+    return case
+
+
+def compare(adapter: Adapter, case: Case, device: str) -> GateResult:
+    """Run `adapter` on `case` in this process and compare its forward output with its reference.
+
+    Args:
+        adapter: the adapter.
+        case: a forward case it supports (see `gate_case`).
+        device: `cuda`, `cuda:<i>` or `cpu`.
+    """
+    import torch
+
+    tolerance = TOLERANCES[case.dtype]
+    try:
+        inputs = adapter.make_inputs(case, device)
+        with torch.no_grad():
+            out = adapter.forward(inputs)
+            ref = adapter.reference(inputs)
+        if ref is None:
+            return _skipped(adapter.name, "no_reference", "the adapter has no reference")
+        error = max_relative_error(out, ref)
+    except Exception as exc:  # any kernel failure is the gate's finding, not a crash of the gate
+        traceback.print_exc()
+        return _failed(adapter.name, "error", exception_line(exc))
+    passed = error <= tolerance  # False for NaN
+    if passed:
+        reason = None
+    elif math.isnan(error):
+        reason = "the output has NaN or Inf values"
+    else:
+        reason = f"max relative error {error:.3g} exceeds {tolerance:g}"
+    return GateResult(
+        name=adapter.name, status="ok", max_rel_error=error, tolerance=tolerance, passed=passed, reason=reason
+    )
+
+
+@dataclass(frozen=True)
+class GateJob:
+    """One gate case for a worker (`tfla_bench.measure.worker`): `compare` on `case` there."""
+
+    case: Case
+    adapter_module: str
+
+    def run(self, adapter: Adapter, device: str) -> GateResult:
+        verdict = compare(adapter, self.case, device)
+        log_outcome(f"gate {verdict.status} {verdict.reason or ''}")
+        return verdict
+
+
+def _worker_device(device: str) -> str:
+    return "cuda:0" if device == "cuda" else device
+
+
+@contextmanager
+def gate_worker(device: str, log_path: Path | None = None) -> Iterator[Worker]:
+    """A worker process for gate jobs (`tfla_bench.measure.worker`), stopped on exit.
+
+    Args:
+        device: `cuda`, `cuda:<i>` or `cpu`.
+        log_path: the worker's stdout/stderr (kept, e.g. `check.log` in a run directory); default a
+            temporary file, removed on exit. A crashed adapter's reason quotes its last lines.
+    """
+    with tempfile.TemporaryDirectory(prefix="tfla-bench-gate-") as scratch:
+        worker = Worker(_worker_device(device), log_path or Path(scratch) / "gate-worker.log")
+        try:
+            yield worker
+        finally:
+            worker.stop()
+
+
+def _isolated(adapter: Adapter, case: Case, worker: Worker, timeout_s: float) -> GateResult:
+    answer = worker.call(GateJob(case=case, adapter_module=type(adapter).__module__), timeout_s)
+    if isinstance(answer, Failure):
+        return _failed(adapter.name, answer.status, answer.error)
+    if answer.status == "error" and is_fatal_cuda_error(answer.reason or ""):
+        worker.stop()  # the CUDA context is lost; the next adapter gets a fresh worker
+    return answer
+
+
+def gate_adapter(
+    adapter: Adapter,
+    device: str,
+    *,
+    dtype: str | None = None,
+    isolate: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    worker: Worker | None = None,
+) -> GateResult:
+    """The gate's verdict on one adapter.
+
+    Args:
+        adapter: the adapter.
+        device: `cuda`, `cuda:<i>` or `cpu`.
+        dtype: input dtype; default bfloat16 where the adapter supports it (`gate_dtype`).
+        isolate: run the kernel in a worker process (survives aborts and hangs).
+        timeout_s: with `isolate`, the time the kernel gets (first-call autotuning included).
+        worker: with `isolate`, the worker to use (kept for the next adapter); default a fresh one.
+    """
+    prepared = _preflight(adapter, device, dtype)
+    if isinstance(prepared, GateResult):
+        return prepared
+    if not isolate:
+        return compare(adapter, prepared, device)
+    if worker is not None:
+        return _isolated(adapter, prepared, worker, timeout_s)
+    with gate_worker(device) as own:
+        return _isolated(adapter, prepared, own, timeout_s)
+
+
+def run_gate(
+    adapter_names: list[str] | None,
+    device: str,
+    *,
+    dtype: str | None = None,
+    isolate: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    log_path: Path | None = None,
+    on_start: Callable[[str], None] | None = None,
+    on_result: Callable[[GateResult], None] | None = None,
+) -> list[GateResult]:
+    """Run the gate for the named adapters (all registered adapters when None), in registry order.
+
+    Args:
+        adapter_names: adapter names; an unknown name is a `UserError`.
+        device: `cuda`, `cuda:<i>` or `cpu`.
+        dtype: input dtype for every adapter; default bfloat16 where supported.
+        isolate: run the kernels in one worker process, replaced after a crash or a timeout.
+        timeout_s: per-adapter time limit with `isolate`.
+        log_path: with `isolate`, keep the worker's output here.
+        on_start: called with each adapter's name before it runs (progress display).
+        on_result: called with each result as soon as it is known.
+
+    Returns:
+        One `GateResult` per adapter, with its `seconds`.
+    """
+    chosen = [registry.get(name) for name in adapter_names] if adapter_names else registry.adapters()
+    results: list[GateResult] = []
+    with gate_worker(device, log_path) if isolate else _no_worker() as worker:
+        for adapter in chosen:
+            if on_start is not None:
+                on_start(adapter.name)
+            start = time.perf_counter()
+            result = gate_adapter(
+                adapter, device, dtype=dtype, isolate=isolate, timeout_s=timeout_s, worker=worker
+            )
+            result = dataclasses.replace(result, seconds=time.perf_counter() - start)
+            if on_result is not None:
+                on_result(result)
+            results.append(result)
+    return results
+
+
+@contextmanager
+def _no_worker() -> Iterator[None]:
+    yield None
+
+
+def failed_names(results: list[GateResult]) -> set[str]:
+    """Names of the adapters that ran and failed the gate (`passed is False`)."""
+    return {result.name for result in results if result.passed is False}
+
+
+def json_row(result: GateResult) -> dict[str, object]:
+    """`result` as a JSON-ready dict (a non-finite error becomes None; the reason says why)."""
+    row = dataclasses.asdict(result)
+    error = row["max_rel_error"]
+    if isinstance(error, float) and not math.isfinite(error):
+        row["max_rel_error"] = None
+    return row
+
+
+def write_gate(path: Path, results: list[GateResult], device_name: str) -> Path:
+    """Write the gate's results (`{"device": ..., "results": [...]}`) to `path`, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rundir.write_json(path, {"device": device_name, "results": [json_row(r) for r in results]})
+    return path

@@ -1,0 +1,181 @@
+"""Where a sweep's time went: `timings.json` in the run directory.
+
+`PhaseClock` measures the sweep's wall time from the command's start, the time of each phase
+(`gate`: the correctness gate of `--check`; `plan`: asking each adapter whether it runs here
+(importing its library) and checking each case; `roofs`: the GPU's measured roofs; `precompile`;
+`workers`: starting the workers and writing env.json; `measuring`: every case, first calls
+included; `profile`: Nsight Compute after the sweep) and, within measuring, each
+adapter's seconds and cases, the part of them spent in first calls (`first_call_s`: compiling
+and autotuning), the part from there to the last timed call (`calls_s`: warm-up, the memory call,
+the timed calls with their L2 flushes and spins; the rest is making inputs, reading NVML, freeing
+memory and passing the row), its precompile runs' seconds (`precompile_s`, summed over the
+processes, which run side by side) and its share of the plan (`plan_s`: asking it whether it runs
+here, which imports its library, and checking its cases; an adapter whose cases were all decided
+without running has this alone). With several GPUs the per-adapter seconds add up over the
+workers, so they may exceed the measuring phase. The sweep writes the record after every row as
+well as at its end, so a sweep that is killed leaves its time up to its last row. A resumed run
+keeps the earlier attempts under `earlier`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tfla_bench.run import rundir
+
+
+class PhaseClock:
+    """Wall time of a sweep, per phase and per adapter; starts when made."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+        self.phases: dict[str, float] = {}
+        self.adapters: dict[str, dict[str, float]] = {}
+        self._running: dict[str, float] = {}
+        self._earlier: list[dict[str, Any]] | None = None
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the time spent inside the block to phase `name`."""
+        self._running[name] = began = time.monotonic()
+        try:
+            yield
+        finally:
+            del self._running[name]
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - began
+
+    def add_case(
+        self,
+        adapter: str,
+        seconds: float,
+        first_call_s: float | None = None,
+        calls_s: float | None = None,
+    ) -> None:
+        """Count one case of `adapter` that took `seconds` (from sending it to having its row), of
+        which `first_call_s` in its first call and `calls_s` in the calls after it (None: a case
+        that failed before them)."""
+        entry = self._entry(adapter)
+        entry["seconds"] += seconds
+        entry["cases"] += 1
+        entry["first_call_s"] += first_call_s or 0.0
+        entry["calls_s"] += calls_s or 0.0
+
+    def add_precompile(self, adapter: str, seconds: float) -> None:
+        """Count one precompile run of a case of `adapter` that took `seconds`."""
+        self._entry(adapter)["precompile_s"] += seconds
+
+    def add_plan(self, adapter: str, seconds: float) -> None:
+        """Count `seconds` of the plan spent on `adapter` (its availability, a case's checks)."""
+        self._entry(adapter)["plan_s"] += seconds
+
+    def _entry(self, adapter: str) -> dict[str, float]:
+        return self.adapters.setdefault(
+            adapter,
+            {
+                "seconds": 0.0,
+                "cases": 0,
+                "first_call_s": 0.0,
+                "calls_s": 0.0,
+                "precompile_s": 0.0,
+                "plan_s": 0.0,
+            },
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record so far; a phase still running counts up to now."""
+        now = time.monotonic()
+        phases = dict(self.phases)
+        for name, began in self._running.items():
+            phases[name] = phases.get(name, 0.0) + now - began
+        return {
+            "wall_s": round(now - self._start, 3),
+            "phases_s": {name: round(seconds, 3) for name, seconds in phases.items()},
+            "adapters": {
+                name: {
+                    "seconds": round(entry["seconds"], 3),
+                    "cases": int(entry["cases"]),
+                    "first_call_s": round(entry["first_call_s"], 3),
+                    "calls_s": round(entry["calls_s"], 3),
+                    "precompile_s": round(entry["precompile_s"], 3),
+                    "plan_s": round(entry["plan_s"], 3),
+                }
+                for name, entry in sorted(self.adapters.items(), key=lambda item: -item[1]["seconds"])
+            },
+        }
+
+    def write(self, run_dir: Path) -> None:
+        """Write `timings.json`, keeping an earlier attempt's record (a resumed run) under `earlier`;
+        this clock's own earlier writes are replaced."""
+        if self._earlier is None:
+            previous = read(run_dir)
+            self._earlier = [] if previous is None else [*previous.pop("earlier", []), previous]
+        record = self.to_dict()
+        if self._earlier:
+            record["earlier"] = self._earlier
+        rundir.write_json(run_dir / rundir.TIMINGS, record)
+
+
+def read(run_dir: Path) -> dict[str, Any] | None:
+    """The run's `timings.json`, or None when the run has none (or it is not valid JSON)."""
+    path = Path(run_dir) / rundir.TIMINGS
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per phase, then per adapter (seconds, cases and share of the wall time), then the total.
+
+    A resumed run has one such block per attempt, oldest first, each row naming its `attempt`, and a
+    last row with the wall time of all attempts together.
+    """
+    attempts = [*record.get("earlier", []), record]
+    if len(attempts) == 1:
+        return _attempt_rows(record)
+    table = [
+        {"attempt": number, **row}
+        for number, attempt in enumerate(attempts, start=1)
+        for row in _attempt_rows(attempt)
+    ]
+    total = sum(attempt["wall_s"] for attempt in attempts)
+    table.append({"attempt": "all", "part": "wall", "seconds": round(total, 3), "cases": None, "share": 1.0})
+    return table
+
+
+def outside_s(record: dict[str, Any]) -> float:
+    """The seconds of a record's wall time in no phase: reading the spec, the devices, the run
+    directory, stopping the workers."""
+    return record["wall_s"] - sum(record["phases_s"].values())
+
+
+def _attempt_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    wall = record["wall_s"] or 1.0
+    table = [
+        {"part": f"phase {name}", "seconds": seconds, "cases": None, "share": seconds / wall}
+        for name, seconds in record["phases_s"].items()
+    ]
+    outside = outside_s(record)
+    table.append(
+        {"part": "outside the phases", "seconds": round(outside, 3), "cases": None, "share": outside / wall}
+    )
+    table += [
+        {
+            "part": f"adapter {name}",
+            "seconds": entry["seconds"],
+            "cases": entry["cases"],
+            "share": entry["seconds"] / wall,
+            "first_call_s": entry.get("first_call_s"),
+            "calls_s": entry.get("calls_s"),
+            "precompile_s": entry.get("precompile_s"),
+            "plan_s": entry.get("plan_s"),
+        }
+        for name, entry in record["adapters"].items()
+    ]
+    table.append({"part": "wall", "seconds": record["wall_s"], "cases": None, "share": 1.0})
+    return table

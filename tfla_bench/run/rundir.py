@@ -1,0 +1,862 @@
+"""The run directory: the names of its files, its result rows, its lock and its schema version.
+
+A run directory (`results/runs/<spec>-<YYYYmmdd-HHMMSS>[-N]/`) holds:
+
+- `results.csv`: one row per case (`ResultRow`), appended as cases finish;
+- `env.json`: the environment (GPU, versions, measurement settings, `results_schema`); a resumed
+  run appends its own record under `resumed`;
+- `spec.json`: the spec the run measures, for `--resume`;
+- `selection.json`: the kernels (`-k`) and sequence lengths (`--seq-len`) the sweep kept of the
+  spec's cases (null: all), which `--resume` keeps unless it is given its own;
+- `timings.json`: where the sweep's wall time went (`tfla_bench.run.phases`);
+- `check.json` and `check.log`: the correctness gate of `sweep --check` and its worker's output;
+- `worker-<i>.log` and `precompile-<i>.log`: the output of the worker processes;
+- `profile.csv` and `ncu/<case>.csv`: what `profile` (or `sweep --ncu`) measured under Nsight Compute;
+- `sweep.lock`: present while a sweep, resume or profile writes into the directory;
+- a sweep through a job scheduler (`sweep --executor slurm|local`, `tfla_bench.run.cluster`):
+  `jobs.json` (the jobs of each submission: ids, shards, states, logs), `submitit/<round>/`
+  (submitit's scripts, pickles and the jobs' logs) and `shards/<round>-<index>/`, the run directory
+  of one job (its shard file `results.csv`, its node's `env.json`, its worker logs), whose rows the
+  sweep merges into `results.csv`;
+- what the analysis commands write beside the rows: `compare.csv`, `report.html`, `figures/`,
+  `roofline/` (its figures and `roofline_fraction.csv`, every ok row's fraction of its bound).
+
+Rows
+----
+The columns of `results.csv` are the case columns (`CASE_COLUMNS`, then `param_<name>` sorted),
+then one column per field of `ResultRow` after `case` (`METRIC_COLUMNS`). Adding a column is one
+new field of `ResultRow` with a default; a file without it reads the default. A value that was not
+measured is an empty cell, never zero.
+
+A row is appended with one `os.write` of the whole line, then fsynced, so a failure (a full disk,
+a kill) leaves at most a torn last line. `read_results` returns the rows it could parse and, for
+every other line, why it was skipped. For `--resume`, `RowsRead.for_resume` drops a torn last
+line (the last line when it lacks its newline or does not parse; `--resume` warns and runs that
+case again) and refuses a bad line before the last one; `read_results` refuses a wrong header.
+Both leave the file as it was. Every other file of the directory is written to a
+temporary file beside it, fsynced and renamed (`write_atomic`).
+
+The environment variable `TFLA_BENCH_FAULT_ROW=N` makes the Nth row a `RowWriter` writes fail
+halfway with `ENOSPC` (a full disk), leaving a torn line, so tests can inject that fault.
+A process that takes a `RunLock` or makes a `RowWriter` (in its main thread) ignores `SIGXFSZ`, so
+a file-size limit (`RLIMIT_FSIZE`) is an `OSError` (`EFBIG`) there, like a full disk.
+
+Lock
+----
+`RunLock` holds `sweep.lock` for a whole sweep or resume: an `flock` on the file, which holds the
+owner's pid, host and start time as JSON. A second sweep into the directory is refused (a
+`UserError` naming `pid@host`) while the flock is held, or while the file names another live
+process of this host, or a process of another host. A file naming a process of this host that is
+no longer alive (a killed sweep) is taken over with a warning. The lock file is removed on release.
+
+Schema version
+--------------
+`SCHEMA_VERSION` is written into `env.json` as `results_schema`. Run directories without it are
+version 1 (the same columns as 2); version 3 adds `settle_s`, empty when read from an older run. A
+version above `SCHEMA_VERSION` is refused with one line.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import fcntl
+import io
+import json
+import math
+import os
+import re
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tfla_bench.adapters.workloads import Case, parse_bool
+from tfla_bench.errors import UserError
+from tfla_bench.measure.gpustate import COLUMNS as NVML_COLUMNS
+from tfla_bench.model.hardware import Accelerator, detect_accelerator
+
+SCHEMA_VERSION = 3
+RESULTS = "results.csv"
+ENV = "env.json"
+SPEC = "spec.json"
+SELECTION = "selection.json"
+CHECK = "check.json"
+CHECK_LOG = "check.log"
+COMPARE = "compare.csv"
+REPORT = "report.html"
+FIGURES = "figures"
+ROOFLINE = "roofline"
+ROOFLINE_FRACTION = "roofline_fraction.csv"
+PROFILE = "profile.csv"
+NCU = "ncu"
+TIMINGS = "timings.json"
+LOCK = "sweep.lock"
+JOBS = "jobs.json"
+SUBMITIT = "submitit"
+SHARDS = "shards"
+FAULT_ROW_ENV = "TFLA_BENCH_FAULT_ROW"
+
+
+def worker_log(index: int) -> str:
+    """The log file of the sweep's worker `index`."""
+    return f"worker-{index}.log"
+
+
+def precompile_log(index: int) -> str:
+    """The log file of precompile process `index`."""
+    return f"precompile-{index}.log"
+
+
+def shard_dir(round_number: int, index: int) -> str:
+    """The run directory of job `index` of submission `round_number`, relative to the run's."""
+    return f"{SHARDS}/{round_number}-{index}"
+
+
+def submitit_dir(round_number: int) -> str:
+    """submitit's folder for submission `round_number` (one per submission: local job ids are pids,
+    which a later submission may see again)."""
+    return f"{SUBMITIT}/{round_number}"
+
+
+def for_gpu(name: str, gpu: str | None) -> str:
+    """An output's default file or folder name, with the GPU's name in it when one GPU is picked
+    (`report.html` -> `report-nvidia-h100-80gb-hbm3.html`), so the views of one run never overwrite
+    each other."""
+    if gpu is None:
+        return name
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "gpu"
+    stem, dot, suffix = name.partition(".")
+    return f"{stem}-{slug}{dot}{suffix}"
+
+
+CASE_COLUMNS = (
+    "kernel",
+    "mode",
+    "dtype",
+    "batch",
+    "seq_len",
+    "num_heads",
+    "head_dim_qk",
+    "head_dim_v",
+    "chunk_size",
+)
+# The GPU's state before and after the case (`tfla_bench.measure.gpustate`), then whether it throttled.
+GPU_STATE_COLUMNS = (
+    *(f"{column}_{when}" for when in ("before", "after") for column in NVML_COLUMNS),
+    "throttled",
+)
+STATUSES = ("ok", "crashed", "oom", "timeout", "unavailable", "unsupported", "error", "failed_check")
+# Statuses decided in the parent without running anything: re-deciding them is free and reflects the
+# current install (a package added, the correctness gate fixed), so `--resume` does it again.
+RETRYABLE_STATUSES = frozenset({"unavailable", "unsupported", "failed_check"})
+# Statuses of cases that ran and failed: `--retry` runs them again.
+RERUNNABLE_STATUSES = ("crashed", "timeout", "error", "oom")
+
+
+@dataclass
+class ResultRow:
+    """Everything measured about one case; each field after `case` is a column of `results.csv`.
+
+    Attributes:
+        case: the case.
+        family: the adapter's family.
+        status: one of `STATUSES`.
+        median_ms, p20_ms, p80_ms, min_ms: runtime statistics over the timed repetitions.
+        first_call_s: wall time of the first call (compile and autotune included).
+        peak_memory_bytes: `max_memory_allocated` over one call (None on CPU: not measured).
+        peak_memory_above_inputs_bytes: the same minus what was allocated right after `make_inputs`.
+        flops, bytes: the adapter's analytic counts for one call.
+        tflops, gbps: flops / median and bytes / median.
+        device: where it ran (`cuda:0`, `cpu`), empty when it did not run.
+        error: the reason or the last lines of the error for any status but `ok`.
+        note: remarks about an `ok` row (e.g. memory not measured on CPU, a case timed again once
+            its power cap set in).
+        warmup, reps: untimed and timed calls made (the first series of a case timed again is warm-up).
+        ci_rel: half-width of the median's 95% confidence interval over the median.
+        stop: why timing stopped: `fixed`, `ci`, `budget` or `max` (`tfla_bench.measure.timing.StopRule`).
+        host_gap_share: share of timed calls during which the GPU may have waited for the host.
+        settle_s: seconds the worker waited before the case for the GPU to leave a power cap or
+            slowdown and regain its clock (`gpustate.Monitor.settle`).
+        sm_mhz_before ... throttle_after, throttled: the GPU's state (`tfla_bench.measure.gpustate`).
+        library: the installed versions of the adapter's packages, e.g. `fla-core 0.6.0`.
+        host: the node that ran or decided the case.
+        gpu_name: the name of the GPU that measured it (empty on CPU and for a case not run).
+    """
+
+    case: Case
+    family: str
+    status: str
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    min_ms: float | None = None
+    first_call_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_above_inputs_bytes: int | None = None
+    flops: float | None = None
+    bytes: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+    device: str = ""
+    error: str = ""
+    note: str = ""
+    warmup: int | None = None
+    reps: int | None = None
+    ci_rel: float | None = None
+    stop: str = ""
+    host_gap_share: float | None = None
+    settle_s: float | None = None
+    sm_mhz_before: int | None = None
+    mem_mhz_before: int | None = None
+    temp_c_before: int | None = None
+    power_w_before: float | None = None
+    throttle_before: str = ""
+    sm_mhz_after: int | None = None
+    mem_mhz_after: int | None = None
+    temp_c_after: int | None = None
+    power_w_after: float | None = None
+    throttle_after: str = ""
+    throttled: bool | None = None
+    library: str = ""
+    host: str = ""
+    gpu_name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    @property
+    def finished(self) -> bool:
+        """Whether `--resume` keeps this row instead of deciding or running the case again."""
+        return self.status not in RETRYABLE_STATUSES
+
+    def values(self) -> dict[str, Any]:
+        """The row as typed values by column (case columns, `param_*`, metrics)."""
+        case = self.case.columns()
+        return {**case, **{name: getattr(self, name) for name in METRIC_COLUMNS}}
+
+    def to_csv(self) -> dict[str, str]:
+        """The row as CSV cells (empty for None and NaN)."""
+        return {key: cell(value) for key, value in self.values().items()}
+
+    @classmethod
+    def from_csv(cls, cells: dict[str, str]) -> ResultRow:
+        """Parse a row written by `to_csv`; a metric column the cells lack takes its default.
+
+        Raises:
+            ValueError: a cell that does not parse, or an unknown status.
+        """
+        params = {
+            key.removeprefix("param_"): parse_param(value)
+            for key, value in cells.items()
+            if key.startswith("param_") and value != ""
+        }
+        case = Case(
+            kernel=cells["kernel"],
+            mode=cells["mode"],
+            dtype=cells["dtype"],
+            batch=_int(cells["batch"]),
+            seq_len=_int(cells["seq_len"]),
+            num_heads=_int(cells["num_heads"]),
+            head_dim_qk=_int(cells["head_dim_qk"]),
+            head_dim_v=_int(cells["head_dim_v"]),
+            chunk_size=_int(cells["chunk_size"]) if cells["chunk_size"] else None,
+            params=params,
+        )
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            if spec.name in ("case", "family", "status") or spec.name not in cells:
+                continue
+            text = cells[spec.name]
+            if spec.type == "str":
+                values[spec.name] = text
+            elif text == "":
+                values[spec.name] = None
+            elif "bool" in spec.type:
+                flag = parse_bool(text)
+                if flag is None:
+                    raise ValueError(f"{spec.name}: not a bool: {text!r}")
+                values[spec.name] = flag
+            elif "int" in spec.type:
+                values[spec.name] = int(float(text))
+            else:
+                values[spec.name] = float(text)
+        return cls(case=case, family=cells["family"], status=cells["status"], **values)
+
+
+METRIC_COLUMNS = tuple(spec.name for spec in fields(ResultRow) if spec.name != "case")
+_REQUIRED_COLUMNS = (*CASE_COLUMNS, "family", "status")
+
+
+def columns_for(cases: list[Case]) -> list[str]:
+    """The CSV header for a run of these cases: case columns, the union of param columns, metrics."""
+    params = sorted({f"param_{name}" for case in cases for name in case.params})
+    return [*CASE_COLUMNS, *params, *METRIC_COLUMNS]
+
+
+def parse_param(text: str) -> bool | int | float | str:
+    """A param value from text (a CSV cell or a `--param` flag): bool, int, float or str."""
+    flag = parse_bool(text)
+    if flag is not None:
+        return flag
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _int(text: str) -> int:
+    """An integer cell; `128.0` too (a table tool may write integers of a column with gaps as floats)."""
+    try:
+        return int(text)
+    except ValueError:
+        number = float(text)
+        if not number.is_integer():
+            raise ValueError(f"not an integer: {text!r}") from None
+        return int(number)
+
+
+def cell(value: Any) -> str:
+    """A value as the run directory's CSV files write it: empty for None and NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value)
+
+
+def _line(cells: list[str]) -> bytes:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerow(cells)
+    return buffer.getvalue().encode()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass
+class Skipped:
+    """A line of `results.csv` that gave no row: its 1-based line number and why."""
+
+    line: int
+    reason: str
+
+
+@dataclass
+class RowsRead:
+    """What `read_results` found.
+
+    Attributes:
+        path: the file.
+        header: its columns (empty for a missing or empty file).
+        rows: every row that parsed, in file order.
+        skipped: the lines that did not, with the reason.
+        torn: whether the last record is one of them: cut by an interrupted write (no newline) or
+            unparsable.
+    """
+
+    path: Path
+    header: list[str] = field(default_factory=list)
+    rows: list[ResultRow] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    torn: bool = False
+
+    def warning(self) -> str | None:
+        """One line saying how many lines were skipped and why, or None when none was."""
+        if not self.skipped:
+            return None
+        reasons = "; ".join(f"line {s.line}: {s.reason}" for s in self.skipped[:3])
+        more = f"; {len(self.skipped) - 3} more" if len(self.skipped) > 3 else ""
+        return f"{self.path}: {len(self.skipped)} unreadable row(s) skipped ({reasons}{more})"
+
+    def for_resume(self) -> list[ResultRow]:
+        """The rows a resume keeps, one per case (the last one).
+
+        Raises:
+            UserError: a bad line before the last one: the file cannot be repaired by dropping a
+                torn last line, and is left as it is.
+        """
+        broken = [s for s in self.skipped if not (self.torn and s is self.skipped[-1])]
+        if broken:
+            first = broken[0]
+            raise UserError(
+                f"{self.path} cannot be repaired: line {first.line}: {first.reason} "
+                f"({len(broken)} bad line(s) before the last); the file is left as it is"
+            )
+        return list({row.case.key: row for row in self.rows}.values())
+
+
+def read_results(path: Path) -> RowsRead:
+    """Every row of a results CSV that parses, and why the other lines did not.
+
+    Raises:
+        UserError: the file cannot be read, or its header is not a results header (a column
+            required or unknown to this version).
+    """
+    read = RowsRead(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return read
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not data:
+        return read
+    text = data.decode("utf-8", errors="replace")
+    records = list(_records(text))
+    header_cells, header_end = records[0]
+    if header_end == len(text) and not text.endswith("\n"):
+        # The header line itself was cut: the file holds no row yet.
+        read.torn = True
+        read.skipped.append(Skipped(1, "torn header (an interrupted write)"))
+        return read
+    read.header = header_cells
+    _check_header(path, read.header)
+    start, line = header_end, 2
+    for index, (cells, end) in enumerate(records[1:], start=1):
+        last = index == len(records) - 1
+        reason = "torn last line (an interrupted write)" if last and not text.endswith("\n") else None
+        reason = reason or _row_problem(read.header, cells)
+        if reason is None:
+            try:
+                read.rows.append(ResultRow.from_csv(dict(zip(read.header, cells, strict=True))))
+            except (ValueError, KeyError) as exc:
+                reason = f"bad value ({exc})"
+        if reason is not None:
+            read.skipped.append(Skipped(line, reason))
+            read.torn = last
+        line += text.count("\n", start, end)
+        start = end
+    return read
+
+
+def _records(text: str) -> Iterator[tuple[list[str], int]]:
+    """The CSV records of `text`, each with the character offset where it ends."""
+    lines = text.splitlines(keepends=True)
+    consumed = 0
+
+    def feed() -> Iterator[str]:
+        nonlocal consumed
+        for part in lines:
+            consumed += len(part)
+            yield part
+
+    reader = csv.reader(feed())
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error:
+            cells = ["<unparsable>"]
+        yield cells, consumed
+
+
+def _row_problem(header: list[str], cells: list[str]) -> str | None:
+    if "\ufffd" in "".join(cells):
+        return "not UTF-8 text"
+    if len(cells) != len(header):
+        return f"{len(cells)} cell(s), the header has {len(header)}"
+    return None
+
+
+def _check_header(path: Path, header: list[str]) -> None:
+    missing = [name for name in _REQUIRED_COLUMNS if name not in header]
+    unknown = [
+        name
+        for name in header
+        if not name.startswith("param_") and name not in (*CASE_COLUMNS, *METRIC_COLUMNS)
+    ]
+    if missing or unknown:
+        what = f"lacks {', '.join(missing)}" if missing else f"has unknown column(s) {', '.join(unknown)}"
+        raise UserError(
+            f"{path}: not a results header of schema {SCHEMA_VERSION} ({what}); the file is left as it is"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, fsynced, then renamed over it."""
+    payload = data.encode() if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_atomic(path: Path, save: Callable[[Path], None]) -> None:
+    """Let `save` write a temporary file beside `path` (e.g. `fig.savefig`), then rename it over `path`."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        save(tmp)
+        with tmp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, value: Any) -> None:
+    """`value` as indented JSON, written atomically."""
+    write_atomic(path, json.dumps(value, indent=2) + "\n")
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RowWriter:
+    """Appends rows to a results CSV, one `os.write` and one fsync per row.
+
+    Args:
+        path: the CSV file; created with `columns` as header if missing or empty.
+        columns: the header (see `columns_for`); a row with another param column is a bug.
+    """
+
+    def __init__(self, path: Path, columns: list[str]) -> None:
+        self.path = path
+        self.columns = columns
+        self.written = 0
+        fault = os.environ.get(FAULT_ROW_ENV, "")
+        self._fault_row = int(fault) if fault.isdigit() else 0
+        _ignore_file_size_signal()
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if os.fstat(self._fd).st_size == 0:
+            self._append(_line(columns))
+
+    def write(self, row: ResultRow) -> None:
+        """Append one row and fsync it."""
+        cells = row.to_csv()
+        extra = set(cells) - set(self.columns)
+        if extra:
+            raise ValueError(f"row has columns the header lacks: {sorted(extra)}")
+        line = _line([cells.get(name, "") for name in self.columns])
+        if self.written + 1 == self._fault_row:
+            self._append(line[: len(line) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+        self._append(line)
+        self.written += 1
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def _append(self, line: bytes) -> None:
+        written = os.write(self._fd, line)
+        if written != len(line):
+            # The rest would go in a second write; a full disk is the usual cause of a short one.
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (short write)", str(self.path))
+        os.fsync(self._fd)
+
+
+def _ignore_file_size_signal() -> None:
+    """Past `RLIMIT_FSIZE` a write then fails with `EFBIG` instead of the signal killing the process."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def rewrite_results(path: Path, rows: list[ResultRow], columns: list[str]) -> None:
+    """Replace a results CSV by `rows` under `columns`, atomically."""
+    lines = [_line(columns)]
+    for row in rows:
+        cells = row.to_csv()
+        lines.append(_line([cells.get(name, "") for name in columns]))
+    write_atomic(path, b"".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------
+# Environment, spec, GPU
+
+
+def write_selection(run_dir: Path, kernels: list[str] | None, seq_lens: list[int] | None) -> None:
+    """Record which of the spec's cases the sweep keeps (`SELECTION`; None: no filter)."""
+    write_json(run_dir / SELECTION, {"kernels": kernels or None, "seq_lens": seq_lens or None})
+
+
+def read_selection(run_dir: Path) -> tuple[list[str] | None, list[int] | None]:
+    """The kernels and sequence lengths a run kept of its spec's cases; (None, None) for a run that
+    recorded none (a whole spec, or a run older than `SELECTION`).
+
+    Raises:
+        UserError: the file is there but is not a selection record.
+    """
+    path = run_dir / SELECTION
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is not readable JSON: {exc}") from None
+    kernels = record.get("kernels") if isinstance(record, dict) else []
+    seq_lens = record.get("seq_lens") if isinstance(record, dict) else []
+    valid_kernels = kernels is None or (
+        isinstance(kernels, list) and all(isinstance(k, str) for k in kernels)
+    )
+    valid_lengths = seq_lens is None or (
+        isinstance(seq_lens, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in seq_lens)
+    )
+    if not (valid_kernels and valid_lengths):
+        raise UserError(f'{path}: expected {{"kernels": [names] or null, "seq_lens": [ints] or null}}')
+    return kernels, seq_lens
+
+
+def read_env(run_dir: Path) -> dict[str, Any]:
+    """The run's `env.json` (empty when it has none yet).
+
+    Raises:
+        UserError: the file is not JSON, or names a schema version above `SCHEMA_VERSION`.
+    """
+    path = run_dir / ENV
+    try:
+        env = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is not readable JSON: {exc}") from None
+    version = env.get("results_schema", 1) if isinstance(env, dict) else None
+    if not isinstance(version, int):
+        raise UserError(f"{path} is not an environment record")
+    if version > SCHEMA_VERSION:
+        raise UserError(
+            f"{run_dir} holds results schema version {version}; this tfla-bench reads up to "
+            f"version {SCHEMA_VERSION} (upgrade tfla-bench)"
+        )
+    return env
+
+
+@dataclass(frozen=True)
+class RunGpu:
+    """The GPU a run measured on, resolved once from its `env.json`.
+
+    Attributes:
+        name: the device name (`"unknown GPU"` when the run recorded none).
+        accelerator: the model's accelerator for it, or None when the model does not know it.
+        cpu: whether the run recorded no GPU (a CPU run, which no GPU roof bounds).
+    """
+
+    name: str
+    accelerator: Accelerator | None
+    cpu: bool = False
+
+
+def run_gpu(env: dict[str, Any]) -> RunGpu:
+    """The GPU named in a run's `env.json` and its accelerator in the model."""
+    recorded = env.get("gpu_name")
+    name = str(recorded or "unknown GPU")
+    return RunGpu(name, detect_accelerator(name), cpu=not recorded)
+
+
+def gpu_counts(rows: list[ResultRow], env: dict[str, Any]) -> dict[str, int]:
+    """The GPUs that measured a run's rows, with their row counts. The rows of a run written before
+    rows named their GPU count as measured on the GPU of its `env.json`."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.gpu_name:
+            counts[row.gpu_name] = counts.get(row.gpu_name, 0) + 1
+    if not counts and env.get("gpu_name"):
+        counts[str(env["gpu_name"])] = len(rows)
+    return counts
+
+
+def on_one_gpu(
+    rows: list[ResultRow], env: dict[str, Any], gpu: str | None, *, where: Path, flag: str = "--gpu"
+) -> tuple[list[ResultRow], dict[str, Any]]:
+    """One GPU's view of a run, so that no table or figure sets rows of two GPUs side by side or
+    averages them.
+
+    Args:
+        rows: the run's rows.
+        env: its `env.json`.
+        gpu: the GPU picked (`--gpu NAME`), or None: then the run must hold rows of one GPU at most.
+        where: the run directory, for messages.
+        flag: the option that picks a GPU, for messages.
+
+    Returns:
+        The rows measured on `gpu` with those measured on none (not run, or run on a CPU), and the
+        environment of a node with that GPU (from `nodes`, written by a sweep through jobs), else
+        `env` naming that GPU.
+
+    Raises:
+        UserError: the run mixes GPUs and none is picked, or none of its rows is of the GPU picked.
+    """
+    counts = gpu_counts(rows, env)
+    listing = ", ".join(f"{name} ({count} rows)" for name, count in counts.items())
+    if gpu is None:
+        if len(counts) > 1:
+            raise UserError(
+                f"{where} holds rows of {len(counts)} GPUs: {listing}; pick one with {flag} NAME "
+                "(rows of different GPUs are never set side by side)"
+            )
+        return rows, env
+    if gpu not in counts:
+        raise UserError(f"{flag} {gpu}: no row of {where} was measured on it (its GPUs: {listing or 'none'})")
+    node = next((node for node in env.get("nodes", []) if node.get("gpu_name") == gpu), {})
+    return [row for row in rows if row.gpu_name in ("", gpu)], {**env, **node, "gpu_name": gpu}
+
+
+def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """The first field where two spec tables differ, as `key: NEW here, OLD in the run`; None if equal."""
+    flat_old, flat_new = _flatten(old), _flatten(new)
+    for key in sorted(set(flat_old) | set(flat_new)):
+        if flat_old.get(key) != flat_new.get(key):
+            return f"{key}: {_show(flat_new.get(key))} here, {_show(flat_old.get(key))} in the run"
+    return None
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _show(value: Any) -> str:
+    return "(absent)" if value is None else json.dumps(value)
+
+
+# ----------------------------------------------------------------------------------------------
+# Lock
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    """Who holds a run directory's lock."""
+
+    pid: int
+    host: str
+    started_at: str
+
+    def __str__(self) -> str:
+        return f"{self.pid}@{self.host}"
+
+    def alive(self) -> bool:
+        """Whether this owner may still run: always for another host, else whether its pid lives."""
+        if self.host != socket.gethostname():
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+class RunLock:
+    """The one-writer lock of a run directory (see the module docstring).
+
+    Args:
+        run_dir: an existing directory.
+        warn: receives the one-line warning when a dead owner's lock is taken over.
+    """
+
+    def __init__(self, run_dir: Path, warn: Callable[[str], None]) -> None:
+        self.path = run_dir / LOCK
+        self._warn = warn
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        """Take the lock.
+
+        Raises:
+            UserError: another sweep holds it, or the directory is not writable.
+        """
+        _ignore_file_size_signal()
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise UserError(f"cannot write to {self.path.parent}: {exc.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _read_owner(fd)
+                os.close(fd)
+                raise UserError(self._refusal(owner)) from None
+            # A releasing owner may have removed the file between our open and our flock.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        owner = _read_owner(fd)
+        me = LockOwner(os.getpid(), socket.gethostname(), datetime.now(UTC).isoformat(timespec="seconds"))
+        if owner is not None and owner.pid != me.pid:
+            if owner.alive():
+                os.close(fd)
+                raise UserError(self._refusal(owner))
+            self._warn(
+                f"warning: taking over the lock of {self.path.parent} from {owner}, "
+                f"which started at {owner.started_at} and is no longer running"
+            )
+        try:
+            os.ftruncate(fd, 0)
+            _write_all(fd, json.dumps({"pid": me.pid, "host": me.host, "started_at": me.started_at}).encode())
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise UserError(f"cannot write {self.path}: {exc.strerror}") from None
+        self._fd = fd
+
+    def release(self) -> None:
+        """Remove the lock file and let go of the lock."""
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+    def _refusal(self, owner: LockOwner | None) -> str:
+        who = f"{owner} (since {owner.started_at})" if owner else "another process"
+        return f"{self.path.parent} is being written by {who}; wait for it or pick another directory"
+
+
+def _read_owner(fd: int) -> LockOwner | None:
+    os.lseek(fd, 0, os.SEEK_SET)
+    raw = os.read(fd, 4096)
+    try:
+        record = json.loads(raw)
+        return LockOwner(int(record["pid"]), str(record["host"]), str(record.get("started_at", "?")))
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,786 @@
+"""The sweep runner: every case of a spec measured in isolated worker processes, one CSV row per case.
+
+Measurement method
+------------------
+Each case runs in a worker process that owns one device (`tfla_bench.measure.worker`):
+
+1. Inputs: `torch.manual_seed(0)`, then `adapter.make_inputs(case, device)` in the library's layout
+   and value ranges. The memory allocated right after is the inputs baseline.
+2. First call: one call between two synchronizations, timed with `time.perf_counter`, is
+   `first_call_s`. It contains Triton compilation and autotuning, cuDNN plan building and the
+   imports that the adapter's `available` does not make (the worker made those before its first
+   case), which is why it is kept apart from the runtime. After `--precompile N`
+   (`tfla_bench.run.precompile`) the kernels are already compiled, so it should hold mostly the
+   autotuner's timing runs, each config timed for `autotune_ms` (20 ms; Triton's own 100 ms,
+   `timing.autotuning_budget`). Those are kept in Triton's cache directory
+   (`worker.AUTOTUNE_CACHE_ENV`, recorded as `autotune_cache` in env.json): a case whose
+   autotuners were timed before, in this sweep or an earlier one with the same cache, reuses
+   their choice and its first call holds neither.
+3. Warmup: untimed calls for `warmup_s` (25 ms, at least one), or exactly `warmup` calls when the
+   spec fixes them (paper: 10). They also measure the host's time to queue one call.
+4. Peak memory (CUDA): `torch.cuda.reset_peak_memory_stats`, one call, `max_memory_allocated` is
+   `peak_memory_bytes`; minus the inputs baseline it is `peak_memory_above_inputs_bytes`. The L2
+   flush buffer does not exist yet and is not counted. The paper's numbers include its 256e6-byte
+   flush buffer and accumulated gradients, so they sit above ours. On CPU memory is not measured:
+   the cells are empty and the row's note says so.
+5. Runtime: timed calls until the stop rule of `tfla_bench.measure.timing` is met: by default until the
+   median's 95% confidence interval is within +-1% (`rel_ci`) after at least 0.2 s of timed calls
+   (`min_time_s`), or 1 s of timed calls (`budget_s`), at least 5 and at most 2000; or exactly
+   `reps` when the spec fixes them (paper: 30). Before each, outside the timed window, every input
+   gradient is set to None and, on GPU with `l2_flush` (default on, as in the paper), a buffer of
+   max(2 x L2, 256e6) bytes is zeroed so the call starts with a cold L2; then a GPU spin lasting
+   1.5x the host's queueing time lets the host queue the whole call before the GPU reaches it. Each
+   call is bracketed by CUDA events on the current stream (GPU; with `clock = "kernels"` its span in
+   the GPU's activity record instead) or `time.perf_counter` (CPU, same loop). Reported: the median
+   (the headline number), p20, p80, min, the calls made (`warmup`, `reps`), the median's interval
+   (`ci_rel`), why timing stopped (`stop`), and the share of calls the GPU may have waited for the
+   host in (`host_gap_share`). With `cuda_graph`, one call is
+   captured in a CUDA graph and its replays are timed, which removes launch overhead; the flush
+   still runs before each replay, outside the graph.
+6. GPU state (CUDA, with nvidia-ml-py): before anything else the worker waits, at most 1 s, for
+   the GPU to leave a power cap or slowdown left by the case before (`settle_s`); then clocks,
+   temperature, power and throttle reasons are read before the inputs are made and after the last
+   timed call (`tfla_bench.measure.gpustate`); `throttled` flags a row measured under a power, thermal or
+   hardware slowdown. A case whose power cap sets in while it is timed is timed again
+   (`power_cap`: with an idle gap after each call, or back to back).
+
+A call is, in `fw`, the forward under `torch.no_grad()`; in `fwbw`, the forward and then the
+backward from a fixed upstream gradient (`grad = "fixed"`: one `randn_like(out)` made on the
+first call and reused) or from `out.sum()` (`grad = "sum"`, the sum inside the timed call, as in
+the paper). Gradients are set to None before every call, never accumulated, so each call
+allocates them afresh, like a training step after `zero_grad(set_to_none=True)`.
+`tflops` = flops / median and `gbps` = bytes / median, from the adapter's analytic counts.
+
+Robustness
+----------
+- Statuses decided here, before any worker is involved: `unavailable` (the adapter's
+  `available()` reason, or "needs CUDA" for an adapter that is not CPU-capable on a machine
+  without CUDA), `unsupported` (mode or dtype not supported, or the adapter's `check(case)`
+  reason), `failed_check` (the adapter failed the correctness gate; not run).
+- Statuses from the worker: `ok`, `oom` (CUDA out of memory, caught; the worker goes on),
+  `error` (any other exception, with its last line). From the parent: `crashed` (the worker died:
+  abort, segfault, LLVM assertion) and `timeout` (no result within `timeout_s`, first call
+  included; the worker is killed), both with the last lines of the worker's log. The worker is
+  replaced before the next case; the sweep goes on.
+- One worker process per device and adapter, spawned, cases sent one at a time: what a library
+  leaves in its process cannot change another library's times (`tfla_bench.measure.worker`). While an
+  adapter measures on a GPU, spare processes for the next `SPARES_AHEAD` adapters initialize the
+  device and import their libraries, and the process before exits in the background, so a switch
+  seldom waits (on the CPU, where they would share the cores with the timed calls, the next
+  process starts after the adapter's last case). Cases are sharded over devices by a stable hash of
+  `Case.key`, so a resumed run gives every case the same device.
+- The run directory and its files belong to `tfla_bench.run.rundir`: rows are appended to
+  `results.csv` as they finish, one write and one fsync each; `env.json` is written before the
+  first case runs; `spec.json` holds the spec for `--resume`; `timings.json` (`tfla_bench.run.phases`)
+  the wall time per phase and per adapter when the sweep ends. Every row names the node (`host`)
+  and, for a case a GPU measured, the GPU (`gpu_name`). Ctrl-C, or a job's preemption inside a
+  sweep through jobs (`tfla_bench.run.shard`), kills the workers and keeps every row already written.
+  The caller holds the directory's lock (`rundir.RunLock`), or a job its own shard directory.
+- `--resume DIR` keeps every finished row and runs only the other cases. Finished means any
+  status except `unavailable`, `unsupported` and `failed_check`: those cost nothing to decide
+  again and may change after an install or a fix, so their rows are replaced. A case that
+  crashed, hung, ran out of memory or raised keeps its row unless `--retry` names its status;
+  then it runs again and its new row replaces the old one. A spec that differs from the run's
+  own `spec.json` is refused unless forced (`check_run_dir`); a torn last row is dropped with a
+  warning and its case runs again.
+- A write that fails (a full disk, a read-only directory) before the first row is a `UserError`
+  (exit 2); after it, a `RunFailed` (exit 1). Either way every row written before stays.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import itertools
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.kernels import config as kernel_config
+from tfla_bench.measure import envinfo
+from tfla_bench.measure import roofs as roofs_module
+from tfla_bench.measure.worker import CrashGuard, Job, Measurement, Worker, autotune_cache_setting
+from tfla_bench.run import rundir
+from tfla_bench.run.console import case_label, make_console, progress_bar, row_line
+from tfla_bench.run.phases import PhaseClock
+from tfla_bench.run.precompile import (
+    DONE_FILE,
+    PrecompileJob,
+    PrecompileResult,
+    PrecompileSummary,
+    precompile,
+)
+from tfla_bench.run.rundir import ResultRow
+from tfla_bench.run.specs import Spec, parse_spec
+
+RUNS_DIR = Path("results") / "runs"
+# Spare worker processes kept starting ahead of the adapter that measures. With one, a spare that
+# imported mamba_ssm or fla was not ready when the adapter before it ended on the H100 node:
+# `mamba2_split_conv` and `gla` took 12.7 and 12.3 s in the sweep, 5.9 and 6.2 s in a shared worker.
+SPARES_AHEAD = 2
+
+
+@dataclass
+class SweepReport:
+    """What a sweep did.
+
+    Attributes:
+        run_dir: the run directory.
+        rows: every row of `results.csv` after the sweep (kept rows of a resumed run included).
+        decided: cases given a status without running.
+        dispatched: cases sent to workers.
+        kept: finished rows kept from an earlier attempt (`--resume`).
+        worker_starts: worker processes started (restarts after a crash or timeout included).
+    """
+
+    run_dir: Path
+    rows: list[ResultRow]
+    decided: int = 0
+    dispatched: int = 0
+    kept: int = 0
+    worker_starts: int = 0
+
+
+@dataclass
+class _Planned:
+    """A case to run, with what the parent knows about it."""
+
+    case: Case
+    adapter: registry.Adapter
+    flops: float
+    bytes: float
+    shard: int = 0
+
+
+def default_run_dir(spec_name: str) -> Path:
+    """`results/runs/<spec>-<YYYYmmdd-HHMMSS>` (relative to the working directory)."""
+    return RUNS_DIR / f"{spec_name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def resolve_run_dir(spec_name: str, out: Path | None, resume: Path | None) -> tuple[Path, bool]:
+    """The run directory, created if needed, and whether it is resumed.
+
+    A default directory is new: made with `mkdir` (atomic), with a `-2`, `-3`, ... suffix when
+    another sweep made that name first.
+
+    Args:
+        spec_name: for the default directory name.
+        out: `--out`, a new (or empty) run directory.
+        resume: `--resume`, an existing run directory.
+    """
+    if out is not None and resume is not None:
+        raise UserError("give --out or --resume, not both")
+    if resume is not None:
+        if not (resume / rundir.SPEC).is_file():
+            raise UserError(f"--resume {resume}: not a run directory (no {rundir.SPEC})")
+        return resume, True
+    try:
+        if out is not None:
+            if out.exists() and not out.is_dir():
+                raise UserError(f"--out {out}: exists and is not a directory")
+            out.mkdir(parents=True, exist_ok=True)
+            return out, False
+        base = default_run_dir(spec_name)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for number in itertools.count(1):
+            candidate = base if number == 1 else base.with_name(f"{base.name}-{number}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return candidate, False
+    except OSError as exc:
+        raise UserError(f"cannot create the run directory: {exc.strerror}: {exc.filename}") from None
+    raise AssertionError("unreachable")
+
+
+def check_run_dir(run_dir: Path, spec: Spec, *, resume: bool, force: bool = False) -> str | None:
+    """Refuse a run directory the sweep must not write into; the spec difference `force` accepted.
+
+    Call it holding the directory's lock, before anything is written. A new run refuses a directory
+    that holds rows. A resumed one refuses a spec that differs from its `spec.json` (unless
+    `force`), an `env.json` of a newer schema, and a `results.csv` that cannot be repaired.
+    """
+    csv_path = run_dir / rundir.RESULTS
+    if not resume:
+        if rundir.read_results(csv_path).rows:
+            raise UserError(
+                f"{run_dir} already holds results; continue it with --resume {run_dir} or pick another --out"
+            )
+        return None
+    rundir.read_env(run_dir)
+    difference = rundir.spec_difference(load_run_spec(run_dir).to_dict(), spec.to_dict())
+    if difference and not force:
+        raise UserError(
+            f"--resume {run_dir}: the spec differs from the run's own at {difference} "
+            "(--force mixes them deliberately)"
+        )
+    rundir.read_results(csv_path).for_resume()
+    return difference
+
+
+def load_run_spec(run_dir: Path) -> Spec:
+    """The spec saved in a run directory (for `--resume` without a spec file)."""
+    path = run_dir / rundir.SPEC
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    return parse_spec(raw, str(path))
+
+
+def resume_plan(
+    cases: list[Case], csv_path: Path, retry: Iterable[str], console: Console
+) -> tuple[list[Case], list[ResultRow], list[str]]:
+    """What a resume runs and keeps: the cases without a finished row (or with a row of a status in
+    `retry`), the rows kept, and the header for both. A torn last row is dropped with a warning.
+
+    Args:
+        cases: the run's cases.
+        csv_path: its `results.csv`.
+        retry: statuses among `rundir.RERUNNABLE_STATUSES` to run again.
+        console: where the warning goes.
+    """
+    read = rundir.read_results(csv_path)
+    existing = read.for_resume()
+    if read.torn:
+        console.print(
+            f"[yellow]warning:[/] {csv_path} line {read.skipped[-1].line}: {read.skipped[-1].reason}; "
+            "dropped, that case runs again"
+        )
+    again = set(retry)
+    finished = {row.case.key for row in existing if row.finished and row.status not in again}
+    cases = [case for case in cases if case.key not in finished]
+    todo = {case.key for case in cases}
+    kept = [row for row in existing if row.case.key not in todo]
+    columns = rundir.columns_for([*(row.case for row in kept), *cases])
+    columns = [*dict.fromkeys([*read.header, *columns])] if read.header else columns
+    return cases, kept, columns
+
+
+def select_devices(gpus: str | None) -> list[str]:
+    """Worker devices: every visible GPU, the first N (`--gpus N`), a list (`--gpus 0,2`), or `cpu`.
+
+    Args:
+        gpus: the `--gpus` value or None.
+    """
+    if not torch.cuda.is_available():
+        if gpus is not None:
+            raise UserError("--gpus: no CUDA device is visible")
+        return ["cpu"]
+    count = torch.cuda.device_count()
+    if gpus is None:
+        return [f"cuda:{index}" for index in range(count)]
+    try:
+        if "," in gpus:
+            indices = [int(part) for part in gpus.split(",") if part.strip()]
+        else:
+            indices = list(range(int(gpus)))
+    except ValueError as exc:
+        raise UserError(f"--gpus: expected a count or a comma list of GPU indices, got {gpus!r}") from exc
+    if not indices or len(set(indices)) != len(indices) or not all(0 <= i < count for i in indices):
+        raise UserError(f"--gpus {gpus}: {count} GPU(s) visible (indices 0..{count - 1}), no repeats")
+    return [f"cuda:{index}" for index in indices]
+
+
+def shard_of(key: str, shards: int) -> int:
+    """The worker index of a case key: a stable hash, the same in every process and every run."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % shards
+
+
+def decide(
+    case: Case,
+    adapter: registry.Adapter,
+    *,
+    cuda: bool,
+    unavailable: str | None,
+    failed_check: dict[str, str],
+) -> ResultRow | None:
+    """The row of a case that is not run (unavailable, unsupported, failed the gate), else None.
+
+    Args:
+        case: the case.
+        adapter: its adapter.
+        cuda: whether CUDA devices are used.
+        unavailable: the adapter's `available()` reason (asked once per adapter by the caller).
+        failed_check: adapter name to the reason it failed the correctness gate.
+    """
+
+    def row(status: str, reason: str) -> ResultRow:
+        return ResultRow(case=case, family=adapter.family, status=status, error=reason)
+
+    if not cuda and not adapter.cpu_capable:
+        return row("unavailable", "needs CUDA")
+    if unavailable:
+        return row("unavailable", unavailable)
+    if case.mode not in adapter.modes:
+        return row("unsupported", f"mode {case.mode} not supported (supports {', '.join(adapter.modes)})")
+    if case.dtype not in adapter.dtypes:
+        return row("unsupported", f"dtype {case.dtype} not supported (supports {', '.join(adapter.dtypes)})")
+    reason = adapter.check(case)
+    if reason:
+        return row("unsupported", reason)
+    if adapter.name in failed_check:
+        return row("failed_check", failed_check[adapter.name])
+    return None
+
+
+def plan(
+    cases: list[Case],
+    *,
+    cuda: bool,
+    failed_check: dict[str, str] | None = None,
+    clock: PhaseClock | None = None,
+) -> tuple[list[ResultRow], list[_Planned]]:
+    """Split cases into rows decided now and cases to run (with their analytic counts); with `clock`,
+    the seconds spent on each adapter go to its `plan_s`."""
+    failed_check = failed_check or {}
+    reasons: dict[str, str | None] = {}
+    decided, to_run = [], []
+    for case in cases:
+        began = time.monotonic()
+        adapter = registry.get(case.kernel)
+        if adapter.name not in reasons:
+            reasons[adapter.name] = adapter.available()
+        row = decide(case, adapter, cuda=cuda, unavailable=reasons[adapter.name], failed_check=failed_check)
+        if clock is not None:
+            clock.add_plan(adapter.name, time.monotonic() - began)
+        if row is not None:
+            decided.append(row)
+        else:
+            to_run.append(
+                _Planned(case, adapter, adapter.flops(case, case.mode), adapter.bytes(case, case.mode))
+            )
+    return decided, to_run
+
+
+def run_sweep(
+    spec: Spec,
+    cases: list[Case],
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    retry: Iterable[str] = (),
+    forced: str | None = None,
+    devices: list[str] | None = None,
+    failed_check: dict[str, str] | None = None,
+    precompile_processes: int = 0,
+    roofs: bool = False,
+    console: Console | None = None,
+    clock: PhaseClock | None = None,
+) -> SweepReport:
+    """Measure `cases` and write `results.csv`, `env.json` and `spec.json` into `run_dir`.
+
+    Args:
+        spec: the spec the cases come from (saved for `--resume`; its measurement settings apply).
+        cases: from `specs.expand`.
+        run_dir: from `resolve_run_dir`, checked by `check_run_dir`.
+        resume: keep the finished rows already in `run_dir` and run only the other cases.
+        retry: statuses among `rundir.RERUNNABLE_STATUSES` whose rows a resume runs again and
+            replaces.
+        forced: the difference from the run's own spec that `--force` accepted (kept in env.json).
+        devices: worker devices (`select_devices`); default: every visible GPU, or `cpu`.
+        failed_check: adapter names that failed the correctness gate, with the reason; their cases
+            get status `failed_check` without running.
+        precompile_processes: with N > 0, compile the cases' kernels in N processes first
+            (`tfla_bench.run.precompile`; what it did goes to `env.json` under `precompile`).
+        roofs: on CUDA, record the GPU's measured roofs in `env.json` under `roofs`, loaded, or
+            measured when none are saved, by a child process that runs beside the plan
+            (`tfla_bench.measure.roofs`).
+        console: where progress goes (default: stderr).
+        clock: the command's `PhaseClock` (a gate before the sweep is in it); default one started
+            here. Written as `timings.json` when the sweep ends, interrupted or not.
+
+    Returns:
+        A `SweepReport`. Ctrl-C kills the workers and re-raises `KeyboardInterrupt` after the rows
+        written so far are safely on disk.
+
+    Raises:
+        UserError: the directory cannot be written before the first row.
+        RunFailed: a write failed after the sweep started (every earlier row is kept).
+    """
+    console = console or make_console(stderr=True)
+    clock = clock or PhaseClock()
+    devices = devices or select_devices(None)
+    cuda = devices[0] != "cpu"
+    csv_path = run_dir / rundir.RESULTS
+
+    kept: list[ResultRow] = []
+    columns = rundir.columns_for(cases)
+    if resume:
+        cases, kept, columns = resume_plan(cases, csv_path, retry, console)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # A fresh run starts a fresh file (an earlier attempt may have left a header and no rows).
+        rundir.rewrite_results(csv_path, kept, columns)
+        rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
+        writer = rundir.RowWriter(csv_path, columns)
+    except OSError as exc:
+        raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
+
+    if not cuda:
+        cpu_names = sorted({c.kernel for c in cases if registry.get(c.kernel).cpu_capable})
+        console.print(
+            "[bold]note:[/] no CUDA device: only CPU-capable adapters run "
+            f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
+        )
+    # The roofs' child process (GPU work) runs while the plan imports the adapters' libraries (host work).
+    roofs_child = roofs_module.start_for_sweep(devices[0]) if roofs and cuda else None
+    try:
+        with clock.phase("plan"):
+            decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check, clock=clock)
+    except BaseException:
+        if roofs_child is not None:
+            roofs_module.cancel(roofs_child)
+        raise
+    report = SweepReport(
+        run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
+    )
+    host = socket.gethostname()
+    try:
+        for row in decided:
+            writer.write(dataclasses.replace(row, host=host))
+        if kept:
+            console.print(f"resuming {run_dir}: {len(kept)} finished row(s) kept")
+        if decided:
+            console.print(f"{len(decided)} case(s) not run (unavailable, unsupported or failed check)")
+        measured_roofs = None
+        if roofs_child is not None and to_run:
+            with clock.phase("roofs"):
+                measured_roofs = _roofs(devices[0], roofs_child, console)
+        elif roofs_child is not None:
+            roofs_module.cancel(roofs_child)
+        precompiled = None
+        if precompile_processes > 0 and to_run:
+            with clock.phase("precompile"):
+                precompiled = _precompile(
+                    to_run, precompile_processes, devices, run_dir, spec, console, clock
+                )
+        with clock.phase("workers"):
+            workers = _start_workers(
+                devices, to_run, run_dir, spec, cuda, console, precompiled, measured_roofs, forced
+            )
+        try:
+            with clock.phase("measuring"):
+                _dispatch(to_run, workers, spec, writer, console, clock, host, precompiled)
+        finally:
+            for worker in workers:
+                worker.stop()
+            report.worker_starts = sum(worker.starts for worker in workers)
+    except OSError as exc:
+        raise RunFailed(
+            f"writing to {run_dir} failed ({exc.strerror}); the {len(kept) + writer.written} row(s) "
+            f"written before are kept; continue with --resume {run_dir}"
+        ) from None
+    finally:
+        writer.close()
+        # timings.json is secondary: failing to write it must not hide how the run itself ended.
+        with contextlib.suppress(OSError):
+            clock.write(run_dir)
+    report.rows = rundir.read_results(csv_path).rows
+    return report
+
+
+def _precompile(
+    to_run: list[_Planned],
+    processes: int,
+    devices: list[str],
+    run_dir: Path,
+    spec: Spec,
+    console: Console,
+    clock: PhaseClock,
+) -> PrecompileSummary:
+    """`precompile.precompile` on the cases about to run, with a progress bar; failures get one line;
+    each run's seconds go to `clock` under its adapter."""
+    progress = progress_bar(console, transient=True)
+    task = progress.add_task(f"precompile ({processes} processes)", total=None)
+
+    def done(result: PrecompileResult) -> None:
+        clock.add_precompile(result.job.case.kernel, result.seconds)
+        if result.status != "ok" and not result.retried:
+            shard = f" shard {result.job.shard + 1}/{result.job.shards}" if result.job.shards > 1 else ""
+            then = "" if result.status == "crashed" else " (the sweep runs this case as usual)"
+            progress.console.print(
+                f"[yellow]precompile {result.status}[/] {result.job.case.key}{shard}: {result.error}{then}"
+            )
+        progress.advance(task)
+
+    total = 0
+
+    def start(runs: int) -> None:
+        nonlocal total
+        total += runs
+        progress.update(task, total=total)
+
+    told: set[int] = set()
+
+    def retry(job: PrecompileJob, processes: int) -> None:
+        if processes not in told:  # one line per share, not per run
+            told.add(processes)
+            progress.console.print(
+                f"precompile: runs that ran out of memory run again at the end of the queue, each with "
+                f"{job.memory_share:.0%} of the memory (the first: {job.case.key})"
+            )
+
+    with progress:
+        summary = precompile(
+            [planned.case for planned in to_run],
+            processes,
+            devices,
+            run_dir,
+            grad=spec.measurement.grad,
+            timeout_s=spec.measurement.timeout_s,
+            on_start=start,
+            on_result=done,
+            on_retry=retry,
+        )
+    retried = f", {summary.retried} retried after running out of memory" if summary.retried else ""
+    skipped = (
+        f"; {summary.skipped} run(s) skipped, made into this Triton cache by an earlier sweep"
+        if summary.skipped
+        else ""
+    )
+    if summary.runs == 0 and summary.skipped:
+        console.print(
+            f"precompile: nothing to compile, the {summary.skipped} run(s) of its {summary.cases} case(s) "
+            f"were made into this Triton cache by an earlier sweep ({DONE_FILE})"
+        )
+        _tell_crashed(summary, to_run, console)
+        return summary
+    console.print(
+        f"precompiled {summary.cases} case(s) in {summary.runs} run(s) with {summary.processes} "
+        f"process(es): {summary.seconds:.1f} s, {summary.failed} failed{retried}{skipped}"
+    )
+    _tell_crashed(summary, to_run, console)
+    return summary
+
+
+def _tell_crashed(summary: PrecompileSummary, to_run: list[_Planned], console: Console) -> None:
+    """One line per kernel whose cases the sweep will not run, since it kept crashing in the precompile."""
+    kernels = collections.Counter(p.case.kernel for p in to_run if p.case.key in summary.crashed)
+    for kernel, count in sorted(kernels.items()):
+        console.print(
+            f"[yellow]precompile: {kernel} kept crashing the same way; the sweep does not run its {count} "
+            "case(s)[/] (their rows say why)"
+        )
+
+
+def _roofs(device: str, child: subprocess.Popen, console: Console) -> dict:
+    """The measured roofs of `device`'s GPU for env.json (saved ones, else measured now by `child`),
+    with one line."""
+    console.print(
+        "measured roofs: the saved ones of this GPU and driver, or measured now (`tfla-bench roofs`)"
+    )
+    record = roofs_module.for_sweep(device, child)
+    if "error" in record:
+        console.print(f"[yellow]measured roofs: {record['error']}[/] (the sweep goes on without them)")
+    else:
+        console.print(
+            f"measured roofs: {record['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s bf16 matmul, "
+            f"{record['hbm_bytes_per_s'] / 1e12:.2f} TB/s HBM, {record['l2_bytes_per_s'] / 1e12:.2f} TB/s L2"
+        )
+    return record
+
+
+def _start_workers(
+    devices: list[str],
+    to_run: list[_Planned],
+    run_dir: Path,
+    spec: Spec,
+    cuda: bool,
+    console: Console,
+    precompiled: PrecompileSummary | None = None,
+    measured_roofs: dict | None = None,
+    forced: str | None = None,
+) -> list[Worker]:
+    """Launch one worker per device that has cases, then write `env.json` with every one's device facts
+    (and what `precompile` did and the measured roofs, if any, and the spec difference a resume
+    was forced over)."""
+    for planned in to_run:
+        planned.shard = shard_of(planned.case.key, len(devices))
+    used = sorted({planned.shard for planned in to_run})
+    workers = [Worker(device, run_dir / rundir.worker_log(index)) for index, device in enumerate(devices)]
+    for index in used:
+        workers[index].launch()
+    failures = {index: workers[index].wait_ready() for index in used}
+    for index, failure in failures.items():
+        if failure:
+            console.print(f"[red]worker {index} ({devices[index]}): {failure}[/]")
+    infos = [workers[index].info for index in used if workers[index].info is not None]
+    info = infos[0] if infos else None
+    measurement = {
+        **dataclasses.asdict(spec.measurement),
+        "clock": "cuda_events" if cuda else "time.perf_counter",
+        "memory": "torch.cuda.max_memory_allocated" if cuda else "not measured on CPU",
+        "flush_bytes": info.flush_bytes if info and spec.measurement.l2_flush else None,
+        "autotune_cache": autotune_cache_setting(),
+        "kernel_configs": kernel_config.tuned_source(),
+    }
+    env = envinfo.collect(spec, devices, infos, measurement)
+    if precompiled is not None:
+        env["precompile"] = precompiled.to_dict()
+    if measured_roofs is not None:
+        env["roofs"] = measured_roofs
+    if forced is not None:
+        env["forced_spec_difference"] = forced
+    previous = rundir.read_env(run_dir)
+    if previous:
+        previous.setdefault("resumed", []).append(env)
+        env = previous
+    env["results_schema"] = rundir.SCHEMA_VERSION
+    rundir.write_json(run_dir / rundir.ENV, env)
+    return workers
+
+
+def _dispatch(
+    to_run: list[_Planned],
+    workers: list[Worker],
+    spec: Spec,
+    writer: rundir.RowWriter,
+    console: Console,
+    clock: PhaseClock,
+    host: str,
+    precompiled: PrecompileSummary | None,
+) -> None:
+    """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come,
+    each naming `host` and, for a case that ran on a GPU, the worker's GPU. A case whose kernel kept
+    crashing in the precompile (`precompiled.crashed`) is not run."""
+    if not to_run:
+        return
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    progress = progress_bar(console, eta=True)
+    task = progress.add_task("starting", total=len(to_run))
+    crashes = CrashGuard(precompiled.crashed if precompiled is not None else None)
+
+    def serve(worker: Worker, shard: list[_Planned]) -> None:
+        try:
+            # Each adapter measures in a process of its own; on a GPU the processes of the next
+            # SPARES_AHEAD adapters start while it measures (`Worker.start_spare`). On the CPU they
+            # would take the cores that the timed calls run on. An adapter whose every case the
+            # precompile's verdict decides gets no process.
+            ahead = SPARES_AHEAD if worker.device.startswith("cuda") else 0
+            order = list(dict.fromkeys(p.case.kernel for p in shard if not crashes.decided(p.case)))
+            modules = {planned.case.kernel: type(planned.adapter).__module__ for planned in shard}
+            current, started = None, 1  # the first adapter runs in the worker's own process
+            for planned in shard:
+                if stop.is_set():
+                    return
+                with lock:
+                    progress.update(task, description=case_label(planned.case))
+                    crashed = crashes.reason(planned.case)
+                if crashed is None and planned.case.kernel != current:
+                    if current is not None:
+                        worker.switch()
+                    current = planned.case.kernel
+                    position = order.index(current)
+                    started = max(started, position + 1)  # without a spare it starts afresh
+                    while started < min(position + 1 + ahead, len(order)):
+                        worker.start_spare(order[started], modules[order[started]])
+                        started += 1
+                if crashed is not None:
+                    row = ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=host)
+                else:
+                    settings = spec.measurement_for(planned.adapter)
+                    job = Job(planned.case, type(planned.adapter).__module__, settings)
+                    began = time.monotonic()
+                    measurement = worker.run(job)
+                    if stop.is_set():
+                        return  # interrupted: the worker was killed under us, this is not the kernel's fault
+                    row = _row(planned, measurement, host, _gpu_name(worker))
+                    with lock:
+                        crashes.record(row.case.kernel, row.status, row.error)
+                        clock.add_case(
+                            planned.case.kernel,
+                            time.monotonic() - began,
+                            measurement.first_call_s,
+                            measurement.calls_s,
+                        )
+                with lock:
+                    # Before the row, so a run stopped right after a row has that row's time too;
+                    # timings.json is secondary: failing to write it must not stop the sweep.
+                    with contextlib.suppress(OSError):
+                        clock.write(writer.path.parent)
+                    writer.write(row)
+                    progress.console.print(row_line(row))
+                    progress.advance(task)
+        except BaseException as exc:  # a bug: stop the sweep and re-raise it in the main thread
+            errors.append(exc)
+            stop.set()
+
+    shards = {index: [p for p in to_run if p.shard == index] for index in range(len(workers))}
+    threads = [
+        threading.Thread(target=serve, args=(workers[index], shard), daemon=True)
+        for index, shard in shards.items()
+        if shard
+    ]
+    with progress:
+        for thread in threads:
+            thread.start()
+        try:
+            while any(thread.is_alive() for thread in threads):
+                for thread in threads:
+                    thread.join(0.2)
+        # SystemExit: a job's preemption handler (`tfla_bench.run.shard`) exits from inside this wait.
+        except (KeyboardInterrupt, SystemExit):
+            stop.set()
+            for worker in workers:
+                worker.interrupt()
+            for thread in threads:
+                thread.join(15)
+            console.print(f"interrupted: rows written so far are kept in {writer.path}")
+            raise
+    if errors:
+        raise errors[0]
+
+
+def _gpu_name(worker: Worker) -> str:
+    """The name of the worker's GPU; empty on CPU."""
+    info = worker.info
+    return info.name if info is not None and info.device.startswith("cuda") else ""
+
+
+def _row(planned: _Planned, measurement: Measurement, host: str, gpu_name: str) -> ResultRow:
+    """The result row of a measured case: every field of the measurement that is a column of the row
+    (same name), the GPU state cells, and what the parent knows (counts, rates, the library, the node
+    and GPU that measured it)."""
+    measured = {
+        field.name: getattr(measurement, field.name)
+        for field in dataclasses.fields(measurement)
+        if field.name in rundir.METRIC_COLUMNS
+    }
+    median_s = measurement.median_ms / 1e3 if measurement.median_ms else None
+    return ResultRow(
+        case=planned.case,
+        family=planned.adapter.family,
+        flops=planned.flops,
+        bytes=planned.bytes,
+        tflops=planned.flops / median_s / 1e12 if median_s else None,
+        gbps=planned.bytes / median_s / 1e9 if median_s else None,
+        library=planned.adapter.library(),
+        **measured,
+        host=host,
+        gpu_name=gpu_name if measurement.device.startswith("cuda") else "",
+        **{key: value for key, value in measurement.gpu_state.items() if value is not None},
+    )
+
+
+def case_fates(cases: list[Case], *, cuda: bool) -> dict[str, str]:
+    """What the sweep would decide without running, per case key: `status: reason`."""
+    decided, _ = plan(cases, cuda=cuda)
+    return {row.case.key: f"{row.status}: {row.error}" for row in decided}

@@ -1,0 +1,93 @@
+"""One job of a sweep through a job scheduler: a shard of the run's cases, measured on the job's node.
+
+`ShardJob` is what `tfla_bench.run.cluster` submits (submitit pickles it) and what runs inside the job:
+`runner.run_sweep` on every GPU the scheduler gave the job, with the isolated workers of any sweep,
+into the shard's own run directory `shards/<round>-<index>/` inside the shared run directory. So
+the job's rows go to its own shard file (`results.csv` there), one write and one fsync each, and
+no two jobs ever write one file; the sweep that submitted it merges them. `--precompile N` runs
+there, once per node, before anything is measured.
+
+Preemption and the end of a job's time: Slurm signals the job first, and submitit then calls
+`checkpoint`, which hands back the same shard marked as requeued; submitit requeues the job. The
+requeued job resumes its shard directory: the rows it finished stay, and only the other cases run.
+A second signal is not requeued: the job ends with its rows kept, and `sweep --resume` submits the
+cases it did not finish.
+
+This module runs in the job: it imports no module that submits jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.run import rundir, runner
+from tfla_bench.run.specs import Spec
+
+# Times a job is requeued after it was preempted or ran out of time.
+MAX_REQUEUES = 1
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """A shard of a run's cases, to measure in one job on one node.
+
+    Attributes:
+        run_dir: the shared run directory (absolute).
+        round_number: the submission the job belongs to.
+        index: the shard's index in it.
+        spec: the run's spec, measurement flags applied.
+        cases: the shard's cases.
+        precompile: `--precompile N`: compile the shard's kernels in N processes first.
+        roofs: record the node's measured roofs in its `env.json`.
+        forced: the spec difference a forced resume accepted (kept in the shard's `env.json`).
+        requeued: how many times the job was requeued already.
+    """
+
+    run_dir: Path
+    round_number: int
+    index: int
+    spec: Spec
+    cases: tuple[Case, ...]
+    precompile: int = 0
+    roofs: bool = True
+    forced: str | None = None
+    requeued: int = 0
+
+    @property
+    def directory(self) -> Path:
+        """The shard's run directory."""
+        return self.run_dir / rundir.shard_dir(self.round_number, self.index)
+
+    def __call__(self) -> dict[str, int]:
+        """Measure the shard (resuming it when a requeued job finds its rows); return the counts of
+        `runner.SweepReport`."""
+        directory = self.directory
+        report = runner.run_sweep(
+            self.spec,
+            list(self.cases),
+            directory,
+            resume=(directory / rundir.SPEC).is_file(),
+            forced=self.forced,
+            devices=runner.select_devices(None),
+            precompile_processes=self.precompile,
+            roofs=self.roofs,
+        )
+        return {
+            "rows": len(report.rows),
+            "dispatched": report.dispatched,
+            "decided": report.decided,
+            "kept": report.kept,
+        }
+
+    def checkpoint(self) -> Any:
+        """What submitit requeues after a preemption or timeout: this shard, once; None after that
+        (submitit then ends the job without requeueing it)."""
+        if self.requeued >= MAX_REQUEUES:
+            return None
+        from submitit.core.utils import DelayedSubmission
+
+        return DelayedSubmission(dataclasses.replace(self, requeued=self.requeued + 1))
