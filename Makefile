@@ -39,7 +39,7 @@ else
 TEST_ENV := TRITON_INTERPRET=1
 endif
 
-.PHONY: run test lint clean wheelhouse cuda-wheels
+.PHONY: run test lint clean wheelhouse cuda-wheels gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -94,4 +94,16 @@ cuda-wheels: $(addprefix cuda-wheel-,$(CUDA_WHEELS))
 
 cuda-wheel-%:
 	-PYTHONPATH=$(CURDIR) $(PYTHON) -m tfla_bench.cuda_wheels $* --wheelhouse $(WHEELHOUSE) \
+		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC))
+
+# One command on a GPU machine: the suite into the node's own Python (its torch and triton), the
+# baselines, the CUDA wheels that are missing (built side by side), then `list` and `check`. Offline
+# when $(WHEELHOUSE) holds wheels (`make wheelhouse` elsewhere); FA3's source from FLASH_ATTN_SRC or a
+# clone. A second run only checks.
+gpu:
+ifneq ($(wildcard $(WHEELHOUSE)/*.whl),)
+	$(PYTHON) -m pip install -q --no-index --find-links $(WHEELHOUSE) --no-deps "setuptools>=77" wheel
+endif
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PYTHON) -m tfla_bench.gpu_setup $(if $(wildcard $(WHEELHOUSE)/*.whl),--wheelhouse $(WHEELHOUSE)) \
 		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC))

@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
         "|---|---:|---:|---:|---|" + "---:|" * len(NAMES),
     ]
     worst = {"bfloat16": 0.0, "float32": 0.0}
-    gpu = torch.cuda.get_device_name()
+    gpu = kconfig.gpu_target(torch.device("cuda"))
     for (gate, dqk, dv, chunk), diffs in results:
         config = kconfig.config_for("tfla", dqk, dv, chunk, torch.bfloat16, gate, gpu)
         used = "float32" if kconfig.float32_states("tfla", gate, dqk, config) else "bfloat16"

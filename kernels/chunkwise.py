@@ -33,7 +33,7 @@ from tfla_bench.kernels.common import (
     fwd_kernel_gates,
     fwd_kernel_states,
 )
-from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_name
+from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_target
 from tfla_bench.kernels.contract import chunk_reason, head_dim_reason
 from tfla_bench.kernels.gates import GATES, num_chunks
 from tfla_bench.kernels.launch import INTERPRETED, Launches
@@ -370,7 +370,7 @@ def resolve_config(
     """The caller's `config` once checked, else the cached config for this GPU and shape (`config_for`)."""
     dqk = q.shape[-1]
     if config is None:
-        return config_for(kernel, dqk, dv, chunk_size, q.dtype, gate, gpu_name(q.device))
+        return config_for(kernel, dqk, dv, chunk_size, q.dtype, gate, gpu_target(q.device))
     check_config(kernel, config, dqk, dv, chunk_size)
     return config
 

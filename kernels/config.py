@@ -2,8 +2,9 @@
 
 One frozen dataclass serves both kernels, `"tfla"` (`mlstm_tfla`) and `"limit_chunk"`
 (`mlstm_limit_chunk`). `config_for` resolves the config of one call: a tuned config registered for
-the GPU and the shape (`register_tuned`; empty until one is registered, and never tuned inside a
-call), else `default_config`. Both are cached per shape key, so a call pays one dictionary lookup.
+the GPU's architecture (or its name) and the shape (`register_tuned`; never tuned inside a call),
+else the nearest tuned shape that can run this one (`adapted`), else `default_config`. Both are
+cached per shape key, so a call pays one dictionary lookup.
 
 TFLA defaults, chosen from per-kernel timings on an H100 80GB HBM3 (bf16, Dqk 128, Dv 256, L 128,
 8 sequences x 16 heads of 8192 steps, fwbw):
@@ -38,6 +39,7 @@ themselves never hit the limit (the kernels loop over them), so for 16-bit input
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -266,17 +268,21 @@ def default_config(
     raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
 
 
-# Tuned configs by (GPU name, kernel, Dqk, Dv, L, dtype, gate): filled by an offline tuning run
-# (`tfla_bench.measure.tuning`) through `register_tuned`, never inside a timed call; `TUNED_FILE` (or the file
-# that `TUNED_FILE_ENV` names) is loaded on import.
+# Tuned configs by (target, kernel, Dqk, Dv, L, dtype, gate), where the target is a GPU architecture
+# (`sm90`: every Hopper GPU) or, for an entry that serves one GPU model only, its name. Filled by an
+# offline tuning run (`tfla_bench.measure.tuning`) through `register_tuned`, never inside a timed
+# call; `TUNED_FILE` and the user's file (`user_tuned_file`) are loaded on import.
 TUNED_CONFIGS: dict[tuple[str, str, int, int, int, torch.dtype, str], KernelConfig] = {}
-KEY_FIELDS = ("gpu", "kernel", "head_dim_qk", "head_dim_v", "chunk_size", "dtype", "gate")
+KEY_FIELDS = ("target", "kernel", "head_dim_qk", "head_dim_v", "chunk_size", "dtype", "gate")
 TUNED_FILE = Path(__file__).with_name("tuned_configs.json")
 TUNED_FILE_ENV = "TFLA_BENCH_TUNED_CONFIGS"
+# A chunk size other than the tuned one changes every sequence tile; a head dim only the head-dim
+# blocks, which the kernels loop over. So a tuned shape's distance counts a chunk step as four.
+CHUNK_STEP_WEIGHT = 4
 
 
 def register_tuned(
-    gpu: str,
+    target: str,
     kernel: str,
     head_dim_qk: int,
     head_dim_v: int,
@@ -285,25 +291,92 @@ def register_tuned(
     gate: str,
     config: KernelConfig,
 ) -> None:
-    """Use `config` for this kernel and shape on GPUs named `gpu` (`torch.cuda.get_device_name`)."""
+    """Use `config` for this kernel and shape on the GPUs of `target`: an architecture (`sm90`) or
+    a GPU's name (`torch.cuda.get_device_name`), which wins over its architecture."""
     check_config(kernel, config, head_dim_qk, head_dim_v, chunk_size)
-    TUNED_CONFIGS[(gpu, kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)] = config
+    TUNED_CONFIGS[(target, kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)] = config
     config_for.cache_clear()
 
 
 @lru_cache(maxsize=16)
-def gpu_name(device: torch.device) -> str:
-    """The name of a CUDA device (the key of `TUNED_CONFIGS`); `""` for any other device."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+def gpu_target(device: torch.device) -> tuple[str, str]:
+    """A CUDA device's architecture and name, `("sm90", "NVIDIA H200")`: what `config_for` looks
+    tuned configs up by; `("", "")` for any other device."""
+    if device.type != "cuda":
+        return "", ""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm{major}{minor}", torch.cuda.get_device_name(device)
+
+
+def adapted(
+    kernel: str, config: KernelConfig, head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: torch.dtype
+) -> KernelConfig | None:
+    """A config tuned at another shape carried over to this one, or None where it cannot run here:
+    sequence tiles at most the chunk (the whole chunk for limit_chunk), head-dim blocks the largest
+    powers of two that divide the head dims and are at most the tuned blocks."""
+    whole_chunk = kernel == "limit_chunk"
+    seq = {
+        name: chunk_size if whole_chunk else min(getattr(config, name), chunk_size)
+        for name in ("seq_q", "seq_kv", "bwd_seq_q", "bwd_seq_kv")
+    }
+    state_seq = chunk_size if config.state_one_tile else min(config.state_seq, chunk_size)
+    dims = {
+        name: largest_pow2_divisor(head_dim_v if name.endswith("v") else head_dim_qk, getattr(config, name))
+        for name in ("qk", "v", "bwd_qk", "bwd_v", "state_qk", "state_v")
+    }
+    candidate = dataclasses.replace(config, **seq, **dims, state_seq=state_seq)
+    try:
+        check_config(kernel, candidate, head_dim_qk, head_dim_v, chunk_size)
+    except ValueError:
+        return None
+    e = element_bytes(dtype)
+    on_chip = (
+        on_chip_bytes("output", chunk_size, candidate.qk, candidate.v, e),
+        on_chip_bytes("gradient", chunk_size, candidate.bwd_qk, candidate.bwd_v, e),
+    )
+    if whole_chunk and max(on_chip) > SRAM_BYTES:
+        return None
+    return candidate
+
+
+def _distance(key: tuple, head_dim_qk: int, head_dim_v: int, chunk_size: int) -> float:
+    _, _, dqk, dv, chunk, _, _ = key
+    steps = abs(math.log2(dqk / head_dim_qk)) + abs(math.log2(dv / head_dim_v))
+    return steps + CHUNK_STEP_WEIGHT * abs(math.log2(chunk / chunk_size))
 
 
 @lru_cache(maxsize=256)
 def config_for(
-    kernel: str, head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: torch.dtype, gate: str, gpu: str
+    kernel: str,
+    head_dim_qk: int,
+    head_dim_v: int,
+    chunk_size: int,
+    dtype: torch.dtype,
+    gate: str,
+    gpu: tuple[str, str],
 ) -> KernelConfig:
-    """The tuned config registered for this GPU and shape, else `default_config`."""
-    key = (gpu, kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
-    return TUNED_CONFIGS.get(key) or default_config(kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
+    """The config of one call on a GPU (`gpu_target`): the entry tuned for this GPU's name at this
+    shape, else the entry for its architecture, else the nearest tuned shape of the same kernel,
+    gate and dtype on this GPU or architecture that can run here (`adapted`), else `default_config`.
+    """
+    arch, name = gpu
+    shape = (kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
+    for target in (name, arch):
+        if target and (target, *shape) in TUNED_CONFIGS:
+            return TUNED_CONFIGS[(target, *shape)]
+    nearby = sorted(
+        (
+            (_distance(key, head_dim_qk, head_dim_v, chunk_size), key[0] != name, str(key), config)
+            for key, config in TUNED_CONFIGS.items()
+            if key[0] in (name, arch) and key[0] and (key[1], key[5], key[6]) == (kernel, dtype, gate)
+        ),
+        key=lambda item: item[:3],
+    )
+    for *_, config in nearby:
+        carried = adapted(kernel, config, head_dim_qk, head_dim_v, chunk_size, dtype)
+        if carried is not None:
+            return carried
+    return default_config(kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
 
 
 def float32_states(kernel: str, gate: str, head_dim_qk: int, config: KernelConfig) -> bool:
@@ -385,20 +458,25 @@ def load_tuned(path: Path) -> int:
     return len(entries)
 
 
-def tuned_file() -> Path | None:
-    """The tuned-config file loaded on import: `$TFLA_BENCH_TUNED_CONFIGS`, else `TUNED_FILE` if it exists."""
+def user_tuned_file() -> Path:
+    """Where `tfla-bench tune` keeps the entries it adds, loaded after (and over) `TUNED_FILE`:
+    `$TFLA_BENCH_TUNED_CONFIGS`, else `tfla-bench/tuned_configs.json` in the user's cache folder."""
     override = os.environ.get(TUNED_FILE_ENV)
     if override:
         return Path(override)
-    return TUNED_FILE if TUNED_FILE.exists() else None
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "tfla-bench" / "tuned_configs.json"
+
+
+def tuned_files() -> list[Path]:
+    """The tuned-config files loaded on import, in order: the shipped table, then the user's."""
+    return [path for path in (TUNED_FILE, user_tuned_file()) if path.exists()]
 
 
 def tuned_source() -> dict:
-    """For env.json: the tuned-config file loaded on import (None: defaults only), configs registered."""
-    path = tuned_file()
-    return {"file": str(path) if path is not None else None, "entries": len(TUNED_CONFIGS)}
+    """For env.json: the tuned-config files loaded on import and the configs registered."""
+    return {"files": [str(path) for path in tuned_files()], "entries": len(TUNED_CONFIGS)}
 
 
-_loaded = tuned_file()
-if _loaded is not None:
-    load_tuned(_loaded)
+for _path in tuned_files():
+    load_tuned(_path)

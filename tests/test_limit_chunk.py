@@ -41,6 +41,7 @@ from tfla_bench.kernels.config import (
     SRAM_BYTES,
     TUNED_CONFIGS,
     default_config,
+    gpu_target,
     max_chunk_size,
     on_chip_bytes,
     unsupported_reason,
@@ -390,9 +391,9 @@ def test_gpu_bf16_every_chunk_size_at_the_fig6_head_dims(chunk):
 def test_gpu_every_tuned_config_matches_the_reference(key):
     # Each limit_chunk config of kernels/tuned_configs.json, at its head dims and chunk (bf16), against
     # the float32 chunkwise reference at the trained gate ranges.
-    gpu, _, dqk, dv, chunk, dtype, _ = key
-    if torch.cuda.get_device_name() != gpu:
-        pytest.skip(f"tuned for {gpu}")
+    target, _, dqk, dv, chunk, dtype, _ = key
+    if target not in gpu_target(torch.device("cuda")):
+        pytest.skip(f"tuned for {target}")
     assert dtype == torch.bfloat16
     seq_len = max(16 * chunk, 1024)
     inputs = make_inputs(1, 2, seq_len, dqk, dv, seed=16, i_range=(-11.0, 2.0), f_range=(-5.0, 12.0))

@@ -42,6 +42,7 @@ from tfla_bench.kernels.config import (
     config_for,
     default_config,
     float32_states,
+    gpu_target,
     register_tuned,
 )
 from tfla_bench.kernels.gates import chunk_gates, chunk_log_gate_grads, log_gates
@@ -341,16 +342,17 @@ def test_tuned_config_takes_the_place_of_the_default(monkeypatch):
     monkeypatch.setattr(config_module, "TUNED_CONFIGS", {})
     config_for.cache_clear()
     shape = ("tfla", 16, 32, 32, torch.float32, "exp")
-    assert config_for(*shape, "NVIDIA H100 80GB HBM3") == default_config(*shape)
+    h100, a100 = ("sm90", "NVIDIA H100 80GB HBM3"), ("sm80", "NVIDIA A100-SXM4-80GB")
+    assert config_for(*shape, h100) == default_config(*shape)
     tuned = small_config("exp", 16, 32, 32)
-    register_tuned("NVIDIA H100 80GB HBM3", *shape, tuned)
-    assert config_for(*shape, "NVIDIA H100 80GB HBM3") == tuned
-    assert config_for(*shape, "NVIDIA H200") == default_config(*shape)
+    register_tuned("sm90", *shape, tuned)
+    assert config_for(*shape, h100) == tuned
+    assert config_for(*shape, a100) == default_config(*shape)
     hits = config_for.cache_info().hits
-    config_for(*shape, "NVIDIA H200")
+    config_for(*shape, a100)
     assert config_for.cache_info().hits == hits + 1  # one lookup per call after the first
     with pytest.raises(ValueError, match="config.qk must be a power of two >= 16 dividing the head dim 16"):
-        register_tuned("NVIDIA H200", *shape, replace(tuned, qk=32))
+        register_tuned("sm90", *shape, replace(tuned, qk=32))
     with pytest.raises(ValueError, match="kernel must be one of"):
         default_config("flash", 16, 32, 32, torch.float32)
     config_for.cache_clear()
@@ -554,8 +556,33 @@ def test_gpu_bf16_exp_one_qk_block_of_256(chunk):
 
 
 def tuned_key_id(key):
-    gpu, _, dqk, dv, chunk, dtype, gate = key
-    return f"{gate}-Dqk{dqk}-Dv{dv}-L{chunk}-{str(dtype).removeprefix('torch.')}-{gpu.replace(' ', '_')}"
+    target, _, dqk, dv, chunk, dtype, gate = key
+    return f"{gate}-Dqk{dqk}-Dv{dv}-L{chunk}-{str(dtype).removeprefix('torch.')}-{target.replace(' ', '_')}"
+
+
+# The shapes of the paper's figure specs (Fig. 5, 6, 17, tfla_vs_peer): (gate, Dqk, Dv, chunk).
+PAPER_SHAPES = sorted(
+    {("sig", d, d, 256) for d in (32, 64, 128, 256, 512, 1024)}
+    | {("exp", d, d, 128) for d in (32, 64, 128, 256, 512, 1024)}
+    | {(gate, 128, 256, chunk) for gate in ("sig", "exp") for chunk in (64, 128, 256, 512, 1024)}
+    | {("sig", 256, 512, chunk) for chunk in (64, 128, 256, 512, 1024, 2048, 4096)}
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", PAPER_SHAPES, ids=lambda s: f"{s[0]}-Dqk{s[1]}-Dv{s[2]}-L{s[3]}")
+def test_gpu_the_config_chosen_at_every_paper_shape_matches_the_reference(shape):
+    # Whatever config_for picks on this GPU (an entry, the nearest tuned shape carried over, or the
+    # default), against the float32 chunkwise reference, output and every gradient.
+    gate, dqk, dv, chunk = shape
+    config = config_for("tfla", dqk, dv, chunk, torch.bfloat16, gate, gpu_target(torch.device("cuda")))
+    seq_len = max(4 * chunk, 1024)
+    inputs = make_inputs(1, 2, seq_len, dqk, dv, seed=16, i_range=(-11.0, 2.0), f_range=(-5.0, 12.0))
+    inputs[:3] = [x.to(torch.bfloat16) for x in inputs[:3]]
+    weights = make_weights(1, 2, seq_len, dqk, dv)
+    reference = run_with_grads(chunkwise_fp32(gate), inputs, [], weights, gate)
+    result = run_with_grads(tfla_fn(gate, False, chunk, config), inputs, [], weights, gate)
+    assert_within_rms(result, reference, BF16_RTOL, GRAD_NAMES)
 
 
 @pytest.mark.gpu
@@ -565,9 +592,10 @@ def tuned_key_id(key):
 def test_gpu_every_tuned_config_matches_the_reference(key):
     # Each config of kernels/tuned_configs.json, at its head dims, chunk and dtype (one batch, two
     # heads, four chunks or more), against the float32 chunkwise reference at the trained gate ranges.
-    gpu, _, dqk, dv, chunk, dtype, gate = key
-    if torch.cuda.get_device_name() != gpu:
-        pytest.skip(f"tuned for {gpu}")
+    target, _, dqk, dv, chunk, dtype, gate = key
+    gpu = gpu_target(torch.device("cuda"))
+    if target not in gpu:
+        pytest.skip(f"tuned for {target}")
     config = config_module.TUNED_CONFIGS[key]
     assert config_for("tfla", dqk, dv, chunk, dtype, gate, gpu) == config
     seq_len = max(4 * chunk, 1024)

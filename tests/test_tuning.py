@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from tfla_bench.cli.main import main
 from tfla_bench.kernels import config as kconfig
 from tfla_bench.measure import timing, tuning
 
@@ -78,32 +79,93 @@ def test_a_candidate_off_the_default_result_is_rejected(monkeypatch):
     assert best == trials[0].config
 
 
-def test_a_tuned_file_is_looked_up_by_gpu_and_shape(monkeypatch, tmp_path):
+def test_a_tuned_file_is_looked_up_by_architecture_and_shape(monkeypatch, tmp_path):
     monkeypatch.setattr(kconfig, "TUNED_CONFIGS", {})
     kconfig.config_for.cache_clear()
     base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
     tuned = kconfig.KernelConfig(**{**base.__dict__, "bwd_num_warps": 8})
-    entry = kconfig.tuned_entry(shape(128).config_key("GPU X"), tuned, fwbw_ms=1.0)
-    assert entry["dtype"] == "bfloat16" and entry["fwbw_ms"] == 1.0
+    entry = kconfig.tuned_entry(shape(128).config_key("sm90"), tuned, fwbw_ms=1.0)
+    assert entry["dtype"] == "bfloat16" and entry["fwbw_ms"] == 1.0 and entry["target"] == "sm90"
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps([entry]))
     assert kconfig.load_tuned(path) == 1
-    assert kconfig.config_for("tfla", 128, 256, 128, torch.bfloat16, "sig", "GPU X") == tuned
-    assert kconfig.config_for("tfla", 128, 256, 128, torch.bfloat16, "sig", "GPU Y") == base
-    assert kconfig.config_for("tfla", 128, 256, 128, torch.bfloat16, "exp", "GPU X") != tuned
+    for gpu in (("sm90", "NVIDIA H100 80GB HBM3"), ("sm90", "NVIDIA H200"), ("sm90", "NVIDIA GH200 480GB")):
+        assert kconfig.config_for("tfla", 128, 256, 128, torch.bfloat16, "sig", gpu) == tuned
+    assert kconfig.config_for("tfla", 128, 256, 128, torch.bfloat16, "sig", ("sm80", "NVIDIA A100")) == base
+    assert kconfig.config_for("tfla", 128, 256, 128, torch.bfloat16, "exp", ("sm90", "H")) == (
+        kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "exp")
+    )
     kconfig.config_for.cache_clear()
     monkeypatch.setenv(kconfig.TUNED_FILE_ENV, str(path))
-    assert kconfig.tuned_file() == path
+    assert kconfig.user_tuned_file() == path and kconfig.tuned_files() == [kconfig.TUNED_FILE, path]
+    monkeypatch.delenv(kconfig.TUNED_FILE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert kconfig.user_tuned_file() == tmp_path / "tfla-bench" / "tuned_configs.json"
+
+
+def test_an_entry_for_one_gpu_wins_over_its_architecture(monkeypatch):
+    monkeypatch.setattr(kconfig, "TUNED_CONFIGS", {})
+    kconfig.config_for.cache_clear()
+    base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
+    for_arch = kconfig.KernelConfig(**{**base.__dict__, "bwd_num_warps": 8})
+    for_h200 = kconfig.KernelConfig(**{**base.__dict__, "num_stages": 3})
+    kconfig.register_tuned("sm90", "tfla", 128, 256, 128, torch.bfloat16, "sig", for_arch)
+    kconfig.register_tuned("NVIDIA H200", "tfla", 128, 256, 128, torch.bfloat16, "sig", for_h200)
+    lookup = ("tfla", 128, 256, 128, torch.bfloat16, "sig")
+    assert kconfig.config_for(*lookup, ("sm90", "NVIDIA H200")) == for_h200
+    assert kconfig.config_for(*lookup, ("sm90", "NVIDIA H100 80GB HBM3")) == for_arch
+    kconfig.config_for.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("dqk", "dv", "chunk", "expected"),
+    [
+        (128, 256, 256, "L256"),  # the same shape
+        (64, 128, 256, "L256"),  # smaller head dims: the same chunk's entry, blocks cut to the dims
+        (512, 1024, 256, "L256"),  # larger head dims: the blocks loop more often
+        (128, 256, 128, "L128"),
+        (128, 256, 512, "L256"),  # no entry at L512: the nearest chunk, tiles unchanged
+        (128, 256, 32, "L128"),  # tiles cut to the chunk
+    ],
+)
+def test_a_shape_without_an_entry_gets_the_nearest_tuned_config_that_runs_it(
+    monkeypatch, dqk, dv, chunk, expected
+):
+    monkeypatch.setattr(kconfig, "TUNED_CONFIGS", {})
+    kconfig.config_for.cache_clear()
+    tuned = {}
+    for label, (chunk_size, warps) in {"L128": (128, 2), "L256": (256, 16)}.items():
+        base = kconfig.default_config("tfla", 128, 256, chunk_size, torch.bfloat16, "sig")
+        tuned[label] = kconfig.KernelConfig(**{**base.__dict__, "num_warps": warps})
+        kconfig.register_tuned("sm90", "tfla", 128, 256, chunk_size, torch.bfloat16, "sig", tuned[label])
+    got = kconfig.config_for("tfla", dqk, dv, chunk, torch.bfloat16, "sig", ("sm90", "NVIDIA H200"))
+    kconfig.check_config("tfla", got, dqk, dv, chunk)
+    assert got.num_warps == tuned[expected].num_warps
+    assert got.seq_q <= chunk and got.qk <= tuned[expected].qk and dqk % got.qk == 0
+    other_arch = kconfig.config_for("tfla", dqk, dv, chunk, torch.bfloat16, "sig", ("sm100", "B200"))
+    assert other_arch == kconfig.default_config("tfla", dqk, dv, chunk, torch.bfloat16, "sig")
+    kconfig.config_for.cache_clear()
+
+
+def test_a_limit_chunk_entry_is_not_carried_to_a_chunk_that_does_not_fit_on_chip(monkeypatch):
+    monkeypatch.setattr(kconfig, "TUNED_CONFIGS", {})
+    kconfig.config_for.cache_clear()
+    base = kconfig.default_config("limit_chunk", 128, 256, 64, torch.bfloat16)
+    kconfig.register_tuned("sm90", "limit_chunk", 128, 256, 64, torch.bfloat16, "exp", base)
+    assert kconfig.adapted("limit_chunk", base, 128, 256, 32, torch.bfloat16).seq_q == 32
+    wide = kconfig.KernelConfig(**{**base.__dict__, "qk": 128, "v": 256, "bwd_qk": 128, "bwd_v": 256})
+    assert kconfig.adapted("limit_chunk", wide, 128, 256, 128, torch.bfloat16) is None
+    kconfig.config_for.cache_clear()
 
 
 def test_a_broken_tuned_file_is_one_clear_error(tmp_path):
     path = tmp_path / "tuned.json"
-    path.write_text('[{"gpu": "GPU X"}]')
+    path.write_text('[{"target": "sm90"}]')
     with pytest.raises(ValueError, match="not a tuned-config file"):
         kconfig.load_tuned(path)
     base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
     too_big = kconfig.KernelConfig(**{**base.__dict__, "seq_q": 256})
-    bad = kconfig.tuned_entry(("GPU X", "tfla", 128, 256, 128, torch.bfloat16, "sig"), too_big)
+    bad = kconfig.tuned_entry(("sm90", "tfla", 128, 256, 128, torch.bfloat16, "sig"), too_big)
     path.write_text(json.dumps([bad]))
     with pytest.raises(ValueError, match="seq_q"):
         kconfig.load_tuned(path)
@@ -113,3 +175,39 @@ def test_the_compile_shape_keeps_the_integer_specializations():
     small = shape(128).small()
     assert small.batch * small.heads % 16 == 0 and (small.seq_len // small.chunk_size) % 16 == 0
     assert (small.head_dim_qk, small.head_dim_v, small.chunk_size) == (128, 256, 128)
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ("tfla:sig:8,16,8192,128,256", "expected KERNEL:GATE:B,NH,T,DQK,DV:L"),
+        ("tfla:sig:8,16,8192,128,x:128", "expected KERNEL:GATE:B,NH,T,DQK,DV:L"),
+        ("limit_chunk:sig:8,16,8192,128,256:64", "limit_chunk (gate exp)"),
+        ("tfla:sig:0,16,8192,128,256:128", "integers in [1, 2147483648]"),
+    ],
+)
+def test_tune_refuses_a_bad_shape_in_one_line(capsys, shape, message):
+    assert main(["tune", shape]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_tune_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["tune", "tfla:sig:8,16,8192,128,256:128"]) == 2
+    assert "needs CUDA" in capsys.readouterr().err
+
+
+def test_a_new_entry_replaces_the_one_of_its_key_and_keeps_the_others(tmp_path):
+    from tfla_bench.cli.tune import add_entry
+
+    base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
+    path = tmp_path / "deeper" / "tuned.json"
+    old = kconfig.tuned_entry(shape(128).config_key("sm90"), base, tuned_fwbw_ms=2.0)
+    other = kconfig.tuned_entry(shape(256).config_key("sm90"), base, tuned_fwbw_ms=3.0)
+    add_entry(path, old)
+    add_entry(path, other)
+    add_entry(path, {**old, "tuned_fwbw_ms": 1.0})
+    entries = json.loads(path.read_text())
+    assert [(e["chunk_size"], e["tuned_fwbw_ms"]) for e in entries] == [(256, 3.0), (128, 1.0)]

@@ -181,7 +181,7 @@ class OwnKernelAdapter(ChunkwiseMlstmAdapter):
 
         from tfla_bench.kernels import config as kconfig
 
-        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+        gpu = kconfig.gpu_target(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         dims = (case.head_dim_qk, case.head_dim_v)
         config = kconfig.config_for(
             self.config_kernel, *dims, self.chunk(case), torch_dtype(case.dtype), self.gate, gpu

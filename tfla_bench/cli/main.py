@@ -12,7 +12,7 @@ from typing import Any
 import typer
 import typer.core
 
-from tfla_bench.cli import analysis, bench, check, diff, model, profile, roofs, status
+from tfla_bench.cli import analysis, bench, check, diff, model, profile, roofs, status, tune
 from tfla_bench.errors import RunFailed, UserError
 
 app = typer.Typer(
@@ -37,6 +37,7 @@ roofs.register(app)
 profile.register(app)
 diff.register(app)
 status.register(app)
+tune.register(app)
 
 # typer >= 0.20 vendors click and older typer uses the click package; both raise usage errors
 # derived from a class named ClickException, found here without importing either click.

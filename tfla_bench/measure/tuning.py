@@ -1,5 +1,5 @@
 """Tuning the `KernelConfig` of our mLSTM kernels for one GPU and shape, offline
-(`python experiments/tune_kernels.py`); a sweep only looks the result up.
+(`tfla-bench tune`); a sweep only looks the result up.
 
 Each kernel of the chain reads one group of the config's fields (`GROUPS`): the forward output
 kernel `fwd`, the dQ/dK/dV kernels `bwd`, the recurrent state kernels `state`. The groups are
@@ -18,8 +18,8 @@ their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
   of it, the median to within +-0.5% or 1 s of calls.
 
 The result is one `config.tuned_entry` per shape, with the default's and the tuned config's median
-times; `config.load_tuned` registers such a file, and `config_for` looks the entries up by GPU name
-and shape. The default config stays the fallback for every other GPU and shape.
+times; `config.load_tuned` registers such a file, and `config_for` looks the entries up by the GPU's
+architecture (or name) and the shape, carrying the nearest tuned shape over to a shape without one.
 """
 
 from __future__ import annotations
@@ -67,9 +67,18 @@ class Shape:
         """The compile shape: one sequence of `SMALL_CHUNKS` chunks, 16 heads."""
         return dataclasses.replace(self, batch=1, heads=16, seq_len=SMALL_CHUNKS * self.chunk_size)
 
-    def config_key(self, gpu: str) -> tuple:
-        """The key of `config.TUNED_CONFIGS` for this shape on GPUs named `gpu`."""
-        return (gpu, self.kernel, self.head_dim_qk, self.head_dim_v, self.chunk_size, self.dtype, self.gate)
+    def config_key(self, target: str) -> tuple:
+        """The key of `config.TUNED_CONFIGS` for this shape on the GPUs of `target` (an architecture
+        such as `sm90`, or a GPU's name)."""
+        return (
+            target,
+            self.kernel,
+            self.head_dim_qk,
+            self.head_dim_v,
+            self.chunk_size,
+            self.dtype,
+            self.gate,
+        )
 
     def label(self) -> str:
         return (

@@ -1,0 +1,159 @@
+"""CLI command `tune`: search our kernels' `KernelConfig` for this GPU at given shapes and add the
+winners to the user's tuned-config file, which every later call of `mlstm_tfla` and
+`mlstm_limit_chunk` loads (in the suite or not).
+
+Examples::
+
+    tfla-bench tune tfla:sig:8,16,8192,128,256:128
+    tfla-bench tune tfla:sig:4,32,8192,128,128:256 tfla:exp:4,32,8192,128,128:128 --for-gpu
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tfla_bench.cli.paths import output_dir, output_file
+from tfla_bench.errors import UserError
+from tfla_bench.run.console import make_console
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tfla_bench.measure.tuning import Shape
+
+SHAPE_FORM = "KERNEL:GATE:B,NH,T,DQK,DV:L"
+
+
+def register(app: typer.Typer) -> None:
+    """Add `tune` to the main app."""
+    app.command("tune")(tune)
+
+
+def tune(
+    shapes: Annotated[
+        list[str],
+        typer.Argument(help=f"shapes as {SHAPE_FORM} (bfloat16), e.g. tfla:sig:8,16,8192,128,256:128"),
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="the tuned-config file to add to (default: the user's file)")
+    ] = None,
+    tables: Annotated[
+        Path | None, typer.Option("--tables", help="write each search's table of trials as markdown here")
+    ] = None,
+    for_gpu: Annotated[
+        bool,
+        typer.Option("--for-gpu", help="key the entries by this GPU's name, not by its architecture (sm90)"),
+    ] = False,
+    processes: Annotated[int, typer.Option("--processes", help="compile candidates in N processes")] = 8,
+) -> None:
+    """Tune our kernels' tile sizes and launch settings for this GPU: each candidate checked against the
+    default config's result, timed with the suite's method; the fastest is kept per shape."""
+    parsed = [parse_shape(text) for text in shapes]
+    if processes < 0:
+        raise UserError(f"--processes: expected an integer in [0, 256], got {processes}")
+    # torch and the kernels are heavy, and only this command needs them at this point.
+    import torch
+
+    from tfla_bench.kernels import config as kconfig
+
+    if not torch.cuda.is_available():
+        raise UserError("tune times our kernels on a GPU and needs CUDA; no CUDA device is visible")
+    path = out or kconfig.user_tuned_file()
+    output_file(path, "--out")
+    if tables is not None:
+        output_dir(tables, "--tables")
+    arch, name = kconfig.gpu_target(torch.device("cuda"))
+    target = name if for_gpu else arch
+    console = make_console()
+    for shape in parsed:
+        started = time.monotonic()
+        console.print(f"[bold]{shape.label()}[/] on {name} (entry for {target})")
+        entry, table = tune_one(shape, target, name, processes, console)
+        add_entry(path, entry)
+        if tables is not None:
+            (tables / f"tuning-{slug(shape)}.md").write_text(table)
+        gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
+        console.print(
+            f"  fwbw {entry['default_fwbw_ms']:.3f} -> {entry['tuned_fwbw_ms']:.3f} ms ({gain:.2f}x), "
+            f"fw {entry['default_fw_ms']:.3f} -> {entry['tuned_fw_ms']:.3f} ms; "
+            f"{time.monotonic() - started:.0f} s"
+        )
+    console.print(f"saved to {path}")
+
+
+def parse_shape(text: str) -> Shape:
+    """`tfla:sig:8,16,8192,128,256:128` as a `tuning.Shape`; a `UserError` naming the form otherwise."""
+    from tfla_bench.measure import tuning  # imports torch, which `--help` does not need
+
+    try:
+        kernel, gate, dims, chunk = text.split(":")
+        batch, heads, seq_len, dqk, dv = (int(x) for x in dims.split(","))
+        shape = tuning.Shape(kernel, gate, batch, heads, seq_len, dqk, dv, int(chunk))
+    except ValueError:
+        raise UserError(
+            f"shape {text!r}: expected {SHAPE_FORM}, e.g. tfla:sig:8,16,8192,128,256:128"
+        ) from None
+    if (
+        kernel not in tuning.KERNELS
+        or gate not in ("exp", "sig")
+        or (kernel == "limit_chunk" and gate != "exp")
+    ):
+        raise UserError(f"shape {text!r}: the kernel is tfla (gate exp or sig) or limit_chunk (gate exp)")
+    if min(batch, heads, seq_len) < 1 or max(batch, heads, seq_len) > 2**31:
+        raise UserError(f"shape {text!r}: batch, heads and T must be integers in [1, 2147483648]")
+    return shape
+
+
+def tune_one(shape: Shape, target: str, gpu: str, processes: int, console: Console) -> tuple[dict, str]:
+    """Search one shape; the tuned-config entry (with the default's and the winner's fw and fwbw
+    medians, measured side by side) and the markdown table of the search."""
+    import torch
+    import triton
+
+    from tfla_bench.kernels import config as kconfig
+    from tfla_bench.measure import timing, tuning
+
+    base = kconfig.default_config(
+        shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate
+    )
+
+    def show(trial: tuning.Trial) -> None:
+        ms = f"{trial.median_ms:.3f} ms" if trial.median_ms is not None else trial.error[:100]
+        console.print(f"  {trial.group:5s} {tuning.changed_fields(trial.config, base)}: {ms}")
+
+    inputs = tuning.make_inputs(shape, "cuda")
+    best, trials = tuning.tune(shape, processes=processes, on_trial=show, inputs=inputs)
+    rule = timing.StopRule(rel_ci=0.005, budget_s=2.0, min_reps=20)
+    facts: dict[str, object] = {}
+    for mode in ("fw", "fwbw"):
+        for label, config in (("default", base), ("tuned", best)):
+            call = tuning.make_call(shape, inputs, config, mode)
+            facts[f"{label}_{mode}_ms"] = round(tuning.time_call(call, "cuda", rule), 4)
+    facts.update(batch=shape.batch, heads=shape.heads, seq_len=shape.seq_len)
+    facts.update(torch=torch.__version__, triton=triton.__version__)
+    entry = kconfig.tuned_entry(shape.config_key(target), best, **facts)
+    return entry, tuning.markdown(shape, trials, base, gpu)
+
+
+def add_entry(path: Path, entry: dict) -> None:
+    """Put `entry` into the tuned-config file at `path`, replacing the entry of the same key."""
+    from tfla_bench.kernels import config as kconfig
+
+    entries = json.loads(path.read_text()) if path.exists() else []
+    key = [entry[name] for name in kconfig.KEY_FIELDS]
+    entries = [e for e in entries if [e.get(name) for name in kconfig.KEY_FIELDS] != key] + [entry]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries, indent=1) + "\n")
+
+
+def slug(shape: Shape) -> str:
+    """A file name part for one shape: `tfla-sig-B8-NH16-T8192-Dqk128-Dv256-L128`."""
+    return (
+        f"{shape.kernel}-{shape.gate}-B{shape.batch}-NH{shape.heads}-T{shape.seq_len}"
+        f"-Dqk{shape.head_dim_qk}-Dv{shape.head_dim_v}-L{shape.chunk_size}"
+    )
