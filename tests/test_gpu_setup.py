@@ -111,3 +111,25 @@ def test_online_downloads_the_sources_of_the_builds(machine, tmp_path):
 def test_flash_attn_2_is_built_only_when_asked(machine):
     assert "flash-attn" not in [b.package for b in gpu_setup.builds_needed(False)]
     assert "flash-attn" in [b.package for b in gpu_setup.builds_needed(True)]
+
+
+def test_flash_attention_4_goes_in_whole_or_not_at_all(machine, capsys):
+    # Without the CUTLASS DSL's CUDA library wheel, the rest of the DSL breaks `import mamba_ssm`.
+    for name in ("flash_attn_4-4.0.0b36", "nvidia_cutlass_dsl-4.8.1", "quack_kernels-0.6.5"):
+        (machine["wheelhouse"] / f"{name}-py3-none-any.whl").write_bytes(b"")
+    pip = Pip()
+    assert gpu_setup.main(["--wheelhouse", str(machine["wheelhouse"]), "--skip-check"], pip) == 0
+    first = pip.installs()[0]
+    assert not [arg for arg in first if arg.startswith(("flash-attn-4", "nvidia-cutlass-dsl", "quack"))]
+    assert "FlashAttention 4 left out" in capsys.readouterr().out
+    (machine["wheelhouse"] / "nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-linux_x86_64.whl").write_bytes(
+        b""
+    )
+    for name in gpu_setup.FA4_WHEELS[1:]:
+        stem = name.replace("-", "_")
+        (machine["wheelhouse"] / f"{stem}-{dict(gpu_setup.WHEELS)[name]}-py3-none-any.whl").write_bytes(b"")
+    pip = Pip()
+    assert gpu_setup.main(["--wheelhouse", str(machine["wheelhouse"]), "--skip-check"], pip) == 0
+    assert (
+        "flash-attn-4==4.0.0b36" in pip.installs()[0] and "nvidia-cutlass-dsl-libs-cu13" in pip.installs()[0]
+    )

@@ -54,6 +54,18 @@ WHEELS = (
 )
 
 
+# FlashAttention 4 and its CUTLASS DSL, besides the DSL's CUDA library wheel (`nvidia-cutlass-dsl-libs-cuN`).
+FA4_WHEELS = (
+    "flash-attn-4",
+    "nvidia-cutlass-dsl",
+    "nvidia-cutlass-dsl-libs-base",
+    "nvidia-cutlass-dsl-libs-core",
+    "quack-kernels",
+    "apache-tvm-ffi",
+    "torch-c-dlpack-ext",
+)
+
+
 @dataclass(frozen=True)
 class CudaBuild:
     """A CUDA-only package: the `tfla_bench.cuda_wheels` name, its wheel's distribution name, and the
@@ -145,6 +157,11 @@ def install_wheels(wheelhouse: Path | None, runner: Runner) -> str:
     absent = [w for w in wanted if wheelhouse is not None and not in_wheelhouse(wheelhouse, w)]
     wanted = [w for w in wanted if w not in absent]
     said = [f"not in {wheelhouse}: {', '.join(absent)}"] if absent else []
+    if any(w.split("==")[0] in FA4_WHEELS or w == libs for w in absent):
+        # Half a CUTLASS DSL (no CUDA library wheel) makes `import cutlass` fail, and mamba-ssm 2.3
+        # imports it: install all of FlashAttention 4's wheels or none.
+        wanted = [w for w in wanted if w.split("==")[0] not in FA4_WHEELS]
+        said.append("FlashAttention 4 left out (its wheels go in together)")
     if not wanted:
         return "; ".join(["every pure-Python baseline is installed", *said])
     if runner(pip(*source_flags(wheelhouse), *wanted)) != 0:
