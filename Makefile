@@ -71,7 +71,7 @@ test: $(VENV)/.installed-test
 clean:
 	rm -rf $(VENV)
 
-# Every wheel a GPU node without internet needs for the baselines (README: "Installing the
+# Every wheel a GPU node without internet needs for the baselines (docs/install.md: "Installing the
 # baselines offline"). mamba-ssm is source-only: its wheel is built here with the CUDA extension
 # skipped (pure Python; its setup.py imports torch, wheel and packaging: built in the venv).
 wheelhouse: $(VENV)/.torch
@@ -88,7 +88,7 @@ wheelhouse: $(VENV)/.torch
 		--dest $(WHEELHOUSE)/sdist $(CUDA_SDISTS)
 
 # CUDA builds of the source-only baselines, on a GPU node with nvcc and torch, offline, for that GPU's
-# architecture only (README: "Installing the baselines"). Each build prints its time; a failed one says
+# architecture only (docs/install.md). Each build prints its time; a failed one says
 # why and the others still build. FA3 needs a flash-attention checkout: FLASH_ATTN_SRC=path.
 cuda-wheels: $(addprefix cuda-wheel-,$(CUDA_WHEELS))
 

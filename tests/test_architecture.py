@@ -1,5 +1,5 @@
 """Imports flow one way: no cycle between any modules of tfla_bench, kernels and baselines, and the
-layers of the README's map depend downwards only: what adapters build on (the model, workloads,
+layers (one folder each) depend downwards only: what adapters build on (the model, workloads,
 registry, kernels) <- the adapters <- measuring <- analysing <- the command line.
 
 The graph holds every import statement of every module, inside functions too, read with `ast`.

@@ -10,7 +10,7 @@ from tfla_bench.cli.main import main
 from tfla_bench.plots import catalog
 from tfla_bench.plots.model_figures import FIGURE_NAMES
 
-# The README example: mLSTMsig chunkwise, T = 8192, L = 128, d_qk = 128, d_hv = 256, batch 8, heads 16.
+# docs/model.md's example: mLSTMsig chunkwise, T = 8192, L = 128, d_qk = 128, d_hv = 256, batch 8, heads 16.
 EXAMPLE = [
     "--gate", "sig", "--formulation", "chunkwise", "--seq-len", "8192", "--chunk-size", "128",
     "--head-dim-qk", "128", "--head-dim-v", "256", "--batch", "8", "--heads", "16",

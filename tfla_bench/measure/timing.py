@@ -40,7 +40,7 @@ call counts towards `host_gap_share` when the GPU sat idle inside it for more th
 On an H100 80GB HBM3 the span of a copy was 0.980-1.017 of Nsight Compute's `gpu__time_duration`
 from 16 MB to 1 GiB in five runs, and 0.908-0.983 at 1 and 4 MB: the copy's own span is steady, but
 the GPU's gap between the end of the spin and the copy's start is 1.1-1.4 us in one series and
-2.0-2.3 us in another (`results/validation/timing-h100-20261126.md`, README "How timing works";
+2.0-2.3 us in another (`results/validation/timing-h100-20261126.md`, docs/timing.md;
 `tfla_bench.measure.validation`).
 
 Library autotuners

@@ -8,7 +8,7 @@ the gate's and precompile's jobs live in their modules), so the worker knows no 
 gives each adapter a process of its own (`Worker.switch`), so no library's state in a process can
 move another library's times: on an H100, LightningAttention-2's fwbw at 32,768 steps took 47.11
 and 48.43 ms in a process shared by every adapter of Fig. 5, 5.4-7.8% less than in two sweeps of it
-alone (51.12 and 51.17 ms); other GPU work before it moves it as well (docs/measured-h100.md).
+alone (51.12 and 51.17 ms); other GPU work before it moves it as well (docs/results-h100.md).
 On a GPU, spare processes (`Worker.start_spare`) start, initialize the device and import the next
 adapters' libraries while the current adapter measures. Jobs travel pickled, so their module is
 imported in the worker. Its stdout and stderr go to a log file in the run directory
