@@ -59,6 +59,8 @@ LOG_TAIL_LINES = 8
 CRASH_REPEATS = 2
 MAX_ERROR_CHARS = 1500
 STARTUP_TIMEOUT_S = 600.0
+# Signals that stop a worker from outside; its case is `interrupted`, not `crashed`.
+OUTSIDE_SIGNALS = frozenset({signal.SIGTERM, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT})
 # How long an interrupted sweep waits for a killed worker to be reaped.
 INTERRUPT_JOIN_S = 10.0
 # Triton's switch that keeps every autotuner's timings in its cache directory, keyed by the kernel, the
@@ -156,7 +158,8 @@ class Job:
 
 @dataclass(frozen=True)
 class Failure:
-    """The parent's record of a job without an answer: the worker died (`crashed`) or hung (`timeout`)."""
+    """The parent's record of a job without an answer: the worker died (`crashed`), was stopped from
+    outside (`interrupted`) or hung (`timeout`)."""
 
     status: str
     error: str
@@ -457,8 +460,10 @@ def worker_main(conn: Connection, device: str, log_path: str, preload: tuple[str
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    # Ctrl-C in the terminal reaches the whole process group; the parent decides and kills us.
+    # Ctrl-C in the terminal reaches the whole process group, and Slurm's preemption or time-limit
+    # signal every process of the job: the parent decides and kills us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     faulthandler.enable()
     # Skipped by `summarize_log`: a spare writes it while another process's case runs.
     log_outcome(f"worker pid {os.getpid()} on {device}")
@@ -591,8 +596,10 @@ class Worker:
             self.kill()
             error = f"no result after {timeout_s:g} s, worker killed"
             return Failure("timeout", _join(error, self._tail(offset)))
-        death = self._death()
+        death, outside = self._death(), self._killed_from_outside()
         self.kill()
+        if outside:
+            return Failure("interrupted", f"{death}: stopped from outside, not by the kernel")
         return Failure("crashed", _join(death, self._tail(offset)))
 
     def stop(self) -> None:
@@ -676,6 +683,13 @@ class Worker:
             except ValueError:
                 return f"worker died (signal {-code})"
         return f"worker exited with code {code}"
+
+    def _killed_from_outside(self) -> bool:
+        """Whether the worker died of a signal that only someone else sends: a job's cancel (SIGTERM),
+        its preemption or time-limit signal (SIGUSR2), a hang-up. A kernel's crash is an abort, a
+        segfault, a bus error or the OOM killer's SIGKILL."""
+        code = self._process.exitcode if self._process is not None else None
+        return code is not None and -code in OUTSIDE_SIGNALS
 
     def _log_size(self) -> int:
         return self.log_path.stat().st_size if self.log_path.exists() else 0

@@ -42,6 +42,7 @@ STATUS_STYLE = {
     "failed_check": "red",
     "unavailable": "dim",
     "unsupported": "dim",
+    "interrupted": "yellow",
 }
 # Job states (`tfla_bench.run.jobs`); any other state that ended is a failure.
 JOB_STATE_STYLE = {"COMPLETED": "green", "RUNNING": "yellow", "PENDING": "dim", "SUBMITTED": "dim"}

@@ -16,8 +16,8 @@ A run directory (`results/runs/<spec>-<YYYYmmdd-HHMMSS>[-N]/`) holds:
 - a sweep through a job scheduler (`sweep --executor slurm|local`, `tfla_bench.run.cluster`):
   `jobs.json` (the jobs of each submission: ids, shards, states, logs), `submitit/<round>/`
   (submitit's scripts, pickles and the jobs' logs) and `shards/<round>-<index>/`, the run directory
-  of one job (its shard file `results.csv`, its node's `env.json`, its worker logs), whose rows the
-  sweep merges into `results.csv`;
+  of one job (its shard file `results.csv`, its node's `env.json`, its worker logs, and
+  `job-end.json`, how the job ended when it was stopped), whose rows the sweep merges into `results.csv`;
 - what the analysis commands write beside the rows: `compare.csv`, `report.html`, `figures/`,
   `roofline/` (its figures and `roofline_fraction.csv`, every ok row's fraction of its bound).
 
@@ -99,6 +99,7 @@ LOCK = "sweep.lock"
 JOBS = "jobs.json"
 SUBMITIT = "submitit"
 SHARDS = "shards"
+JOB_END = "job-end.json"
 FAULT_ROW_ENV = "TFLA_BENCH_FAULT_ROW"
 
 
@@ -150,10 +151,23 @@ GPU_STATE_COLUMNS = (
     *(f"{column}_{when}" for when in ("before", "after") for column in NVML_COLUMNS),
     "throttled",
 )
-STATUSES = ("ok", "crashed", "oom", "timeout", "unavailable", "unsupported", "error", "failed_check")
+STATUSES = (
+    "ok",
+    "crashed",
+    "oom",
+    "timeout",
+    "unavailable",
+    "unsupported",
+    "error",
+    "failed_check",
+    "interrupted",
+)
 # Statuses decided in the parent without running anything: re-deciding them is free and reflects the
 # current install (a package added, the correctness gate fixed), so `--resume` does it again.
 RETRYABLE_STATUSES = frozenset({"unavailable", "unsupported", "failed_check"})
+# A case stopped from outside (the sweep's job cancelled, preempted or out of time) says nothing about
+# its kernel, so `--resume` runs it again too.
+UNFINISHED_STATUSES = RETRYABLE_STATUSES | {"interrupted"}
 # Statuses of cases that ran and failed: `--retry` runs them again.
 RERUNNABLE_STATUSES = ("crashed", "timeout", "error", "oom")
 
@@ -233,7 +247,7 @@ class ResultRow:
     @property
     def finished(self) -> bool:
         """Whether `--resume` keeps this row instead of deciding or running the case again."""
-        return self.status not in RETRYABLE_STATUSES
+        return self.status not in UNFINISHED_STATUSES
 
     def values(self) -> dict[str, Any]:
         """The row as typed values by column (case columns, `param_*`, metrics)."""

@@ -60,8 +60,10 @@ Robustness
 - Statuses from the worker: `ok`, `oom` (CUDA out of memory, caught; the worker goes on),
   `error` (any other exception, with its last line). From the parent: `crashed` (the worker died:
   abort, segfault, LLVM assertion) and `timeout` (no result within `timeout_s`, first call
-  included; the worker is killed), both with the last lines of the worker's log. The worker is
-  replaced before the next case; the sweep goes on.
+  included; the worker is killed), both with the last lines of the worker's log; `interrupted`
+  (the worker was killed by a signal only someone else sends: a job's cancel, preemption or time
+  limit; `--resume` runs the case again). The worker is replaced before the next case; the sweep
+  goes on.
 - One worker process per device and adapter, spawned, cases sent one at a time: what a library
   leaves in its process cannot change another library's times (`tfla_bench.measure.worker`). While an
   adapter measures on a GPU, spare processes for the next `SPARES_AHEAD` adapters initialize the
@@ -77,8 +79,8 @@ Robustness
   sweep through jobs (`tfla_bench.run.shard`), kills the workers and keeps every row already written.
   The caller holds the directory's lock (`rundir.RunLock`), or a job its own shard directory.
 - `--resume DIR` keeps every finished row and runs only the other cases. Finished means any
-  status except `unavailable`, `unsupported` and `failed_check`: those cost nothing to decide
-  again and may change after an install or a fix, so their rows are replaced. A case that
+  status except `unavailable`, `unsupported` and `failed_check` (those cost nothing to decide
+  again and may change after an install or a fix, so their rows are replaced) and `interrupted`. A case that
   crashed, hung, ran out of memory or raised keeps its row unless `--retry` names its status;
   then it runs again and its new row replaces the old one. A spec that differs from the run's
   own `spec.json` is refused unless forced (`check_run_dir`); a torn last row is dropped with a
