@@ -13,22 +13,32 @@ requeued job resumes its shard directory: the rows it finished stay, and only th
 A second signal is not requeued: the job ends with its rows kept, and `sweep --resume` submits the
 cases it did not finish.
 
+A cancel (`scancel`: SIGTERM to every process of the job) stops the shard at once: its workers are
+killed, the case in progress gets no row (or an `interrupted` one), and no further case starts in
+the grace time before Slurm's SIGKILL. Both ends write `job-end.json` into the shard directory, so
+the job's end is known where the scheduler keeps no record of it (no accounting).
+
 This module runs in the job: it imports no module that submits jobs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tfla_bench.adapters.workloads import Case
+from tfla_bench.measure.envinfo import now_iso
 from tfla_bench.run import rundir, runner
 from tfla_bench.run.specs import Spec
 
 # Times a job is requeued after it was preempted or ran out of time.
 MAX_REQUEUES = 1
+# What `job-end.json` says: the job was cancelled, or stopped after its last requeue.
+CANCELLED = "CANCELLED"
+STOPPED = "INTERRUPTED"
 
 
 @dataclass(frozen=True)
@@ -66,16 +76,22 @@ class ShardJob:
         """Measure the shard (resuming it when a requeued job finds its rows); return the counts of
         `runner.SweepReport`."""
         directory = self.directory
-        report = runner.run_sweep(
-            self.spec,
-            list(self.cases),
-            directory,
-            resume=(directory / rundir.SPEC).is_file(),
-            forced=self.forced,
-            devices=runner.select_devices(None),
-            precompile_processes=self.precompile,
-            roofs=self.roofs,
-        )
+        # submitit only logs a SIGTERM and goes on; the job would then start case after case until
+        # Slurm's SIGKILL, each worker of them dying of it.
+        previous = signal.signal(signal.SIGTERM, self._cancelled)
+        try:
+            report = runner.run_sweep(
+                self.spec,
+                list(self.cases),
+                directory,
+                resume=(directory / rundir.SPEC).is_file(),
+                forced=self.forced,
+                devices=runner.select_devices(None),
+                precompile_processes=self.precompile,
+                roofs=self.roofs,
+            )
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         return {
             "rows": len(report.rows),
             "dispatched": report.dispatched,
@@ -87,7 +103,18 @@ class ShardJob:
         """What submitit requeues after a preemption or timeout: this shard, once; None after that
         (submitit then ends the job without requeueing it)."""
         if self.requeued >= MAX_REQUEUES:
+            self.write_end(STOPPED)
             return None
         from submitit.core.utils import DelayedSubmission
 
         return DelayedSubmission(dataclasses.replace(self, requeued=self.requeued + 1))
+
+    def write_end(self, state: str) -> None:
+        """Record in the shard directory that the job ended this way (`job-end.json`)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        rundir.write_json(self.directory / rundir.JOB_END, {"state": state, "at": now_iso()})
+
+    def _cancelled(self, signum: int, frame: Any) -> None:
+        self.write_end(CANCELLED)
+        # Raised in the main thread: the sweep kills its workers and keeps every row written.
+        raise SystemExit(128 + signum)
