@@ -480,3 +480,156 @@ def test_gpu_picks_one_gpus_rows_and_its_node(capsys, mixed_run):
     assert main(["diff", str(mixed_run), str(mixed_run), "--gpu", A100_NAME]) == 0
     assert main(["compare", str(mixed_run), "--gpu", "NVIDIA B200"]) == 2
     assert "--gpu NVIDIA B200: no row of" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------
+# Slurm job states, without daemons
+
+
+@pytest.mark.parametrize(
+    ("seen", "result", "marker", "previous", "expected"),
+    [
+        # With accounting, sacct's word; a result read as soon as the job wrote it.
+        (("RUNNING", "RUNNING"), None, None, "PENDING", ("RUNNING", "")),
+        (("RUNNING", "RUNNING"), ("COMPLETED", ""), None, "RUNNING", ("COMPLETED", "")),
+        (("CANCELLED by 0", ""), ("COMPLETED", ""), None, "RUNNING", ("CANCELLED", "")),
+        (
+            ("TIMEOUT", ""),
+            ("FAILED", "timed-out too many times"),
+            "INTERRUPTED",
+            "RUNNING",
+            ("TIMEOUT", "timed-out too many times"),
+        ),
+        (("COMPLETED", ""), ("FAILED", "boom"), None, "RUNNING", ("FAILED", "boom")),
+        (("FAILED", ""), None, None, "RUNNING", ("FAILED", "")),
+        # Without accounting: squeue while it lists the job, even an ended one.
+        ((None, "PENDING"), None, None, "SUBMITTED", ("PENDING", "")),
+        ((None, "REQUEUED"), None, None, "RUNNING", ("REQUEUED", "")),
+        ((None, "CANCELLED"), None, "CANCELLED", "RUNNING", ("CANCELLED", "")),
+        ((None, "COMPLETING"), None, "CANCELLED", "RUNNING", ("COMPLETING", "")),
+        # Gone from the queue: it ended, as its marker or result says, or ENDED.
+        ((None, ""), None, "CANCELLED", "RUNNING", ("CANCELLED", "")),
+        ((None, ""), ("COMPLETED", ""), None, "RUNNING", ("COMPLETED", "")),
+        ((None, ""), None, None, "UNKNOWN", ("ENDED", "left Slurm's queue")),
+        # Accounting that has no record yet, and squeue gone: the same.
+        ((None, ""), None, None, "SUBMITTED", ("ENDED", "left Slurm's queue")),
+        # Slurm could not be asked: what the job left, else the state before.
+        ((None, None), None, None, "RUNNING", ("RUNNING", "")),
+        ((None, None), ("COMPLETED", ""), None, "RUNNING", ("COMPLETED", "")),
+        (None, None, None, "SUBMITTED", ("SUBMITTED", "")),
+    ],
+)
+def test_slurm_job_states(seen, result, marker, previous, expected):
+    state, error = cluster.job_state(
+        cluster.SlurmSeen(*seen) if seen is not None else None, result, marker, previous
+    )
+    assert state == expected[0] and error.startswith(expected[1])
+    if state not in jobs.ACTIVE_STATES:
+        assert JobRecord(0, "1", 1, state=state).ended
+
+
+def test_no_state_stays_active_once_a_job_left_the_queue():
+    for previous in jobs.ACTIVE_STATES:
+        state, _ = cluster.job_state(cluster.SlurmSeen(None, ""), None, None, previous)
+        assert JobRecord(0, "1", 1, state=state).ended
+
+
+def test_poll_without_accounting_asks_sacct_once(tmp_path, monkeypatch, slurm):
+    calls = tmp_path / "calls"
+    stand_in(
+        slurm, "sacct", f'echo sacct >> {calls}\necho "Slurm accounting storage is disabled" >&2\nexit 1'
+    )
+    stand_in(slurm, "squeue", f"echo squeue >> {calls}\nprintf '7_0|RUNNING\\n'")
+    monkeypatch.setattr(cluster, "_accounting", True)
+    assert cluster.poll_slurm(["7_0", "7_1"]) == {
+        "7_0": cluster.SlurmSeen(None, "RUNNING"),
+        "7_1": cluster.SlurmSeen(None, ""),
+    }
+    assert cluster.poll_slurm(["7_0"]) == {"7_0": cluster.SlurmSeen(None, "RUNNING")}
+    assert calls.read_text().split() == ["sacct", "squeue", "squeue"]
+
+
+def test_squeue_forgetting_the_one_job_asked_is_its_end(slurm, monkeypatch):
+    stand_in(slurm, "sacct", "exit 1")
+    stand_in(slurm, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1')
+    monkeypatch.setattr(cluster, "_accounting", True)
+    assert cluster.poll_slurm(["9"]) == {"9": cluster.SlurmSeen(None, "")}
+    stand_in(slurm, "squeue", 'echo "slurm_load_jobs error: Unable to contact slurm controller" >&2\nexit 1')
+    assert cluster.poll_slurm(["9"]) == {"9": cluster.SlurmSeen(None, None)}
+
+
+def test_rows_a_shard_writes_after_its_round_closed_are_merged_once(tmp_path):
+    cases = [Case("sdpa_math", "fw", "float32", 1, 8 * (i + 1), 2, 8, 8, None, {}) for i in range(4)]
+    columns = rundir.columns_for(cases)
+    shard = tmp_path / rundir.shard_dir(1, 0) / rundir.RESULTS
+    shard.parent.mkdir(parents=True)
+    writer = rundir.RowWriter(shard, columns)
+    ok = [ResultRow(case=case, family="attention", status="ok", median_ms=1.0) for case in cases]
+    writer.write(ok[0])
+    rundir.rewrite_results(tmp_path / rundir.RESULTS, [], columns)
+    record = JobsRecord("slurm", {}, [Round(1, "now", [JobRecord(0, "5_0", 4, state="CANCELLED")])])
+    cluster.close(tmp_path, record, record.rounds[0])
+    assert keys(rows_of(tmp_path)) == [cases[0].key] and record.rounds[0].jobs[0].merged_rows == 1
+
+    # A later resume in this process replaced case 0's row; the cancelled job then wrote case 1.
+    replaced = ResultRow(case=cases[0], family="attention", status="ok", median_ms=2.0)
+    rundir.rewrite_results(tmp_path / rundir.RESULTS, [replaced], columns)
+    writer.write(ok[1])
+    merged = cluster.merge(tmp_path, record)
+    assert merged.late and record.rounds[0].jobs[0].merged_rows == 2
+    assert {row.case.key: row.median_ms for row in rows_of(tmp_path)} == {
+        cases[0].key: 2.0,
+        cases[1].key: 1.0,
+    }
+    assert not cluster.merge(tmp_path, record).late
+    writer.close()
+
+
+def test_settle_merges_rows_of_closed_rounds(tmp_path):
+    case = Case("sdpa_math", "fw", "float32", 1, 8, 2, 8, 8, None, {})
+    columns = rundir.columns_for([case])
+    rundir.rewrite_results(tmp_path / rundir.RESULTS, [], columns)
+    record = JobsRecord(
+        "slurm", {}, [Round(1, "now", [JobRecord(0, "5", 1, state="CANCELLED")], closed=True)]
+    )
+    jobs.write(tmp_path, record)
+    _write_shard(
+        tmp_path / rundir.shard_dir(1, 0) / rundir.RESULTS,
+        [ResultRow(case=case, family="attention", status="ok", median_ms=1.0)],
+        columns,
+    )
+    cluster.settle(tmp_path)
+    assert keys(rows_of(tmp_path)) == [case.key]
+    assert jobs.read(tmp_path).rounds[0].jobs[0].merged_rows == 1
+
+
+def test_an_interrupted_row_runs_again_on_resume():
+    case = Case("sdpa_math", "fw", "float32", 1, 8, 2, 8, 8, None, {})
+    assert not ResultRow(case=case, family="attention", status="interrupted").finished
+    assert ResultRow(case=case, family="attention", status="crashed").finished
+
+
+def test_a_time_within_the_signal_lead_is_warned_about_in_one_line(tmp_path, capsys, slurm):
+    spec = spec_file(tmp_path)
+    for minutes, out in ((2, "run"), (3, "later")):
+        args = ["sweep", spec, "--out", str(tmp_path / out), "--executor", "slurm", "--time", str(minutes)]
+        assert main([*args, "--no-wait"]) == 0
+        warned = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+        assert warned == (
+            [
+                f"warning: --time 2 min is within the {cluster.SIGNAL_DELAY_S} s that Slurm's requeue signal "
+                "comes before a job's end: each job is signalled soon after it starts"
+            ]
+            if minutes == 2
+            else []
+        )
+
+
+def test_a_gres_refusal_names_gpus_per_node_0(tmp_path, capsys, slurm):
+    stand_in(
+        slurm, "sbatch", 'echo "sbatch: error: Invalid generic resource (gres) specification" >&2\nexit 1'
+    )
+    args = ["sweep", spec_file(tmp_path), "--out", str(tmp_path / "run"), "--executor", "slurm"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.rstrip().endswith("on nodes without GPUs give --gpus-per-node 0")

@@ -37,8 +37,10 @@ def status(run_dir: RunDirArgument) -> None:
     active = sum(not job.ended for _, job in record.jobs())
     if active:
         console.print(f"{active} job(s) not ended yet")
-    elif any(job.failed for _, job in record.jobs()):
-        console.print(f"cases without a row run again with tfla-bench sweep --resume {run_dir}")
+    elif left := cluster.unfinished(run_dir):
+        console.print(
+            f"{left} case(s) without a finished row run again with tfla-bench sweep --resume {run_dir}"
+        )
 
 
 def register(app: typer.Typer) -> None:

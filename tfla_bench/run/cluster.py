@@ -24,17 +24,27 @@ closed once all its jobs ended and a last merge took their rows. The run's `env.
 node's, with every node's record under `nodes` (where `rundir.on_one_gpu` finds the record of a
 GPU).
 
-Job states come from submitit: a job that wrote its result is `COMPLETED` or `FAILED`; before
-that, Slurm's state (sacct, polled every `STATE_POLL_S`) or, for a local job, whether its
-controller process still runs (`RUNNING`, else `INTERRUPTED`).
+Job states (`job_state`): on Slurm, from `sacct` where the cluster keeps accounting, else from
+`squeue` (both asked at most every `STATE_POLL_S`, one call each for every job), with what the
+job left itself: submitit's result (`COMPLETED` or `FAILED`) and the shard's `job-end.json`
+(`tfla_bench.run.shard`: cancelled, or stopped after its last requeue). A job that has left the queue
+has ended, whatever it left: its marker's state, its result's, or `ENDED`; so no job stays
+active once Slurm has forgotten it, and `--resume` is never refused for ever. A local job is
+`RUNNING` while its controller process runs, else its result's state or `INTERRUPTED`.
+
+Rows are never stranded: a merge reads every shard file of the open rounds, and those of the closed
+rounds past the rows they held when their round closed (a cancelled job may still write in its
+grace time), so `status` and `--resume` merge every row a shard holds, whenever it was written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
+import subprocess
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -47,7 +57,7 @@ from rich.console import Console
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.measure.envinfo import now_iso
-from tfla_bench.run import jobs, rundir, runner
+from tfla_bench.run import jobs, rundir, runner, specs
 from tfla_bench.run.console import job_line, progress_bar
 from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
 from tfla_bench.run.rundir import ResultRow
@@ -57,9 +67,12 @@ from tfla_bench.run.specs import Spec
 EXECUTORS = ("none", "slurm", "local")
 EXTRA = "pip install tfla-bench[cluster]"
 DEFAULT_TIME_MIN = 60
-# Seconds between merges while following jobs, and between two sacct calls.
+# Seconds between merges while following jobs, and between two calls of sacct (or squeue).
 POLL_S = 1.0
 STATE_POLL_S = 30.0
+SLURM_COMMAND_TIMEOUT_S = 60
+# A job that left Slurm's queue without saying how it ended (no accounting, no result, no marker).
+ENDED = "ENDED"
 # Seconds between Slurm's signal and the end of a job's time: enough to stop the workers and requeue.
 SIGNAL_DELAY_S = 120
 # sbatch options the flags set, and those submitit sets itself (the logs go into the run directory).
@@ -126,11 +139,14 @@ class Merged:
 
     Attributes:
         rows: every row of `results.csv` after it.
-        shard_rows: readable rows per shard directory of the open rounds.
+        shard_rows: readable rows per shard directory read.
+        late: whether a closed round's shard had rows written after its round closed (its
+            `JobRecord.merged_rows` moved: `jobs.json` needs writing).
     """
 
     rows: list[ResultRow]
     shard_rows: dict[str, int]
+    late: bool = False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,6 +412,11 @@ def submit(
         job handles.
     """
     submitit = require_submitit(options.executor)
+    if options.executor == "slurm" and options.time_min * 60 <= SIGNAL_DELAY_S:
+        console.print(
+            f"[yellow]warning:[/] --time {options.time_min} min is within the {SIGNAL_DELAY_S} s that "
+            "Slurm's requeue signal comes before a job's end: each job is signalled soon after it starts"
+        )
     record = jobs.read(run_dir) or JobsRecord(options.executor, options.to_dict())
     record.executor, record.options = options.executor, options.to_dict()
     csv_path = run_dir / rundir.RESULTS
@@ -475,6 +496,8 @@ def _submit_all(submitit: Any, executor: Any, options: ClusterOptions, work: lis
             return delayed
         except refused as exc:
             message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            if options.gpus_per_node and "gres" in message.lower():
+                message += "; on nodes without GPUs give --gpus-per-node 0"
             raise UserError(f"the {options.executor} submission was refused: {message}") from None
 
 
@@ -498,15 +521,17 @@ def follow(
     rows_task = progress.add_task("rows", total=sum(job.cases for job in submitted.jobs))
     state_tasks: dict[str, Any] = {}
     last_poll = float("-inf")
+    seen: dict[str, SlurmSeen] = {}
     with progress:
         while True:
-            force = time.monotonic() - last_poll >= STATE_POLL_S
-            last_poll = time.monotonic() if force else last_poll
+            if record.executor == "slurm" and time.monotonic() - last_poll >= STATE_POLL_S:
+                last_poll = time.monotonic()
+                seen = poll_slurm([job.job_id for job in submitted.jobs if not job.ended])
             before = [(job.state, job.host) for job in submitted.jobs]
-            for job in _refresh(record.executor, run_dir, submitted, handles, force=force):
+            for job in _refresh(record.executor, run_dir, submitted, handles, seen):
                 progress.console.print(job_line(submitted, job))
             merged = merge(run_dir, record)
-            if before != [(job.state, job.host) for job in submitted.jobs]:
+            if merged.late or before != [(job.state, job.host) for job in submitted.jobs]:
                 jobs.write(run_dir, record)
             written = sum(merged.shard_rows.get(submitted.shard(job), 0) for job in submitted.jobs)
             progress.update(rows_task, completed=written)
@@ -522,8 +547,11 @@ def follow(
 
 
 def close(run_dir: Path, record: JobsRecord, ended: Round) -> Merged:
-    """Merge the rows of a round whose jobs all ended, and mark it closed."""
+    """Merge the rows of a round whose jobs all ended, and mark it closed, noting how many rows each
+    shard held then (a later merge takes only the rows after those)."""
     merged = merge(run_dir, record)
+    for job in ended.jobs:
+        job.merged_rows = merged.shard_rows.get(ended.shard(job), 0)
     ended.closed = True
     jobs.write(run_dir, record)
     return merged
@@ -536,7 +564,11 @@ def settle(run_dir: Path) -> None:
         UserError: a job of the run is pending or running.
     """
     record = jobs.read(run_dir)
-    if record is None or not record.open_rounds():
+    if record is None:
+        return
+    if not record.open_rounds():
+        if merge(run_dir, record).late:
+            jobs.write(run_dir, record)
         return
     _refresh_open(record, run_dir)
     jobs.write(run_dir, record)
@@ -552,7 +584,8 @@ def settle(run_dir: Path) -> None:
 
 
 def status(run_dir: Path, console: Console) -> tuple[JobsRecord, dict[str, int], bool]:
-    """Poll the jobs of the open rounds and, unless a sweep holds the run's lock, merge their rows.
+    """Poll the jobs of the open rounds and, unless a sweep holds the run's lock, merge every row the
+    shards hold.
 
     Returns:
         The jobs record, the readable rows per shard directory, and whether the rows were merged.
@@ -587,61 +620,189 @@ def status(run_dir: Path, console: Console) -> tuple[JobsRecord, dict[str, int],
     return record, shard_rows, merged
 
 
+def unfinished(run_dir: Path) -> int:
+    """How many of the run's cases (its spec and selection) `--resume` would run: those without a
+    finished row."""
+    spec = runner.load_run_spec(run_dir)
+    only, seq_lens = rundir.read_selection(run_dir)
+    cases = [case for case in specs.expand(spec, only) if not seq_lens or case.seq_len in seq_lens]
+    finished = {row.case.key for row in rundir.read_results(run_dir / rundir.RESULTS).rows if row.finished}
+    return sum(case.key not in finished for case in cases)
+
+
 def _refresh_open(record: JobsRecord, run_dir: Path) -> None:
-    """Poll the jobs of every open round (one sacct call on Slurm)."""
+    """Poll the jobs of every open round (on Slurm one sacct and one squeue call for all of them)."""
     open_rounds = record.open_rounds()
     if not open_rounds:
         return
     submitit = require_submitit(record.executor)
     kind = submitit.SlurmJob if record.executor == "slurm" else submitit.LocalJob
-    for index, one in enumerate(open_rounds):
+    seen: dict[str, SlurmSeen] = {}
+    if record.executor == "slurm":
+        seen = poll_slurm([job.job_id for one in open_rounds for job in one.jobs if not job.ended])
+    for one in open_rounds:
         folder = run_dir.resolve() / rundir.submitit_dir(one.number)
         handles = [kind(folder=folder, job_id=job.job_id) for job in one.jobs]
-        _refresh(record.executor, run_dir, one, handles, force=index == 0)
+        _refresh(record.executor, run_dir, one, handles, seen)
 
 
-def _refresh(executor: str, run_dir: Path, one: Round, handles: list[Any], *, force: bool) -> list[JobRecord]:
+def _refresh(
+    executor: str, run_dir: Path, one: Round, handles: list[Any], seen: dict[str, SlurmSeen]
+) -> list[JobRecord]:
     """Update the state, host and error of a round's jobs that had not ended; return those whose state
     changed.
 
     Args:
-        force: on Slurm, ask sacct now (one call for every job), else use what it said last.
+        seen: on Slurm, what its last poll said of each job (`poll_slurm`); a job it lacks keeps its
+            state until the job leaves a result.
     """
-    if executor == "slurm" and force and handles:
-        handles[0].get_info(mode="force")
     changed = []
     for job, handle in zip(one.jobs, handles, strict=True):
         if job.ended:
             continue
-        state, error = _state(executor, handle)
-        host = job.host or _host(run_dir / one.shard(job))
+        shard = run_dir / one.shard(job)
+        # The scheduler's view first (`seen` was asked before this): a job writes its result before
+        # it ends, so a result looked for after it is there whenever the job has ended normally.
+        if executor == "slurm":
+            state, error = job_state(seen.get(job.job_id), _result(handle), _marker(shard), job.state)
+        else:
+            state, error = _local_state(handle)
+        host = job.host or _host(shard)
         if state != job.state:
             changed.append(job)
         job.state, job.error, job.host = state, error, host
     return changed
 
 
-def _state(executor: str, handle: Any) -> tuple[str, str]:
-    """A job's state and, for one that failed, the last line of its error."""
-    # The scheduler's view first: a job writes its result before it ends, so a result looked for
-    # after this is there whenever the job has ended normally.
-    if executor == "slurm":
-        live = (handle.watcher.get_state(handle.job_id, mode="cache") or "UNKNOWN").split()[0].upper()
-    else:
-        live = handle.state
-        if live == "NO PROCESS AND NO RESULT":  # a job this process did not submit
-            live = "RUNNING" if _local_job_alive(handle.job_id) else "INTERRUPTED"
-    if handle.paths.result_pickle.exists():
-        import submitit.core.utils
+@dataclass(frozen=True)
+class SlurmSeen:
+    """What Slurm said of one job in a poll.
 
-        try:
-            outcome, value = submitit.core.utils.pickle_load(handle.paths.result_pickle)
-        except (OSError, EOFError):  # still being moved into place
-            return live, ""
-        if outcome == "success":
-            return jobs.COMPLETED, ""
-        lines = [line.strip() for line in str(value).splitlines() if line.strip()]
-        return "FAILED", lines[-1] if lines else "failed"
+    Attributes:
+        accounted: its state in `sacct` (None: no accounting, or no record of it yet).
+        queued: its state in `squeue` ("" when it is not in the queue; None when squeue could not
+            be asked).
+    """
+
+    accounted: str | None
+    queued: str | None
+
+
+def job_state(
+    seen: SlurmSeen | None, result: tuple[str, str] | None, marker: str | None, previous: str
+) -> tuple[str, str]:
+    """A Slurm job's state and, for one that failed, the last line of its error.
+
+    Args:
+        seen: what Slurm said of it (None: not asked yet).
+        result: what submitit's result says (`COMPLETED` or `FAILED`, with the error), None without one.
+        marker: the state its shard's `job-end.json` records (cancelled, or stopped after its last
+            requeue), None without one.
+        previous: the state last recorded.
+    """
+    error = result[1] if result is not None else ""
+    said = seen.accounted or seen.queued if seen is not None else None
+    if said:
+        said = said.split()[0].upper()  # `CANCELLED by 0`
+        if said in jobs.ACTIVE_STATES:
+            # A job writes its result just before it ends: it is done with its rows.
+            return result if result is not None else (said, "")
+        if said == jobs.COMPLETED and result is not None:
+            return result
+        return said, error
+    if seen is not None and seen.queued == "":
+        # Gone from the queue, with no record of how it ended: it ended, as it says itself if it can.
+        if marker is not None:
+            return marker, error
+        if result is not None:
+            return result
+        return ENDED, "left Slurm's queue without a result (cancelled, killed or out of time; no accounting)"
+    return result if result is not None else (previous, "")
+
+
+_accounting = True
+
+
+def poll_slurm(job_ids: list[str]) -> dict[str, SlurmSeen]:
+    """Ask `sacct` (unless it failed before in this process: the cluster keeps no accounting) and
+    `squeue` about jobs, one call each; by job id, array tasks as `<array>_<index>`."""
+    global _accounting
+    if not job_ids:
+        return {}
+    arrays = ",".join(sorted({job_id.split("_")[0] for job_id in job_ids}))
+    accounted: dict[str, str] = {}
+    if _accounting:
+        done = _run_slurm(
+            ["sacct", "--parsable2", "--allocations", "--format=JobID,State", f"--jobs={arrays}"]
+        )
+        if done is None or done.returncode != 0:
+            _accounting = False
+        else:
+            accounted = _states(done.stdout)
+    done = _run_slurm(
+        ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T", f"--jobs={arrays}"]
+    )
+    queued: dict[str, str] | None = None
+    if done is not None and done.returncode == 0:
+        queued = _states("JobID|State\n" + done.stdout)
+    elif done is not None and "invalid job id" in done.stderr.lower():
+        queued = {}  # one id asked and Slurm has forgotten it (of several, squeue lists those it knows)
+    return {
+        job_id: SlurmSeen(
+            accounted.get(job_id) if _accounting else None,
+            None if queued is None else queued.get(job_id, ""),
+        )
+        for job_id in job_ids
+    }
+
+
+def _run_slurm(command: list[str]) -> subprocess.CompletedProcess | None:
+    """A Slurm command's outcome, or None when it could not run or did not answer in time."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=SLURM_COMMAND_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _states(text: str) -> dict[str, str]:
+    """Job states by id from `JobID|State` lines (a pending array's range counted for each task)."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    return {job_id: info.get("State", "") for job_id, info in SlurmInfoWatcher().read_info(text).items()}
+
+
+def _result(handle: Any) -> tuple[str, str] | None:
+    """What the job's submitit result says: `COMPLETED`, or `FAILED` with the last line of its error."""
+    if not handle.paths.result_pickle.exists():
+        return None
+    import submitit.core.utils
+
+    try:
+        outcome, value = submitit.core.utils.pickle_load(handle.paths.result_pickle)
+    except (OSError, EOFError):  # still being moved into place
+        return None
+    if outcome == "success":
+        return jobs.COMPLETED, ""
+    lines = [line.strip() for line in str(value).splitlines() if line.strip()]
+    return "FAILED", lines[-1] if lines else "failed"
+
+
+def _marker(shard: Path) -> str | None:
+    """The state a shard's `job-end.json` records, if the job wrote one."""
+    try:
+        return str(json.loads((shard / rundir.JOB_END).read_text())["state"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _local_state(handle: Any) -> tuple[str, str]:
+    """A local job's state: its result's, else whether its controller process runs."""
+    live = handle.state
+    if live == "NO PROCESS AND NO RESULT":  # a job this process did not submit
+        live = "RUNNING" if _local_job_alive(handle.job_id) else "INTERRUPTED"
+    result = _result(handle)
+    if result is not None:
+        return result
     if live == "FINISHED":  # a local job whose process ended without writing its result
         return "FAILED", "the job's process ended without a result"
     return live, ""
@@ -672,29 +833,39 @@ def _host(shard: Path) -> str:
 
 
 def merge(run_dir: Path, record: JobsRecord) -> Merged:
-    """Merge the rows of the open rounds' shard files into `results.csv` and their nodes' records into
-    `env.json`. Call it holding the run's lock.
+    """Merge the rows of the shard files into `results.csv` and their nodes' records into `env.json`.
+    Call it holding the run's lock, and write `jobs.json` when `Merged.late` says so.
 
     `results.csv` is rewritten atomically, and only when the shards add something: its rows, then
-    each shard's readable rows (a torn last line is left for the next merge), the last row of a
-    case replacing an earlier one, so no case appears twice.
+    each open round's readable rows and each closed round's rows written after it closed, round by
+    round (a torn last line is left for the next merge), the last row of a case replacing an earlier
+    one, so no case appears twice. A closed round's older rows are not read again: a later round, or
+    a resume in this process, may have replaced them.
     """
     csv_path = run_dir / rundir.RESULTS
     read = rundir.read_results(csv_path)
     rows = {row.case.key: row for row in read.rows}
     columns = list(read.header)
     shard_rows: dict[str, int] = {}
-    for one in record.open_rounds():
+    late = False
+    for one in record.rounds:
         for job in one.jobs:
-            shard = rundir.read_results(run_dir / one.shard(job) / rundir.RESULTS)
+            path = run_dir / one.shard(job) / rundir.RESULTS
+            if one.closed and not path.is_file():
+                continue
+            shard = rundir.read_results(path)
             shard_rows[one.shard(job)] = len(shard.rows)
-            columns += [column for column in shard.header if column not in columns]
-            rows.update((row.case.key, row) for row in shard.rows)
+            new = shard.rows[job.merged_rows :] if one.closed else shard.rows
+            if one.closed and new:
+                job.merged_rows, late = len(shard.rows), True
+            if new:
+                columns += [column for column in shard.header if column not in columns]
+            rows.update((row.case.key, row) for row in new)
     merged = list(rows.values())
     if merged != read.rows or columns != read.header:
         rundir.rewrite_results(csv_path, merged, columns)
     _merge_env(run_dir, record)
-    return Merged(merged, shard_rows)
+    return Merged(merged, shard_rows, late)
 
 
 def _merge_env(run_dir: Path, record: JobsRecord) -> None:

@@ -55,10 +55,12 @@ class JobRecord:
         job_id: the scheduler's id (Slurm's, or the local controller's process id).
         cases: how many cases the shard holds.
         state: the state last seen (`ACTIVE_STATES`, `COMPLETED`, or how it ended: `FAILED`,
-            `TIMEOUT`, `CANCELLED`, `INTERRUPTED`, ...).
+            `TIMEOUT`, `CANCELLED`, `INTERRUPTED`, `ENDED` (it left Slurm's queue saying nothing), ...).
         host: the node it ran on, once known.
         error: the last line of its error, for a job that failed.
         stdout, stderr: its logs, relative to the run directory.
+        merged_rows: the rows its shard file held when its round closed (a merge takes only those
+            written later).
     """
 
     index: int
@@ -69,6 +71,7 @@ class JobRecord:
     error: str = ""
     stdout: str = ""
     stderr: str = ""
+    merged_rows: int = 0
 
     @property
     def ended(self) -> bool:
