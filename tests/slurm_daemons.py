@@ -137,7 +137,9 @@ class LocalSlurm:
         while not ready():
             for name, process in self._daemons:
                 if process.poll() is not None:
-                    raise SlurmUnavailable(f"{name} exited while waiting for {what}: {self._last_words(name)}")
+                    raise SlurmUnavailable(
+                        f"{name} exited while waiting for {what}: {self._last_words(name)}"
+                    )
             if time.monotonic() > deadline:
                 raise SlurmUnavailable(f"no {what} within {START_TIMEOUT_S:g} s")
             time.sleep(0.5)

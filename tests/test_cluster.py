@@ -502,6 +502,13 @@ def test_gpu_picks_one_gpus_rows_and_its_node(capsys, mixed_run):
         ),
         (("COMPLETED", ""), ("FAILED", "boom"), None, "RUNNING", ("FAILED", "boom")),
         (("FAILED", ""), None, None, "RUNNING", ("FAILED", "")),
+        (
+            ("FAILED", ""),
+            ("FAILED", "timed-out too many times"),
+            "INTERRUPTED",
+            "RUNNING",
+            ("INTERRUPTED", "timed-out too many times"),
+        ),
         # Without accounting: squeue while it lists the job, even an ended one.
         ((None, "PENDING"), None, None, "SUBMITTED", ("PENDING", "")),
         ((None, "REQUEUED"), None, None, "RUNNING", ("REQUEUED", "")),

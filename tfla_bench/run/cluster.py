@@ -709,6 +709,8 @@ def job_state(
             return result if result is not None else (said, "")
         if said == jobs.COMPLETED and result is not None:
             return result
+        if said == "FAILED" and marker is not None:
+            return marker, error  # it exited with an error because it was stopped
         return said, error
     if seen is not None and seen.queued == "":
         # Gone from the queue, with no record of how it ended: it ended, as it says itself if it can.

@@ -738,8 +738,9 @@ def _dispatch(
             while any(thread.is_alive() for thread in threads):
                 for thread in threads:
                     thread.join(0.2)
-        # SystemExit: a job's preemption handler (`tfla_bench.run.shard`) exits from inside this wait.
-        except (KeyboardInterrupt, SystemExit):
+        # Ctrl-C, or a job's cancel, preemption or time-limit handler (`tfla_bench.run.shard`,
+        # submitit's) raising from inside this wait: the job ends.
+        except BaseException:
             stop.set()
             for worker in workers:
                 worker.interrupt()
