@@ -492,6 +492,13 @@ def test_gpu_picks_one_gpus_rows_and_its_node(capsys, mixed_run):
         # With accounting, sacct's word; a result read as soon as the job wrote it.
         (("RUNNING", "RUNNING"), None, None, "PENDING", ("RUNNING", "")),
         (("RUNNING", "RUNNING"), ("COMPLETED", ""), None, "RUNNING", ("COMPLETED", "")),
+        (
+            ("RUNNING", "RUNNING"),
+            ("FAILED", "timed-out too many times"),
+            "INTERRUPTED",
+            "RUNNING",
+            ("INTERRUPTED", "timed-out too many times"),
+        ),
         (("CANCELLED by 0", ""), ("COMPLETED", ""), None, "RUNNING", ("CANCELLED", "")),
         (
             ("TIMEOUT", ""),

@@ -700,6 +700,8 @@ def job_state(
             requeue), None without one.
         previous: the state last recorded.
     """
+    if result is not None and result[0] == "FAILED" and marker is not None:
+        result = (marker, result[1])  # it raised because it was stopped: submitit's way to end a job
     error = result[1] if result is not None else ""
     said = seen.accounted or seen.queued if seen is not None else None
     if said:
@@ -710,7 +712,7 @@ def job_state(
         if said == jobs.COMPLETED and result is not None:
             return result
         if said == "FAILED" and marker is not None:
-            return marker, error  # it exited with an error because it was stopped
+            return marker, error
         return said, error
     if seen is not None and seen.queued == "":
         # Gone from the queue, with no record of how it ended: it ended, as it says itself if it can.
