@@ -14,6 +14,7 @@ The daemons need root (slurmd starts jobs as their user) and Debian's `slurm-wlm
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -88,7 +89,17 @@ class LocalSlurm:
 
     def stop(self) -> None:
         """Stop every daemon, the last started first, by its process id; remove the folder (kept with
-        TFLA_BENCH_SLURM_KEEP=1, to read the daemons' logs)."""
+        TFLA_BENCH_SLURM_KEEP=1, to read the daemons' logs).
+
+        Jobs are cancelled first; a job step outlives slurmd (slurmstepd detaches from it), so any
+        process still running under this cluster's config afterwards is killed by its id."""
+        if any(name == "slurmctld" and process.poll() is None for name, process in self._daemons):
+            subprocess.run(
+                ["scancel", "--full", "--user=root"], env=self.env, capture_output=True, timeout=30
+            )
+            deadline = time.monotonic() + 30
+            while self._queued() and time.monotonic() < deadline:
+                time.sleep(0.5)
         for _, process in reversed(self._daemons):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)  # `timeout` hands it on to the daemon
@@ -99,8 +110,32 @@ class LocalSlurm:
                 process.kill()
                 process.wait(5)
         self._daemons.clear()
+        for pid in self._job_processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if not os.environ.get("TFLA_BENCH_SLURM_KEEP"):
             shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _queued(self) -> bool:
+        out = subprocess.run(
+            ["squeue", "--noheader", "--format=%i"], env=self.env, capture_output=True, text=True, timeout=30
+        )
+        return out.returncode == 0 and bool(out.stdout.strip())
+
+    def _job_processes(self) -> list[int]:
+        """The processes started under this cluster's config (slurmstepd and the jobs), not this one."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if mark in environ.split(b"\0"):
+                found.append(int(entry.name))
+        return found
 
     def log(self, name: str) -> str:
         """The last lines of a daemon's log (for a failure message)."""

@@ -101,7 +101,6 @@ def slurm(request):
             patch.setattr(cluster, "_accounting", True)
             yield daemons
     finally:
-        subprocess.run(["scancel", "--full", "--user=root"], env=daemons.env, capture_output=True, timeout=30)
         daemons.stop()
 
 
