@@ -10,6 +10,7 @@ run whose rows come from two GPUs is refused unless `--gpu` picks one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -647,3 +648,23 @@ def test_a_gres_refusal_names_gpus_per_node_0(tmp_path, capsys, slurm):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.rstrip().endswith("on nodes without GPUs give --gpus-per-node 0")
+
+
+def test_status_hints_at_resume_only_when_a_case_lacks_a_measured_row(tmp_path, capsys):
+    spec = specs.load_spec(Path(spec_file(tmp_path)))
+    cases = specs.expand(spec)
+    rundir.write_json(tmp_path / rundir.SPEC, spec.to_dict())
+    record = JobsRecord(
+        "slurm", {}, [Round(1, "now", [JobRecord(0, "5", 12, state="CANCELLED")], closed=True)]
+    )
+    jobs.write(tmp_path, record)
+    ok = [ResultRow(case=case, family="attention", status="ok", median_ms=1.0) for case in cases]
+    for rows, hint in (
+        (ok, None),
+        (ok[1:], "1 case(s) without a row (or with an interrupted one) run again"),
+        ([dataclasses.replace(ok[0], status="interrupted"), *ok[1:]], "1 case(s) without a row"),
+    ):
+        rundir.rewrite_results(tmp_path / rundir.RESULTS, rows, rundir.columns_for(cases))
+        assert main(["status", str(tmp_path)]) == 0
+        printed = capsys.readouterr().out
+        assert (hint in printed) if hint else "run again" not in printed

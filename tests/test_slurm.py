@@ -231,7 +231,9 @@ def test_scancel_of_one_task_then_resume_runs_every_case_once(slurm, tmp_path, c
     assert len(finished) < 16
     capsys.readouterr()
     assert main(["status", str(run)]) == 0
-    assert f"{16 - len(finished)} case(s) without a finished row run again" in capsys.readouterr().out
+    assert f"{16 - len(finished)} case(s) without a row (or with an interrupted one) run again" in (
+        capsys.readouterr().out
+    )
 
     assert main(["sweep", "--resume", str(run)]) == 0
     record = jobs.read(run)

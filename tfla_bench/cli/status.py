@@ -37,9 +37,10 @@ def status(run_dir: RunDirArgument) -> None:
     active = sum(not job.ended for _, job in record.jobs())
     if active:
         console.print(f"{active} job(s) not ended yet")
-    elif left := cluster.unfinished(run_dir):
+    elif left := cluster.unmeasured(run_dir):
         console.print(
-            f"{left} case(s) without a finished row run again with tfla-bench sweep --resume {run_dir}"
+            f"{left} case(s) without a row (or with an interrupted one) run again with "
+            f"tfla-bench sweep --resume {run_dir}"
         )
 
 

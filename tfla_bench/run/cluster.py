@@ -381,11 +381,12 @@ def sweep(
     for job in submitted.jobs:
         if job.failed:
             console.print(f"[red]{job_line(submitted, job)}[/]; log {run_dir / job.stderr}")
-    done = {row.case.key for row in merged.rows}
+    done = {row.case.key for row in merged.rows if row.status != "interrupted"}
     missing = [case for case in cases if case.key not in done]
     if missing:
         raise RunFailed(
-            f"{len(missing)} case(s) have no row: their job ended first (see above); the rows written "
+            f"{len(missing)} case(s) have no row, or an interrupted one: their job ended first (see "
+            f"above); the rows written "
             f"are in {run_dir / rundir.RESULTS}; submit the rest with tfla-bench sweep --resume {run_dir}"
         )
     return merged.rows
@@ -620,14 +621,15 @@ def status(run_dir: Path, console: Console) -> tuple[JobsRecord, dict[str, int],
     return record, shard_rows, merged
 
 
-def unfinished(run_dir: Path) -> int:
-    """How many of the run's cases (its spec and selection) `--resume` would run: those without a
-    finished row."""
+def unmeasured(run_dir: Path) -> int:
+    """How many of the run's cases (its spec and selection) have no row, or an `interrupted` one:
+    those `--resume` measures (it also decides `unavailable` and `unsupported` ones again, at no cost)."""
     spec = runner.load_run_spec(run_dir)
     only, seq_lens = rundir.read_selection(run_dir)
     cases = [case for case in specs.expand(spec, only) if not seq_lens or case.seq_len in seq_lens]
-    finished = {row.case.key for row in rundir.read_results(run_dir / rundir.RESULTS).rows if row.finished}
-    return sum(case.key not in finished for case in cases)
+    rows = rundir.read_results(run_dir / rundir.RESULTS).rows
+    done = {row.case.key for row in rows if row.status != "interrupted"}
+    return sum(case.key not in done for case in cases)
 
 
 def _refresh_open(record: JobsRecord, run_dir: Path) -> None:
