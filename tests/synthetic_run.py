@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from tfla_bench.measure import row as row_schema
 from tfla_bench.model.counts import (
     ATTENTION_BACKWARD,
     LINEAR_RNN_BACKWARD,
@@ -22,7 +23,6 @@ from tfla_bench.model.counts import (
     mlstm_bytes,
     mlstm_flops,
 )
-from tfla_bench.run import rundir
 
 REPO = Path(__file__).resolve().parent.parent
 PUBLISHED = REPO / "results" / "published"
@@ -33,7 +33,7 @@ RUNTIME_FACTOR = {"tfla_sig": 0.9, "tfla_exp": 1.1, "limit_chunk": 1.25, "sdpa_c
 MEMORY_FACTOR = 0.95
 
 # The runner's CSV schema (case columns, then metrics), without param_* columns.
-SCHEMA = [*rundir.CASE_COLUMNS, *rundir.METRIC_COLUMNS]
+SCHEMA = [*row_schema.CASE_COLUMNS, *row_schema.METRIC_COLUMNS]
 
 FAMILIES = {
     "tfla_sig": "mlstm",
@@ -134,7 +134,7 @@ def row(
         "ci_rel": 0.005 if ok else math.nan,
         "stop": "ci" if ok else "",
         "host_gap_share": 0.0 if ok else math.nan,
-        **{column: math.nan for column in rundir.GPU_STATE_COLUMNS},
+        **{column: math.nan for column in row_schema.GPU_STATE_COLUMNS},
     }
     record.update({f"param_{k}": v for k, v in params.items()})
     return record

@@ -28,10 +28,11 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.analyse.compare import load_run
 from tfla_bench.cli.main import main
+from tfla_bench.measure import row as row_schema
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.run import cluster, jobs, rundir, specs
 from tfla_bench.run.console import make_console
 from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
-from tfla_bench.run.rundir import ResultRow
 from tfla_bench.run.shard import ShardJob
 
 TESTS = Path(__file__).resolve().parent
@@ -257,7 +258,7 @@ def test_shard_files_merge_without_duplicates_under_concurrent_writers(tmp_path)
         for shard in range(4)
     ]
     every = [case for shard in shards for case in shard]
-    columns = rundir.columns_for(every)
+    columns = row_schema.columns_for(every)
     # A row a resume retries: the old crashed row is in results.csv, the shard writes its new one.
     retried = ResultRow(case=shards[0][0], family="attention", status="crashed", error="old")
     rundir.rewrite_results(tmp_path / rundir.RESULTS, [retried], columns)
@@ -575,7 +576,7 @@ def test_squeue_forgetting_the_one_job_asked_is_its_end(slurm, monkeypatch):
 
 def test_rows_a_shard_writes_after_its_round_closed_are_merged_once(tmp_path):
     cases = [Case("sdpa_math", "fw", "float32", 1, 8 * (i + 1), 2, 8, 8, None, {}) for i in range(4)]
-    columns = rundir.columns_for(cases)
+    columns = row_schema.columns_for(cases)
     shard = tmp_path / rundir.shard_dir(1, 0) / rundir.RESULTS
     shard.parent.mkdir(parents=True)
     writer = rundir.RowWriter(shard, columns)
@@ -602,7 +603,7 @@ def test_rows_a_shard_writes_after_its_round_closed_are_merged_once(tmp_path):
 
 def test_settle_merges_rows_of_closed_rounds(tmp_path):
     case = Case("sdpa_math", "fw", "float32", 1, 8, 2, 8, 8, None, {})
-    columns = rundir.columns_for([case])
+    columns = row_schema.columns_for([case])
     rundir.rewrite_results(tmp_path / rundir.RESULTS, [], columns)
     record = JobsRecord(
         "slurm", {}, [Round(1, "now", [JobRecord(0, "5", 1, state="CANCELLED")], closed=True)]
@@ -664,7 +665,7 @@ def test_status_hints_at_resume_only_when_a_case_lacks_a_measured_row(tmp_path, 
         (ok[1:], "1 case(s) without a row (or with an interrupted one) run again"),
         ([dataclasses.replace(ok[0], status="interrupted"), *ok[1:]], "1 case(s) without a row"),
     ):
-        rundir.rewrite_results(tmp_path / rundir.RESULTS, rows, rundir.columns_for(cases))
+        rundir.rewrite_results(tmp_path / rundir.RESULTS, rows, row_schema.columns_for(cases))
         assert main(["status", str(tmp_path)]) == 0
         printed = capsys.readouterr().out
         assert (hint in printed) if hint else "run again" not in printed

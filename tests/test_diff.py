@@ -9,8 +9,9 @@ import pytest
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.analyse.diff import diff_runs, verdict
 from tfla_bench.cli.main import main
+from tfla_bench.measure import row as row_schema
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.run import rundir
-from tfla_bench.run.rundir import ResultRow
 
 ENV = {
     "gpu_name": "NVIDIA H100 80GB HBM3",
@@ -49,7 +50,7 @@ def row(
 
 def write(run_dir, rows, env=ENV):
     run_dir.mkdir(parents=True)
-    rundir.rewrite_results(run_dir / "results.csv", rows, rundir.columns_for([r.case for r in rows]))
+    rundir.rewrite_results(run_dir / "results.csv", rows, row_schema.columns_for([r.case for r in rows]))
     (run_dir / "env.json").write_text(json.dumps(env))
     return run_dir
 

@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 
 from tfla_bench.adapters import registry
 from tfla_bench.cli.main import main
-from tfla_bench.run import phases, rundir
+from tfla_bench.measure import row as row_schema
+from tfla_bench.run import phases
 
 TESTS = Path(__file__).resolve().parent
 README = TESTS.parent / "README.md"
@@ -62,7 +63,7 @@ chunk_size = 16
 params = { gate = ["exp", "sig"] }
 """
 CASES = 18
-KEY_COLUMNS = (*rundir.CASE_COLUMNS, "param_gate")
+KEY_COLUMNS = (*row_schema.CASE_COLUMNS, "param_gate")
 # Where the sweeps are stopped: once while starting up (the spec is written, no row yet), then after
 # the given number of rows, each reached by a run that wrote at least one row of its own. A sweep
 # notices a signal within about 0.2 s, so each case times calls for 0.3 s (`min_time_s`): the signal

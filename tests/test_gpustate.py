@@ -6,8 +6,8 @@ import types
 import pytest
 
 from tfla_bench.measure import gpustate
+from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.gpustate import Monitor, Reading
-from tfla_bench.run import rundir
 
 
 def test_reason_names_and_the_throttle_flag():
@@ -24,7 +24,7 @@ def test_row_cells_name_every_gpu_state_column():
     before = Reading(1980, 2619, 40, 120.0, "none")
     after = Reading(1755, 2619, 71, 690.0, "sw_power_cap")
     cells = gpustate.row_cells(before, after)
-    assert set(cells) == set(rundir.GPU_STATE_COLUMNS)
+    assert set(cells) == set(row_schema.GPU_STATE_COLUMNS)
     assert cells["sm_mhz_after"] == 1755 and cells["throttle_after"] == "sw_power_cap" and cells["throttled"]
     assert gpustate.row_cells(None, None)["throttled"] is None
 

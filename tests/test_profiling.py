@@ -21,6 +21,7 @@ from tfla_bench.analyse.compare import load_run
 from tfla_bench.analyse.report import build_report
 from tfla_bench.cli.main import main
 from tfla_bench.measure import ncu, roofs
+from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.roofs import MeasuredRoofs
 from tfla_bench.model.hardware import ACCELERATORS
 from tfla_bench.plots.base import render
@@ -70,7 +71,7 @@ def profile_frame(run_dir) -> pd.DataFrame:
 
 
 def test_a_case_sums_its_kernels_and_weights_the_tensor_pipe_by_duration():
-    row = rundir.ResultRow(case=Case("k", "fw", "bfloat16", 1, 64, 1, 8, 8), family="x", status="ok")
+    row = row_schema.ResultRow(case=Case("k", "fw", "bfloat16", 1, 64, 1, 8, 8), family="x", status="ok")
     row.flops = 1e9
     kernels = [
         ncu.KernelMetrics(

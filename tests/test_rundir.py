@@ -19,9 +19,10 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case, parse_bool
 from tfla_bench.cli.main import main
 from tfla_bench.errors import UserError
+from tfla_bench.measure import row as row_schema
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.measure.worker import failure_of
 from tfla_bench.run import rundir, runner, specs
-from tfla_bench.run.rundir import ResultRow
 
 pytestmark = pytest.mark.usefixtures("plugin_adapters")
 
@@ -49,7 +50,7 @@ def row(seq_len: int = 16, status: str = "ok", **values) -> ResultRow:
 
 
 def write_rows(path: Path, rows: list[ResultRow]) -> None:
-    writer = rundir.RowWriter(path, rundir.columns_for([r.case for r in rows]))
+    writer = rundir.RowWriter(path, row_schema.columns_for([r.case for r in rows]))
     for one in rows:
         writer.write(one)
     writer.close()
@@ -65,12 +66,15 @@ def test_rows_round_trip_with_one_line_each(tmp_path):
     write_rows(path, rows)
     read = rundir.read_results(path)
     assert read.rows == rows and not read.skipped and not read.torn
-    assert read.header == rundir.columns_for([r.case for r in rows])
+    assert read.header == row_schema.columns_for([r.case for r in rows])
     assert read.rows[0].case.params == {"causal": True}
 
 
 def test_adding_a_column_is_a_field_and_old_files_read_its_default(tmp_path):
-    assert rundir.METRIC_COLUMNS[:3] == ("family", "status", "median_ms") and "reps" in rundir.METRIC_COLUMNS
+    assert (
+        row_schema.METRIC_COLUMNS[:3] == ("family", "status", "median_ms")
+        and "reps" in row_schema.METRIC_COLUMNS
+    )
     path = tmp_path / rundir.RESULTS
     write_rows(path, [row(16, median_ms=2.0, reps=5)])
     lines = path.read_text().splitlines()
@@ -84,7 +88,7 @@ def test_adding_a_column_is_a_field_and_old_files_read_its_default(tmp_path):
 def test_fault_hook_tears_the_nth_row_and_resume_drops_only_that(tmp_path, monkeypatch):
     path = tmp_path / rundir.RESULTS
     monkeypatch.setenv(rundir.FAULT_ROW_ENV, "3")
-    writer = rundir.RowWriter(path, rundir.columns_for([row().case]))
+    writer = rundir.RowWriter(path, row_schema.columns_for([row().case]))
     writer.write(row(16))
     writer.write(row(32))
     with pytest.raises(OSError) as failed:
@@ -140,7 +144,7 @@ def test_a_wrong_header_is_one_user_error(tmp_path, header, message):
 def test_one_bool_parser():
     assert parse_bool(" TRUE ") is True and parse_bool("false") is False
     assert parse_bool("yes") is None
-    assert [rundir.parse_param(t) for t in ("True", "3", "2.5", "x")] == [True, 3, 2.5, "x"]
+    assert [row_schema.parse_param(t) for t in ("True", "3", "2.5", "x")] == [True, 3, 2.5, "x"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,10 +273,10 @@ def test_default_run_dirs_never_collide(tmp_path, monkeypatch):
 
 
 def test_cpu_out_of_memory_is_oom():
-    assert failure_of(MemoryError(), "cpu").status == "oom"
+    assert failure_of(MemoryError()).status == "oom"
     message = "[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory: you tried"
-    assert failure_of(RuntimeError(message), "cpu").status == "oom"
-    assert failure_of(ValueError("bad shape"), "cpu").status == "error"
+    assert failure_of(RuntimeError(message)).status == "oom"
+    assert failure_of(ValueError("bad shape")).status == "error"
 
 
 def test_a_file_size_limit_is_an_oserror_not_a_signal(tmp_path):
@@ -280,11 +284,12 @@ def test_a_file_size_limit_is_an_oserror_not_a_signal(tmp_path):
         import resource
         from pathlib import Path
         from tfla_bench.run import rundir
-        from tfla_bench.run.rundir import ResultRow
-        from tfla_bench.adapters.workloads import Case, parse_bool
+        from tfla_bench.measure import row as row_schema
+        from tfla_bench.measure.row import ResultRow
+        from tfla_bench.adapters.workloads import Case
         resource.setrlimit(resource.RLIMIT_FSIZE, (2039, 2039))  # within a row, not at its end
         case = Case("sdpa_math", "fw", "float32", 1, 16, 2, 8, 8, None, {{}})
-        writer = rundir.RowWriter(Path({str(tmp_path / rundir.RESULTS)!r}), rundir.columns_for([case]))
+        writer = rundir.RowWriter(Path({str(tmp_path / rundir.RESULTS)!r}), row_schema.columns_for([case]))
         try:
             for _ in range(100):
                 writer.write(ResultRow(case=case, family="attention", status="ok", error="x" * 50))

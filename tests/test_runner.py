@@ -17,6 +17,7 @@ from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import UserError
 from tfla_bench.kernels import config as kernel_config
 from tfla_bench.measure import gpustate, timing, worker
+from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.settings import MeasureSettings
 from tfla_bench.measure.worker import measure_case
 from tfla_bench.run import phases, rundir, runner, specs
@@ -120,7 +121,7 @@ def test_csv_schema_and_env_json(sweep):
     spec, _, report = sweep
     with (report.run_dir / "results.csv").open(newline="") as handle:
         header = next(csv.reader(handle))
-    assert header == list(rundir.CASE_COLUMNS) + list(rundir.METRIC_COLUMNS)
+    assert header == list(row_schema.CASE_COLUMNS) + list(row_schema.METRIC_COLUMNS)
     for column in ("median_ms", "p20_ms", "p80_ms", "min_ms", "first_call_s", "peak_memory_bytes", "error"):
         assert column in header
     env = json.loads((report.run_dir / "env.json").read_text())
@@ -186,12 +187,13 @@ def test_fwbw_calls_backward_every_time_and_never_accumulates(plugin_adapters, g
     adapter = registry.get("test_counting")
     adapter.reset()
     settings = MeasureSettings(warmup=3, reps=4, grad=grad)
-    result = measure_case(adapter, counting_case("fwbw"), settings, "cpu")
+    measured = measure_case(adapter, counting_case("fwbw"), settings, "cpu")
+    result = measured.row
     assert result.status == "ok", result.error
     calls = 1 + settings.warmup + settings.reps  # first call, warmup, timed (no memory call on CPU)
     counter = plugin_adapters.Counting.counter
     assert counter.forwards == counter.backwards == calls
-    assert 0 < result.calls_s < 60  # the warm-up and timed calls' wall time
+    assert 0 < measured.calls_s < 60  # the warm-up and timed calls' wall time
     inputs = plugin_adapters.Counting.last_inputs
     upstream = counter.last_grad
     if grad == "sum":
@@ -222,7 +224,7 @@ def test_fixed_upstream_gradient_is_made_once(plugin_adapters):
 def test_fw_never_calls_backward(plugin_adapters):
     adapter = registry.get("test_counting")
     adapter.reset()
-    result = measure_case(adapter, counting_case("fw"), MeasureSettings(warmup=1, reps=2), "cpu")
+    result = measure_case(adapter, counting_case("fw"), MeasureSettings(warmup=1, reps=2), "cpu").row
     assert result.status == "ok"
     assert plugin_adapters.Counting.counter.forwards == 4
     assert plugin_adapters.Counting.counter.backwards == 0
@@ -254,14 +256,14 @@ def test_a_case_whose_power_cap_sets_in_while_timed_is_timed_again(
     adapter = registry.get("test_counting")
     adapter.reset()
     settings = MeasureSettings(warmup=1, reps=3, power_cap=power_cap)
-    result = measure_case(adapter, counting_case("fw"), settings, "cpu")
+    result = measure_case(adapter, counting_case("fw"), settings, "cpu").row
     assert result.status == "ok", result.error
     counter = plugin_adapters.Counting.counter
     if caps:
         # The first series' three calls became warm-up; three more were timed.
         assert (result.warmup, result.reps, counter.forwards) == (4, 3, 1 + 1 + 3 + 3)
         assert "(SM 1980 -> 1755 MHz during the first timed calls, which count as warm-up)" in result.note
-        assert result.gpu_state["sm_mhz_after"] == 1755 and result.gpu_state["throttled"]
+        assert result.sm_mhz_after == 1755 and result.throttled
         if power_cap == "gaps":  # an idle gap between the calls of the second series only
             assert "sw_power_cap set in (SM 1980" in result.note
             assert "timed again from a settled GPU, an idle gap after each call" in result.note
@@ -453,7 +455,7 @@ def test_rows_record_the_calls_made_and_why_timing_stopped(sweep):
 def test_adaptive_timing_is_the_default(plugin_adapters):
     adapter = registry.get("test_counting")
     settings = MeasureSettings(budget_s=0.2, warmup_s=0.01)
-    result = measure_case(adapter, counting_case("fw"), settings, "cpu")
+    result = measure_case(adapter, counting_case("fw"), settings, "cpu").row
     assert result.status == "ok", result.error
     assert result.stop in ("ci", "budget", "max") and result.reps >= settings.min_reps
     assert result.warmup >= 1 and result.ci_rel >= 0
@@ -463,7 +465,7 @@ def test_adaptive_timing_is_the_default(plugin_adapters):
 
 def test_new_columns_round_trip_through_the_csv(tmp_path):
     case = counting_case("fw")
-    row = rundir.ResultRow(
+    row = row_schema.ResultRow(
         case=case,
         family="test",
         status="ok",
@@ -478,7 +480,7 @@ def test_new_columns_round_trip_through_the_csv(tmp_path):
         throttled=True,
     )
     path = tmp_path / "results.csv"
-    rundir.rewrite_results(path, [row], rundir.columns_for([case]))
+    rundir.rewrite_results(path, [row], row_schema.columns_for([case]))
     assert rundir.read_results(path).rows == [row]
 
 

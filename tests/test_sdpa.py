@@ -85,7 +85,7 @@ def test_gpu_backends_need_cuda():
 
 def test_math_fwbw_measures_on_cpu():
     adapter = registry.get("sdpa_math")
-    result = measure_case(adapter, case(mode="fwbw"), MeasureSettings(warmup=1, reps=2), "cpu")
+    result = measure_case(adapter, case(mode="fwbw"), MeasureSettings(warmup=1, reps=2), "cpu").row
     assert result.status == "ok", result.error
     assert result.median_ms > 0 and result.peak_memory_bytes is None
 
@@ -119,7 +119,7 @@ def test_forced_backend_does_not_fall_back():
 def test_gpu_measurement_reports_memory_above_inputs():
     adapter = registry.get("sdpa_cudnn")
     gpu_case = case("sdpa_cudnn", mode="fwbw", dtype="bfloat16", dqk=128, dv=128, seq_len=1024)
-    result = measure_case(adapter, gpu_case, MeasureSettings(warmup=2, reps=5), "cuda:0")
+    result = measure_case(adapter, gpu_case, MeasureSettings(warmup=2, reps=5), "cuda:0").row
     assert result.status == "ok", result.error
     inputs_bytes = 3 * 2 * 3 * 1024 * 128 * 2
     assert result.peak_memory_bytes >= inputs_bytes

@@ -20,9 +20,9 @@ from slurm_daemons import LocalSlurm, SlurmUnavailable
 
 from tfla_bench.adapters import registry
 from tfla_bench.cli.main import main
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.run import cluster, jobs, rundir, specs
 from tfla_bench.run.console import make_console
-from tfla_bench.run.rundir import ResultRow
 
 pytestmark = pytest.mark.slurm
 

@@ -69,6 +69,7 @@ class BuildError(Exception):
 def present_arch() -> str:
     """The present GPU's compute capability as nvcc spells it (`90` for an H100)."""
     try:
+        # only the present GPU's architecture needs torch; --arch builds without it.
         import torch
     except ImportError as exc:
         raise BuildError("torch is not importable: the CUDA builds compile against it") from exc

@@ -33,12 +33,13 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from tfla_bench.errors import UserError
+from tfla_bench.measure import row as row_schema
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.measure.settings import MeasureSettings
 from tfla_bench.plots.base import DPI, MAX_ASPECT, new_figure
 from tfla_bench.plots.runs import MODE_TITLES, set_log2_x
 from tfla_bench.plots.style import row_style
 from tfla_bench.run import rundir
-from tfla_bench.run.rundir import ResultRow
 
 # env.json facts that make two runs' numbers differ for reasons other than the code.
 ENV_FACTS = ("gpu_name", "driver", "cuda", "cudnn", "torch", "triton")
@@ -52,7 +53,7 @@ HOLLOW = "throttled in A or B"
 # Labelled ratios on the plot's log y axis.
 RATIO_TICKS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 ROW_COLUMNS = (
-    *rundir.CASE_COLUMNS,
+    *row_schema.CASE_COLUMNS,
     "params",
     "status_a",
     "status_b",
@@ -214,7 +215,7 @@ def _compare(a: ResultRow, b: ResultRow) -> dict[str, Any]:
 
 
 def _case_cells(row: ResultRow) -> dict[str, Any]:
-    cells = {column: getattr(row.case, column) for column in rundir.CASE_COLUMNS}
+    cells = {column: getattr(row.case, column) for column in row_schema.CASE_COLUMNS}
     cells["params"] = " ".join(f"{k}={v}" for k, v in sorted(row.case.params.items()))
     return cells
 
@@ -235,12 +236,12 @@ def display(frame: pd.DataFrame) -> pd.DataFrame:
         + frame["head_dim_v"].astype(str)
         + chunk
     )
-    rest = [column for column in frame.columns if column not in rundir.CASE_COLUMNS[3:]]
+    rest = [column for column in frame.columns if column not in row_schema.CASE_COLUMNS[3:]]
     return frame[rest].assign(shape=shape)[[*rest[:3], "shape", *rest[3:]]]
 
 
 def _cases(rows: list[ResultRow]) -> pd.DataFrame:
-    columns = [*rundir.CASE_COLUMNS, "params", "status"]
+    columns = [*row_schema.CASE_COLUMNS, "params", "status"]
     return pd.DataFrame([{**_case_cells(row), "status": row.status} for row in rows], columns=columns)
 
 

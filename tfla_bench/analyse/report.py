@@ -41,13 +41,13 @@ from tfla_bench.analyse.compare import (
 )
 from tfla_bench.analyse.published import PUBLISHED_GPU_NOTE, PUBLISHED_MEMORY_NOTE, mapping_table
 from tfla_bench.measure.roofs import from_env, versus_datasheet
+from tfla_bench.measure.row import CASE_COLUMNS
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
 from tfla_bench.plots.base import device_name, is_cpu_run, render
 from tfla_bench.plots.catalog import plots, run_context
 from tfla_bench.plots.measured import own_accelerator, roofline_fractions
 from tfla_bench.run import jobs, phases, rundir
 from tfla_bench.run.profiling import MODEL_OFF, bytes_by_kernel, profile_failures, roof_check
-from tfla_bench.run.rundir import CASE_COLUMNS
 
 DEFAULT_ACCELERATORS = ("h100", "h200")
 # The facts of each node of a sweep through jobs that the environment section lists.

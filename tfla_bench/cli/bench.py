@@ -38,6 +38,7 @@ from tfla_bench.cli import check as check_command
 from tfla_bench.cli.options import _int_list, _ints, _names
 from tfla_bench.cli.paths import output_dir
 from tfla_bench.errors import UserError
+from tfla_bench.measure import row as row_schema
 from tfla_bench.measure import settings
 from tfla_bench.run import cluster, correctness, jobs, phases, rundir, runner, specs
 from tfla_bench.run.cluster import ClusterFlags
@@ -345,7 +346,7 @@ def sweep(
             "--retry",
             metavar="STATUSES",
             help="with --resume: run rows of these statuses again and replace them "
-            f"(any of {','.join(rundir.RERUNNABLE_STATUSES)})",
+            f"(any of {','.join(row_schema.RERUNNABLE_STATUSES)})",
         ),
     ] = None,
     force: Annotated[
@@ -553,10 +554,10 @@ def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dic
 def _statuses(text: str | None) -> frozenset[str]:
     """`--retry crashed,timeout` as a set of statuses; a `UserError` naming an unknown one."""
     names = _names([text]) if text is not None else []
-    unknown = [name for name in names if name not in rundir.RERUNNABLE_STATUSES]
+    unknown = [name for name in names if name not in row_schema.RERUNNABLE_STATUSES]
     if unknown or (text is not None and not names):
         raise UserError(
-            f"--retry: expected a comma list of {', '.join(rundir.RERUNNABLE_STATUSES)}, got {text!r}"
+            f"--retry: expected a comma list of {', '.join(row_schema.RERUNNABLE_STATUSES)}, got {text!r}"
         )
     return frozenset(names)
 
@@ -568,6 +569,6 @@ def _params(entries: list[str]) -> dict[str, Any]:
         key, sep, text = entry.partition("=")
         if not sep or not key.strip():
             raise UserError(f"--param: expected key=value, got {entry!r}")
-        values = [rundir.parse_param(part.strip()) for part in text.split(",")]
+        values = [row_schema.parse_param(part.strip()) for part in text.split(",")]
         params[key.strip()] = values[0] if len(values) == 1 else values
     return params

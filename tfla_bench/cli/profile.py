@@ -21,10 +21,10 @@ from tfla_bench.cli.options import _int_list, _names
 from tfla_bench.cli.paths import output_dir
 from tfla_bench.errors import UserError
 from tfla_bench.measure import roofs
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.run import profiling, rundir, runner
 from tfla_bench.run.console import make_console
 from tfla_bench.run.profiling import CaseProfile
-from tfla_bench.run.rundir import ResultRow
 from tfla_bench.run.specs import Spec
 
 NcuPathOption = Annotated[

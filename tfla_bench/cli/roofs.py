@@ -32,6 +32,7 @@ def roofs(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of a table")] = False,
 ) -> None:
     """Measure dense bf16 matmul, HBM and L2 bandwidth of the GPU; save them per GPU and driver."""
+    # torch takes seconds to import; `--help` does not need it.
     import torch
 
     if not torch.cuda.is_available():

@@ -59,6 +59,7 @@ def tune(
     # torch and the kernels are heavy, and only this command needs them at this point.
     import torch
 
+    # imports torch, which only a tuning run needs.
     from tfla_bench.kernels import config as kconfig
 
     if not torch.cuda.is_available():
@@ -112,9 +113,11 @@ def parse_shape(text: str) -> Shape:
 def tune_one(shape: Shape, target: str, gpu: str, processes: int, console: Console) -> tuple[dict, str]:
     """Search one shape; the tuned-config entry (with the default's and the winner's fw and fwbw
     medians, measured side by side) and the markdown table of the search."""
+    # torch, triton and our kernels take seconds to import; `--help` and a bad shape need none.
     import torch
     import triton
 
+    # imports torch, which only a tuning run needs.
     from tfla_bench.kernels import config as kconfig
     from tfla_bench.measure import timing, tuning
 
@@ -142,6 +145,7 @@ def tune_one(shape: Shape, target: str, gpu: str, processes: int, console: Conso
 
 def add_entry(path: Path, entry: dict) -> None:
     """Put `entry` into the tuned-config file at `path`, replacing the entry of the same key."""
+    # imports torch, which only a tuning run needs.
     from tfla_bench.kernels import config as kconfig
 
     entries = json.loads(path.read_text()) if path.exists() else []

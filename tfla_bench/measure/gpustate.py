@@ -89,6 +89,7 @@ class Monitor:
         self._nvml: Any = None
         self._handle: Any = None
         try:
+            # NVML is optional (nvidia-ml-py).
             import pynvml
         except ImportError:
             self.note = "nvidia-ml-py is not installed: no clocks, temperature, power or throttle per row"
@@ -161,6 +162,7 @@ class Monitor:
 
 def device_monitor(device: str) -> Monitor | None:
     """The NVML monitor of a CUDA device, None on the CPU."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     if not device.startswith("cuda"):

@@ -191,6 +191,7 @@ def save(roofs: MeasuredRoofs) -> Path:
 def measured_accelerator() -> Accelerator:
     """The saved roofs as an accelerator for `--gpu measured`: the present GPU's under its driver, or
     without a CUDA GPU the latest saved record; a `UserError` when there are none."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     if torch.cuda.is_available():
@@ -210,6 +211,7 @@ def measured_accelerator() -> Accelerator:
 
 def driver_version(index: int) -> str:
     """The NVIDIA driver version from `nvidia-smi`, or `unknown`."""
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure import envinfo
 
     return envinfo.nvidia_smi(index).get("driver") or "unknown"
@@ -217,8 +219,10 @@ def driver_version(index: int) -> str:
 
 def measure(device: str) -> MeasuredRoofs:
     """Measure the roofs of the CUDA `device` (see the module docstring for the method)."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure.envinfo import now_iso
 
     torch.cuda.set_device(device)
@@ -240,6 +244,7 @@ def measure(device: str) -> MeasuredRoofs:
 
 
 def _median_ms(fn: Any, device: str) -> float:
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure import timing
 
     for _ in range(WARMUP_CALLS):
@@ -248,6 +253,7 @@ def _median_ms(fn: Any, device: str) -> float:
 
 
 def _matmul_flops_per_s(n: int, device: str) -> float:
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     generator = torch.Generator(device=device).manual_seed(0)
@@ -264,6 +270,7 @@ def _copy_bytes_per_s(size_bytes: int, copies: int, device: str) -> float:
 
 
 def _graph_copy_bytes_per_s(size_bytes: int, copies: int, device: str, method: str) -> float:
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     source = torch.randn(size_bytes // 4, dtype=torch.float32, device=device)
@@ -322,6 +329,7 @@ def for_sweep(device: str, child: subprocess.Popen | None = None) -> dict[str, A
 
 
 def _main(device: str) -> None:
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     torch.cuda.set_device(device)

@@ -375,6 +375,7 @@ class KernelRecord:
     reads CUPTI), from construction until `calls`."""
 
     def __init__(self) -> None:
+        # torch takes seconds to import; only this path needs it.
         from torch.profiler import ProfilerActivity, profile
 
         self._profile = profile(activities=[ProfilerActivity.CUDA])
@@ -464,6 +465,7 @@ def autotuning_budget(rep_ms: float | None) -> Iterator[None]:
     so does a machine without Triton. Restores Triton on exit.
     """
     try:
+        # Triton loads only where our kernels or an autotuner are touched.
         from triton import testing
         from triton.runtime.autotuner import Autotuner
     except ImportError:

@@ -150,6 +150,7 @@ def candidates(shape: Shape, base: KernelConfig, group: str) -> list[KernelConfi
 
 
 def kernel_fn(kernel: str) -> Callable[..., Any]:
+    # imports torch at import time, which only this path needs.
     from tfla_bench.kernels.limit_chunk import mlstm_limit_chunk
     from tfla_bench.kernels.tfla import mlstm_tfla
 

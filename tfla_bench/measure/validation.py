@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +146,7 @@ def markdown(checks: list[Check], gpu: str) -> str:
 
 def split_markdown(splits: list[Split]) -> str:
     """The table of `dispatch_split`s, in us at the 20th / 50th / 80th percentile."""
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure.timing import percentile
 
     def cell(values: list[float]) -> str:
@@ -168,6 +171,7 @@ def split_markdown(splits: list[Split]) -> str:
 def make_op(op: str, size: int, device: str) -> tuple[Callable[[], None], int]:
     """The op's call and the bytes its data takes: `copy` of `size` bytes, `gemm` of size^3 in bf16,
     `tiny` (TINY_KERNELS one-element adds launched from Python)."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     if op == "copy":
@@ -204,6 +208,7 @@ def suite_time(
     (`monitor`), warm-up and a series (`timing.standalone_series`), and the series again by the
     sweep's default power-cap policy if the cap set in (`gpustate.retime`); `clean_flush` reads the
     flush buffer instead of zeroing it."""
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure import timing
 
     timing.time_first_call(fn, device)
@@ -219,6 +224,7 @@ def suite_time(
 def dispatch_split(fn: Callable[[], None], device: str) -> tuple[list[int], list[int]]:
     """Per call of `fn` (one kernel), timed as the kernels clock times it after the reading flush: the
     GPU's gap from the end of the spin to the kernel's start, and the kernel's own span, in ns."""
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure import timing
 
     _, queue_s = timing.warm_up(fn, device, calls=None, seconds=0.025)
@@ -247,8 +253,8 @@ def method(clock: str, flush: bool = True, clean_flush: bool = False) -> str:
 def graph_time(fn: Callable[[], None], replays: int = 10) -> float:
     """Median over `replays` of one CUDA graph of GRAPH_CALLS back-to-back calls, per call, in ms,
     after `SUSTAIN_S` of replays (a power-hungry op is under its power cap throughout)."""
-    import time
 
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     stream = torch.cuda.Stream()
@@ -289,6 +295,7 @@ def ncu_time(op: str, size: int, executable: Path, log_file: Path) -> float:
 
 def child(op: str, size: int) -> None:
     """The process ncu profiles: warm-up calls, then NCU_CALLS calls between profiler start and stop."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     fn, _ = make_op(op, size, "cuda")
@@ -304,8 +311,8 @@ def child(op: str, size: int) -> None:
 
 def validate(device: str = "cuda", ncu_path: Path | None = None) -> list[Check]:
     """Every row of the validation table (the ncu column when `ncu_path` or `ncu` on PATH is found)."""
-    import tempfile
 
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
@@ -377,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["child"]:
         child(args[1], int(args[2]))
         return 0
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     if not torch.cuda.is_available():

@@ -30,20 +30,23 @@ import functools
 import importlib
 import multiprocessing
 import os
+import platform
 import signal
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Protocol
 
+from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
-from tfla_bench.errors import exception_line
+from tfla_bench.errors import UserError, exception_line
 from tfla_bench.measure import gpustate
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.measure.settings import MeasureSettings
 
 # Messages that mean the CUDA context is unusable for the rest of the process.
@@ -143,60 +146,55 @@ class Job:
         adapter_module: the module that registers the case's adapter, imported by the worker
             when the adapter is not registered after `registry.load()`.
         settings: how to measure.
+        family: the adapter's family, for the row of a case whose worker gave no answer.
     """
 
     case: Case
     adapter_module: str
     settings: MeasureSettings
+    family: str = ""
 
     def run(self, adapter: Any, device: str) -> Measurement:
         """`measure_case` in the worker."""
         result = measure_case(adapter, self.case, self.settings, device)
-        log_outcome(f"{result.status} {result.error}")
+        log_outcome(f"{result.row.status} {result.row.error}")
         return result
 
 
 @dataclass(frozen=True)
 class Failure:
-    """The parent's record of a job without an answer: the worker died (`crashed`), was stopped from
-    outside (`interrupted`) or hung (`timeout`)."""
+    """A case without a measurement: the kernel raised (`oom`, `error`; `fatal` when the process's CUDA
+    context is lost), or, the parent's record of a job without an answer, the worker died
+    (`crashed`), was stopped from outside (`interrupted`) or hung (`timeout`)."""
 
     status: str
     error: str
+    fatal: bool = False
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """A worker's answer for one case (or the parent's record of a worker that died or hung).
+    """A worker's answer for one case: its result row as far as the worker knows it (the parent adds
+    the counts, the library, the node and the GPU's name), whether the worker's CUDA context is lost
+    (`fatal`), and `calls_s`, the wall time from the end of the first call to the last timed call
+    (warm-up, the memory call, the timed calls with their flushes and spins).
 
-    `warmup` and `reps` are the calls made (a case timed again because its power cap set in counts
-    its first series in `warmup`, `gpustate.set_in`), `stop` why timing stopped (`tfla_bench.measure.timing`),
-    `settle_s` the wait for the GPU to settle before the case (`gpustate.Monitor.settle`), `calls_s`
-    the wall time from the end of the first call to the last timed call (warm-up, the
-    memory call, the timed calls with their flushes and spins), and `gpu_state` the NVML cells of
-    `gpustate.row_cells` (empty on CPU).
+    In the row, `warmup` and `reps` are the calls made (a case timed again because its power cap set
+    in counts its first series in `warmup`, `gpustate.set_in`), `stop` why timing stopped
+    (`tfla_bench.measure.timing`), `settle_s` the wait for the GPU to settle before the case
+    (`gpustate.Monitor.settle`), and the GPU-state columns the NVML cells of `gpustate.row_cells`
+    (empty on CPU).
     """
 
-    status: str
-    median_ms: float | None = None
-    p20_ms: float | None = None
-    p80_ms: float | None = None
-    min_ms: float | None = None
-    first_call_s: float | None = None
-    peak_memory_bytes: int | None = None
-    peak_memory_above_inputs_bytes: int | None = None
-    device: str = ""
-    error: str = ""
-    note: str = ""
+    row: ResultRow
     fatal: bool = False
-    warmup: int | None = None
-    reps: int | None = None
-    ci_rel: float | None = None
-    stop: str = ""
-    host_gap_share: float | None = None
-    settle_s: float | None = None
     calls_s: float | None = None
-    gpu_state: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, case: Case, family: str, failure: Failure, device: str) -> Measurement:
+        """The answer of a case that has no measurement."""
+        row = ResultRow(case=case, family=family, status=failure.status, device=device, error=failure.error)
+        return cls(row, fatal=failure.fatal)
 
 
 @dataclass(frozen=True)
@@ -227,6 +225,7 @@ def measure_case(adapter: Any, case: Case, settings: MeasureSettings, device: st
     Returns:
         `ok` with timings and memory, `oom`, or `error` with the exception's last line.
     """
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure import memory, timing
 
     try:
@@ -234,15 +233,17 @@ def measure_case(adapter: Any, case: Case, settings: MeasureSettings, device: st
             result = _measure(adapter, case, settings, device)
     except Exception as exc:  # every kernel failure becomes a row; the sweep goes on
         traceback.print_exc()
-        result = failure_of(exc, device)
+        result = Measurement.failed(case, adapter.family, failure_of(exc), device)
     # Outside the except block, so the traceback (and the tensors its frames hold) is gone.
     memory.release(device)
     return result
 
 
 def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -> Measurement:
+    # torch takes seconds to import; only this path needs it.
     import torch
 
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure import memory, timing
 
     cuda = timing.is_cuda(device)
@@ -297,7 +298,10 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     if capped.note:
         note, settle_s = capped.note, (settle_s or 0.0) + capped.settle_s
     calls_s = time.perf_counter() - calls_began
-    return Measurement(
+    gpu_state = gpustate.row_cells(before, after) if monitor is not None else {}
+    row = ResultRow(
+        case=case,
+        family=adapter.family,
         status="ok",
         median_ms=stats.median_ms,
         p20_ms=stats.p20_ms,
@@ -314,9 +318,9 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         stop=stats.stop,
         host_gap_share=stats.host_gap_share,
         settle_s=settle_s,
-        calls_s=calls_s,
-        gpu_state=gpustate.row_cells(before, after) if monitor is not None else {},
+        **{key: value for key, value in gpu_state.items() if value is not None},
     )
+    return Measurement(row, calls_s=calls_s)
 
 
 # One NVML monitor per process and device.
@@ -325,6 +329,7 @@ _monitor = functools.cache(gpustate.device_monitor)
 
 def grad_leaves(inputs: dict[str, Any]) -> list[Any]:
     """The input tensors that take gradients: a fwbw call accumulates into their `.grad`."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     return [value for value in inputs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
@@ -346,6 +351,7 @@ def make_step(adapter: Any, inputs: dict[str, Any], mode: str, grad: str) -> Cal
         grad: `fixed` (backward from one `randn_like(out)`, made on the first call and reused)
             or `sum` (`out.sum().backward()`, the sum inside the timed call as in the paper).
     """
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     if mode == "fw":
@@ -376,9 +382,10 @@ def is_fatal_cuda_error(message: str) -> bool:
     return any(marker in message for marker in _FATAL_CUDA_MARKERS)
 
 
-def failure_of(exc: BaseException, device: str) -> Measurement:
-    """A kernel's exception as a `Measurement`: `oom` or `error` (fatal when CUDA is lost), with the
+def failure_of(exc: BaseException) -> Failure:
+    """A kernel's exception as a `Failure`: `oom` or `error` (fatal when CUDA is lost), with the
     exception's type and last message line."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     message = str(exc)
@@ -388,15 +395,16 @@ def failure_of(exc: BaseException, device: str) -> Measurement:
     if isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError) or any(
         words in lowered for words in ("out of memory", "can't allocate memory")
     ):
-        return Measurement(status="oom", device=device, error=detail)
-    return Measurement(status="error", device=device, error=detail, fatal=is_fatal_cuda_error(message))
+        return Failure("oom", detail)
+    return Failure("error", detail, fatal=is_fatal_cuda_error(message))
 
 
 def _device_info(device: str) -> DeviceInfo:
-    import platform
 
+    # torch takes seconds to import; only this path needs it.
     import torch
 
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure import timing
 
     if not timing.is_cuda(device):
@@ -418,8 +426,6 @@ def _device_info(device: str) -> DeviceInfo:
 
 def _adapter_for(job: WorkerJob) -> Any:
     """The adapter of a job's case, importing the job's `adapter_module` when it is not registered."""
-    from tfla_bench.adapters import registry
-    from tfla_bench.errors import UserError
 
     try:
         return registry.get(job.case.kernel)
@@ -430,8 +436,6 @@ def _adapter_for(job: WorkerJob) -> Any:
 
 def _preload(kernel: str, module: str) -> None:
     """Import an adapter's library ahead of its first case; a failure is the first case's to report."""
-    from tfla_bench.adapters import registry
-    from tfla_bench.errors import UserError
 
     try:
         try:
@@ -468,9 +472,10 @@ def worker_main(conn: Connection, device: str, log_path: str, preload: tuple[str
     # Skipped by `summarize_log`: a spare writes it while another process's case runs.
     log_outcome(f"worker pid {os.getpid()} on {device}")
 
+    # torch takes seconds to import; only this path needs it.
     import torch
 
-    from tfla_bench.adapters import registry
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure import timing
 
     registry.load()
@@ -568,7 +573,7 @@ class Worker:
         """Measure one job, (re)starting the worker if needed; a death or hang becomes a `Measurement`."""
         answer = self.call(job, job.settings.timeout_s)
         if isinstance(answer, Failure):
-            return Measurement(status=answer.status, device=self.device, error=answer.error)
+            return Measurement.failed(job.case, job.family, answer, self.device)
         if answer.fatal:
             self._stop_process()
         return answer

@@ -56,11 +56,12 @@ from rich.console import Console
 
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.envinfo import now_iso
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.run import jobs, rundir, runner, specs
 from tfla_bench.run.console import job_line, progress_bar
 from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
-from tfla_bench.run.rundir import ResultRow
 from tfla_bench.run.shard import MAX_REQUEUES, ShardJob
 from tfla_bench.run.specs import Spec
 
@@ -279,6 +280,7 @@ def require_submitit(executor: str) -> Any:
             commands are not on this machine.
     """
     try:
+        # submitit is optional (the `cluster` extra); only sweeps through jobs need it.
         import submitit
     except ImportError:
         raise UserError(f"--executor {executor} needs submitit: {EXTRA}") from None
@@ -424,7 +426,7 @@ def submit(
     if resume:
         todo, kept, columns = runner.resume_plan(cases, csv_path, retry, console)
     else:
-        todo, kept, columns = cases, [], rundir.columns_for(cases)
+        todo, kept, columns = cases, [], row_schema.columns_for(cases)
     try:
         rundir.rewrite_results(csv_path, kept, columns)
         rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
@@ -772,6 +774,7 @@ def _run_slurm(command: list[str]) -> subprocess.CompletedProcess | None:
 
 def _states(text: str) -> dict[str, str]:
     """Job states by id from `JobID|State` lines (a pending array's range counted for each task)."""
+    # submitit is optional (the `cluster` extra); only sweeps through jobs need it.
     from submitit.slurm.slurm import SlurmInfoWatcher
 
     return {job_id: info.get("State", "") for job_id, info in SlurmInfoWatcher().read_info(text).items()}
@@ -781,6 +784,7 @@ def _result(handle: Any) -> tuple[str, str] | None:
     """What the job's submitit result says: `COMPLETED`, or `FAILED` with the last line of its error."""
     if not handle.paths.result_pickle.exists():
         return None
+    # submitit is optional (the `cluster` extra); only sweeps through jobs need it.
     import submitit.core.utils
 
     try:

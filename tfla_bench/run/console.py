@@ -25,8 +25,8 @@ from rich.progress import (
 from rich.table import Table
 
 from tfla_bench.adapters.workloads import Case
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
-from tfla_bench.run.rundir import ResultRow
 
 # Rich squeezes tables to 80 columns when the output is not a terminal: a log or pipe keeps one row
 # per line at these widths.

@@ -59,7 +59,7 @@ DEFAULT_TIMEOUT_S = 900.0
 # Statuses of a gate result. `passed` is True/False for "ok" and False for "error", "crashed" and
 # "timeout" (an available adapter that cannot produce a checked output fails the gate); None for
 # adapters the gate could not run ("unavailable", "unsupported") or could not compare ("no_reference").
-# Not the statuses of a results row (`tfla_bench.run.rundir.STATUSES`): a gate "ok" means compared
+# Not the statuses of a results row (`tfla_bench.run.row_schema.STATUSES`): a gate "ok" means compared
 # (passed or not), a gate has no "oom" and no "failed_check", a row has no "no_reference".
 GATE_STATUSES = ("ok", "error", "crashed", "timeout", "unavailable", "unsupported", "no_reference")
 
@@ -98,6 +98,7 @@ def max_relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         out: the kernel's output.
         ref: the reference, same shape.
     """
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     if out.shape != ref.shape:
@@ -145,6 +146,7 @@ def _failed(name: str, status: str, reason: str) -> GateResult:
 
 def _preflight(adapter: Adapter, device: str, dtype: str | None) -> GateResult | Case:
     """The gate case of `adapter`, or the result that says why the gate cannot run it."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     try:
@@ -174,6 +176,7 @@ def compare(adapter: Adapter, case: Case, device: str) -> GateResult:
         case: a forward case it supports (see `gate_case`).
         device: `cuda`, `cuda:<i>` or `cpu`.
     """
+    # torch takes seconds to import; only this path needs it.
     import torch
 
     tolerance = TOLERANCES[case.dtype]

@@ -258,6 +258,7 @@ def sharded_autotuning(shard: int, shards: int) -> Iterator[None]:
         shard: which slice, 0 <= shard < shards.
         shards: how many slices.
     """
+    # Triton loads only where our kernels or an autotuner are touched.
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
@@ -324,8 +325,10 @@ def sharded_autotuning(shard: int, shards: int) -> Iterator[None]:
 
 def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> PrecompileResult:
     """Run one precompile job in this process (the worker's side; tests call it directly)."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure import memory, timing
 
     start = time.perf_counter()
@@ -345,7 +348,7 @@ def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> Preco
             # The sweep's autotuner skips such configs, so this shard had nothing to compile.
             print(f"shard {job.shard + 1}/{job.shards}: its configs do not fit this GPU; none to compile")
         else:
-            failed = failure_of(exc, device)
+            failed = failure_of(exc)
             status, error = failed.status, failed.error
     memory.release(device)
     return PrecompileResult(job, status, time.perf_counter() - start, error)
@@ -353,6 +356,7 @@ def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> Preco
 
 def _out_of_resources(exc: BaseException) -> bool:
     """Whether `exc` is Triton's refusal of a config that does not fit the GPU's resources."""
+    # Triton loads only where our kernels or an autotuner are touched.
     from triton.runtime.errors import OutOfResources
 
     return isinstance(exc, OutOfResources)
@@ -434,6 +438,7 @@ MAX_FINGERPRINTS = 8
 
 def triton_cache_dir() -> Path:
     """The directory Triton compiles into: `TRITON_CACHE_DIR`, else Triton's default."""
+    # Triton loads only where our kernels or an autotuner are touched.
     from triton import knobs
 
     return Path(knobs.cache.dir)
@@ -443,8 +448,10 @@ def fingerprint(devices: list[str]) -> str:
     """A digest of what the compiled code of every precompile run depends on, besides the job itself:
     torch, Triton and the adapters' package versions, the source of our kernels and their tuned
     configs, the devices' compute capabilities, and whether Triton interprets (CPU)."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
+    # imports torch at import time, which only this path needs.
     from tfla_bench.kernels import config as kernel_config
     from tfla_bench.measure import envinfo
 

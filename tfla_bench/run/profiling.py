@@ -44,12 +44,14 @@ from typing import Any
 
 import pandas as pd
 
+from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import UserError
 from tfla_bench.measure import ncu
+from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.roofs import MeasuredRoofs
+from tfla_bench.measure.row import CASE_COLUMNS, ResultRow
 from tfla_bench.run import rundir
-from tfla_bench.run.rundir import CASE_COLUMNS, ResultRow
 
 PROFILE_COLUMNS = (
     "profile_status",
@@ -257,7 +259,7 @@ def write_profiles(run_dir: Path, profiles: Sequence[CaseProfile]) -> Path:
     writer = csv.DictWriter(buffer, fieldnames=columns, restval="", extrasaction="ignore")
     writer.writeheader()
     writer.writerows(kept)
-    writer.writerows({k: rundir.cell(v) for k, v in cells.items()} for cells in fresh.values())
+    writer.writerows({k: row_schema.cell(v) for k, v in cells.items()} for cells in fresh.values())
     rundir.write_atomic(path, buffer.getvalue())
     return path
 
@@ -306,7 +308,7 @@ def _key_cell(value: Any) -> str:
     """One value as the same text whether read as a string, a number, a boolean or a missing cell."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) or value == "":
         return ""
-    parsed = rundir.parse_param(value) if isinstance(value, str) else value
+    parsed = row_schema.parse_param(value) if isinstance(value, str) else value
     if isinstance(parsed, bool):
         return str(parsed).lower()
     if isinstance(parsed, float) and parsed.is_integer():
@@ -379,9 +381,10 @@ def profile_failures(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _child(device: str, grad: str, module: str, case_json: str) -> None:
     """Run one case under the profiler: warm-up calls unprofiled, then one call between start and stop."""
+    # torch takes seconds to import; only this path needs it.
     import torch
 
-    from tfla_bench.adapters import registry
+    # imports torch at import time, which only this path needs.
     from tfla_bench.measure.worker import clear_grads, grad_leaves, make_step
 
     registry.load()

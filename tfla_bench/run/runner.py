@@ -115,6 +115,8 @@ from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.kernels import config as kernel_config
 from tfla_bench.measure import envinfo
 from tfla_bench.measure import roofs as roofs_module
+from tfla_bench.measure import row as row_schema
+from tfla_bench.measure.row import ResultRow
 from tfla_bench.measure.worker import CrashGuard, Job, Measurement, Worker, autotune_cache_setting
 from tfla_bench.run import rundir
 from tfla_bench.run.console import case_label, make_console, progress_bar, row_line
@@ -126,7 +128,6 @@ from tfla_bench.run.precompile import (
     PrecompileSummary,
     precompile,
 )
-from tfla_bench.run.rundir import ResultRow
 from tfla_bench.run.specs import Spec, parse_spec
 
 RUNS_DIR = Path("results") / "runs"
@@ -254,7 +255,7 @@ def resume_plan(
     Args:
         cases: the run's cases.
         csv_path: its `results.csv`.
-        retry: statuses among `rundir.RERUNNABLE_STATUSES` to run again.
+        retry: statuses among `tfla_bench.measure.row.RERUNNABLE_STATUSES` to run again.
         console: where the warning goes.
     """
     read = rundir.read_results(csv_path)
@@ -269,7 +270,7 @@ def resume_plan(
     cases = [case for case in cases if case.key not in finished]
     todo = {case.key for case in cases}
     kept = [row for row in existing if row.case.key not in todo]
-    columns = rundir.columns_for([*(row.case for row in kept), *cases])
+    columns = row_schema.columns_for([*(row.case for row in kept), *cases])
     columns = [*dict.fromkeys([*read.header, *columns])] if read.header else columns
     return cases, kept, columns
 
@@ -392,7 +393,7 @@ def run_sweep(
         cases: from `specs.expand`.
         run_dir: from `resolve_run_dir`, checked by `check_run_dir`.
         resume: keep the finished rows already in `run_dir` and run only the other cases.
-        retry: statuses among `rundir.RERUNNABLE_STATUSES` whose rows a resume runs again and
+        retry: statuses among `tfla_bench.measure.row.RERUNNABLE_STATUSES` whose rows a resume runs again and
             replaces.
         forced: the difference from the run's own spec that `--force` accepted (kept in env.json).
         devices: worker devices (`select_devices`); default: every visible GPU, or `cpu`.
@@ -420,69 +421,24 @@ def run_sweep(
     devices = devices or select_devices(None)
     cuda = devices[0] != "cpu"
     csv_path = run_dir / rundir.RESULTS
-
     kept: list[ResultRow] = []
-    columns = rundir.columns_for(cases)
+    columns = row_schema.columns_for(cases)
     if resume:
         cases, kept, columns = resume_plan(cases, csv_path, retry, console)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        # A fresh run starts a fresh file (an earlier attempt may have left a header and no rows).
-        rundir.rewrite_results(csv_path, kept, columns)
-        rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
-        writer = rundir.RowWriter(csv_path, columns)
-    except OSError as exc:
-        raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
-
+    writer = _start_results(run_dir, spec, kept, columns)
     if not cuda:
         cpu_names = sorted({c.kernel for c in cases if registry.get(c.kernel).cpu_capable})
         console.print(
             "[bold]note:[/] no CUDA device: only CPU-capable adapters run "
             f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
         )
-    # The roofs' child process (GPU work) runs while the plan imports the adapters' libraries (host work).
-    roofs_child = roofs_module.start_for_sweep(devices[0]) if roofs and cuda else None
-    try:
-        with clock.phase("plan"):
-            decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check, clock=clock)
-    except BaseException:
-        if roofs_child is not None:
-            roofs_module.cancel(roofs_child)
-        raise
+    decided, to_run, roofs_child = _plan_beside_roofs(cases, devices[0], roofs, failed_check, clock)
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)
     )
-    host = socket.gethostname()
+    sweep = _Sweep(spec, run_dir, devices, writer, console, clock, socket.gethostname(), forced)
     try:
-        for row in decided:
-            writer.write(dataclasses.replace(row, host=host))
-        if kept:
-            console.print(f"resuming {run_dir}: {len(kept)} finished row(s) kept")
-        if decided:
-            console.print(f"{len(decided)} case(s) not run (unavailable, unsupported or failed check)")
-        measured_roofs = None
-        if roofs_child is not None and to_run:
-            with clock.phase("roofs"):
-                measured_roofs = _roofs(devices[0], roofs_child, console)
-        elif roofs_child is not None:
-            roofs_module.cancel(roofs_child)
-        precompiled = None
-        if precompile_processes > 0 and to_run:
-            with clock.phase("precompile"):
-                precompiled = _precompile(
-                    to_run, precompile_processes, devices, run_dir, spec, console, clock
-                )
-        with clock.phase("workers"):
-            workers = _start_workers(
-                devices, to_run, run_dir, spec, cuda, console, precompiled, measured_roofs, forced
-            )
-        try:
-            with clock.phase("measuring"):
-                _dispatch(to_run, workers, spec, writer, console, clock, host, precompiled)
-        finally:
-            for worker in workers:
-                worker.stop()
-            report.worker_starts = sum(worker.starts for worker in workers)
+        report.worker_starts = sweep.run(decided, to_run, len(kept), roofs_child, precompile_processes)
     except OSError as exc:
         raise RunFailed(
             f"writing to {run_dir} failed ({exc.strerror}); the {len(kept) + writer.written} row(s) "
@@ -495,6 +451,99 @@ def run_sweep(
             clock.write(run_dir)
     report.rows = rundir.read_results(csv_path).rows
     return report
+
+
+def _plan_beside_roofs(
+    cases: list[Case], device: str, roofs: bool, failed_check: dict[str, str] | None, clock: PhaseClock
+) -> tuple[list[ResultRow], list[_Planned], subprocess.Popen | None]:
+    """The plan, with the roofs' child process (GPU work) started first, so that it runs while the
+    plan imports the adapters' libraries (host work); the child is cancelled if the plan fails."""
+    cuda = device != "cpu"
+    roofs_child = roofs_module.start_for_sweep(device) if roofs and cuda else None
+    try:
+        with clock.phase("plan"):
+            decided, to_run = plan(cases, cuda=cuda, failed_check=failed_check, clock=clock)
+    except BaseException:
+        if roofs_child is not None:
+            roofs_module.cancel(roofs_child)
+        raise
+    return decided, to_run, roofs_child
+
+
+def _start_results(run_dir: Path, spec: Spec, kept: list[ResultRow], columns: list[str]) -> rundir.RowWriter:
+    """`results.csv` with the kept rows (a fresh run starts a fresh file: an earlier attempt may have
+    left a header and no rows) and `spec.json`; the writer of the rows to come."""
+    csv_path = run_dir / rundir.RESULTS
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.rewrite_results(csv_path, kept, columns)
+        rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
+        return rundir.RowWriter(csv_path, columns)
+    except OSError as exc:
+        raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
+
+
+@dataclass
+class _Sweep:
+    """What the phases after the plan share: roofs, precompile, workers and measuring."""
+
+    spec: Spec
+    run_dir: Path
+    devices: list[str]
+    writer: rundir.RowWriter
+    console: Console
+    clock: PhaseClock
+    host: str
+    forced: str | None
+
+    def run(
+        self,
+        decided: list[ResultRow],
+        to_run: list[_Planned],
+        kept: int,
+        roofs_child: subprocess.Popen | None,
+        precompile_processes: int,
+    ) -> int:
+        """Write the decided rows, then measure `to_run`; the worker processes started."""
+        console, clock, devices = self.console, self.clock, self.devices
+        for row in decided:
+            self.writer.write(dataclasses.replace(row, host=self.host))
+        if kept:
+            console.print(f"resuming {self.run_dir}: {kept} finished row(s) kept")
+        if decided:
+            console.print(f"{len(decided)} case(s) not run (unavailable, unsupported or failed check)")
+        measured_roofs = None
+        if roofs_child is not None and to_run:
+            with clock.phase("roofs"):
+                measured_roofs = _roofs(devices[0], roofs_child, console)
+        elif roofs_child is not None:
+            roofs_module.cancel(roofs_child)
+        precompiled = None
+        if precompile_processes > 0 and to_run:
+            with clock.phase("precompile"):
+                precompiled = _precompile(
+                    to_run, precompile_processes, devices, self.run_dir, self.spec, console, clock
+                )
+        cuda = devices[0] != "cpu"
+        with clock.phase("workers"):
+            workers = _start_workers(
+                devices,
+                to_run,
+                self.run_dir,
+                self.spec,
+                cuda,
+                console,
+                precompiled,
+                measured_roofs,
+                self.forced,
+            )
+        try:
+            with clock.phase("measuring"):
+                _dispatch(to_run, workers, self.spec, self.writer, console, clock, self.host, precompiled)
+        finally:
+            for worker in workers:
+                worker.stop()
+        return sum(worker.starts for worker in workers)
 
 
 def _precompile(
@@ -661,31 +710,79 @@ def _dispatch(
     """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come,
     each naming `host` and, for a case that ran on a GPU, the worker's GPU. A case whose kernel kept
     crashing in the precompile (`precompiled.crashed`) is not run."""
-    if not to_run:
-        return
-    lock = threading.Lock()
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    progress = progress_bar(console, eta=True)
-    task = progress.add_task("starting", total=len(to_run))
-    crashes = CrashGuard(precompiled.crashed if precompiled is not None else None)
+    if to_run:
+        crashes = CrashGuard(precompiled.crashed if precompiled is not None else None)
+        _Dispatch(spec, writer, console, clock, host, crashes, len(to_run)).run(to_run, workers)
 
-    def serve(worker: Worker, shard: list[_Planned]) -> None:
+
+class _Dispatch:
+    """The state the shards' threads share: one lock around the crash guard, the clock, the row
+    writer and the progress bar; the stop flag; the first bug a thread met."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        writer: rundir.RowWriter,
+        console: Console,
+        clock: PhaseClock,
+        host: str,
+        crashes: CrashGuard,
+        total: int,
+    ) -> None:
+        self.spec, self.writer, self.console, self.clock, self.host = spec, writer, console, clock, host
+        self.crashes = crashes
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.progress = progress_bar(console, eta=True)
+        self.task = self.progress.add_task("starting", total=total)
+
+    def run(self, to_run: list[_Planned], workers: list[Worker]) -> None:
+        """Serve each worker's shard in a thread; Ctrl-C, or a job's cancel, preemption or time-limit
+        handler (`tfla_bench.run.shard`, submitit's) raising from inside the wait ends the sweep."""
+        shards = {index: [p for p in to_run if p.shard == index] for index in range(len(workers))}
+        threads = [
+            threading.Thread(target=self.serve, args=(workers[index], shard), daemon=True)
+            for index, shard in shards.items()
+            if shard
+        ]
+        with self.progress:
+            for thread in threads:
+                thread.start()
+            try:
+                while any(thread.is_alive() for thread in threads):
+                    for thread in threads:
+                        thread.join(0.2)
+            except BaseException:
+                self.stop.set()
+                for worker in workers:
+                    worker.interrupt()
+                for thread in threads:
+                    thread.join(15)
+                self.console.print(f"interrupted: rows written so far are kept in {self.writer.path}")
+                raise
+        if self.errors:
+            raise self.errors[0]
+
+    def serve(self, worker: Worker, shard: list[_Planned]) -> None:
+        """Measure one shard's cases in order on `worker`, one process per adapter.
+
+        Each adapter measures in a process of its own; on a GPU the processes of the next
+        SPARES_AHEAD adapters start while it measures (`Worker.start_spare`). On the CPU they would
+        take the cores that the timed calls run on. An adapter whose every case the precompile's
+        verdict decides gets no process.
+        """
         try:
-            # Each adapter measures in a process of its own; on a GPU the processes of the next
-            # SPARES_AHEAD adapters start while it measures (`Worker.start_spare`). On the CPU they
-            # would take the cores that the timed calls run on. An adapter whose every case the
-            # precompile's verdict decides gets no process.
             ahead = SPARES_AHEAD if worker.device.startswith("cuda") else 0
-            order = list(dict.fromkeys(p.case.kernel for p in shard if not crashes.decided(p.case)))
+            order = list(dict.fromkeys(p.case.kernel for p in shard if not self.crashes.decided(p.case)))
             modules = {planned.case.kernel: type(planned.adapter).__module__ for planned in shard}
             current, started = None, 1  # the first adapter runs in the worker's own process
             for planned in shard:
-                if stop.is_set():
+                if self.stop.is_set():
                     return
-                with lock:
-                    progress.update(task, description=case_label(planned.case))
-                    crashed = crashes.reason(planned.case)
+                with self.lock:
+                    self.progress.update(self.task, description=case_label(planned.case))
+                    crashed = self.crashes.reason(planned.case)
                 if crashed is None and planned.case.kernel != current:
                     if current is not None:
                         worker.switch()
@@ -695,61 +792,45 @@ def _dispatch(
                     while started < min(position + 1 + ahead, len(order)):
                         worker.start_spare(order[started], modules[order[started]])
                         started += 1
-                if crashed is not None:
-                    row = ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=host)
-                else:
-                    settings = spec.measurement_for(planned.adapter)
-                    job = Job(planned.case, type(planned.adapter).__module__, settings)
-                    began = time.monotonic()
-                    measurement = worker.run(job)
-                    if stop.is_set():
-                        return  # interrupted: the worker was killed under us, this is not the kernel's fault
-                    row = _row(planned, measurement, host, _gpu_name(worker))
-                    with lock:
-                        crashes.record(row.case.kernel, row.status, row.error)
-                        clock.add_case(
-                            planned.case.kernel,
-                            time.monotonic() - began,
-                            measurement.first_call_s,
-                            measurement.calls_s,
-                        )
-                with lock:
-                    # Before the row, so a run stopped right after a row has that row's time too;
-                    # timings.json is secondary: failing to write it must not stop the sweep.
-                    with contextlib.suppress(OSError):
-                        clock.write(writer.path.parent)
-                    writer.write(row)
-                    progress.console.print(row_line(row))
-                    progress.advance(task)
+                row = self.measure(worker, planned, crashed)
+                if row is None:
+                    return  # interrupted: the worker was killed under us, this is not the kernel's fault
+                self.write(row)
         except BaseException as exc:  # a bug: stop the sweep and re-raise it in the main thread
-            errors.append(exc)
-            stop.set()
+            self.errors.append(exc)
+            self.stop.set()
 
-    shards = {index: [p for p in to_run if p.shard == index] for index in range(len(workers))}
-    threads = [
-        threading.Thread(target=serve, args=(workers[index], shard), daemon=True)
-        for index, shard in shards.items()
-        if shard
-    ]
-    with progress:
-        for thread in threads:
-            thread.start()
-        try:
-            while any(thread.is_alive() for thread in threads):
-                for thread in threads:
-                    thread.join(0.2)
-        # Ctrl-C, or a job's cancel, preemption or time-limit handler (`tfla_bench.run.shard`,
-        # submitit's) raising from inside this wait: the job ends.
-        except BaseException:
-            stop.set()
-            for worker in workers:
-                worker.interrupt()
-            for thread in threads:
-                thread.join(15)
-            console.print(f"interrupted: rows written so far are kept in {writer.path}")
-            raise
-    if errors:
-        raise errors[0]
+    def measure(self, worker: Worker, planned: _Planned, crashed: str | None) -> ResultRow | None:
+        """The row of one case: `crashed` without running when the crash guard says so; None when the
+        sweep was stopped while it ran."""
+        if crashed is not None:
+            return ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=self.host)
+        settings = self.spec.measurement_for(planned.adapter)
+        job = Job(planned.case, type(planned.adapter).__module__, settings, planned.adapter.family)
+        began = time.monotonic()
+        measurement = worker.run(job)
+        if self.stop.is_set():
+            return None
+        row = _row(planned, measurement, self.host, _gpu_name(worker))
+        with self.lock:
+            self.crashes.record(row.case.kernel, row.status, row.error)
+            self.clock.add_case(
+                planned.case.kernel,
+                time.monotonic() - began,
+                measurement.row.first_call_s,
+                measurement.calls_s,
+            )
+        return row
+
+    def write(self, row: ResultRow) -> None:
+        with self.lock:
+            # Before the row, so a run stopped right after a row has that row's time too;
+            # timings.json is secondary: failing to write it must not stop the sweep.
+            with contextlib.suppress(OSError):
+                self.clock.write(self.writer.path.parent)
+            self.writer.write(row)
+            self.progress.console.print(row_line(row))
+            self.progress.advance(self.task)
 
 
 def _gpu_name(worker: Worker) -> str:
@@ -759,27 +840,20 @@ def _gpu_name(worker: Worker) -> str:
 
 
 def _row(planned: _Planned, measurement: Measurement, host: str, gpu_name: str) -> ResultRow:
-    """The result row of a measured case: every field of the measurement that is a column of the row
-    (same name), the GPU state cells, and what the parent knows (counts, rates, the library, the node
-    and GPU that measured it)."""
-    measured = {
-        field.name: getattr(measurement, field.name)
-        for field in dataclasses.fields(measurement)
-        if field.name in rundir.METRIC_COLUMNS
-    }
-    median_s = measurement.median_ms / 1e3 if measurement.median_ms else None
-    return ResultRow(
-        case=planned.case,
+    """The result row of a measured case: the worker's row, with what the parent knows added (the
+    counts and rates, the library, the node and the GPU that measured it)."""
+    row = measurement.row
+    median_s = row.median_ms / 1e3 if row.median_ms else None
+    return dataclasses.replace(
+        row,
         family=planned.adapter.family,
         flops=planned.flops,
         bytes=planned.bytes,
         tflops=planned.flops / median_s / 1e12 if median_s else None,
         gbps=planned.bytes / median_s / 1e9 if median_s else None,
         library=planned.adapter.library(),
-        **measured,
         host=host,
-        gpu_name=gpu_name if measurement.device.startswith("cuda") else "",
-        **{key: value for key, value in measurement.gpu_state.items() if value is not None},
+        gpu_name=gpu_name if row.device.startswith("cuda") else "",
     )
 
 

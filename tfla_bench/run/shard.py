@@ -105,6 +105,7 @@ class ShardJob:
         if self.requeued >= MAX_REQUEUES:
             self.write_end(STOPPED)
             return None
+        # submitit is optional (the `cluster` extra); only a job that requeues needs it.
         from submitit.core.utils import DelayedSubmission
 
         return DelayedSubmission(dataclasses.replace(self, requeued=self.requeued + 1))

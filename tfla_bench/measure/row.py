@@ -1,0 +1,222 @@
+"""The row schema: one result row is the case, what the worker measured and the parent's derived
+counts, each field declared once in `ResultRow`. `results.csv`'s header (`columns_for`), its writer
+(`ResultRow.to_csv`) and its reader (`ResultRow.from_csv`) come from it; `tfla_bench.run.rundir` owns
+the file itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from tfla_bench.adapters.workloads import Case, parse_bool
+from tfla_bench.measure.gpustate import COLUMNS as NVML_COLUMNS
+
+CASE_COLUMNS = (
+    "kernel",
+    "mode",
+    "dtype",
+    "batch",
+    "seq_len",
+    "num_heads",
+    "head_dim_qk",
+    "head_dim_v",
+    "chunk_size",
+)
+# The GPU's state before and after the case (`tfla_bench.measure.gpustate`), then whether it throttled.
+GPU_STATE_COLUMNS = (
+    *(f"{column}_{when}" for when in ("before", "after") for column in NVML_COLUMNS),
+    "throttled",
+)
+STATUSES = (
+    "ok",
+    "crashed",
+    "oom",
+    "timeout",
+    "unavailable",
+    "unsupported",
+    "error",
+    "failed_check",
+    "interrupted",
+)
+# Statuses decided in the parent without running anything: re-deciding them is free and reflects the
+# current install (a package added, the correctness gate fixed), so `--resume` does it again.
+RETRYABLE_STATUSES = frozenset({"unavailable", "unsupported", "failed_check"})
+# A case stopped from outside (the sweep's job cancelled, preempted or out of time) says nothing about
+# its kernel, so `--resume` runs it again too.
+UNFINISHED_STATUSES = RETRYABLE_STATUSES | {"interrupted"}
+# Statuses of cases that ran and failed: `--retry` runs them again.
+RERUNNABLE_STATUSES = ("crashed", "timeout", "error", "oom")
+
+
+@dataclass
+class ResultRow:
+    """Everything measured about one case; each field after `case` is a column of `results.csv`.
+
+    Attributes:
+        case: the case.
+        family: the adapter's family.
+        status: one of `STATUSES`.
+        median_ms, p20_ms, p80_ms, min_ms: runtime statistics over the timed repetitions.
+        first_call_s: wall time of the first call (compile and autotune included).
+        peak_memory_bytes: `max_memory_allocated` over one call (None on CPU: not measured).
+        peak_memory_above_inputs_bytes: the same minus what was allocated right after `make_inputs`.
+        flops, bytes: the adapter's analytic counts for one call.
+        tflops, gbps: flops / median and bytes / median.
+        device: where it ran (`cuda:0`, `cpu`), empty when it did not run.
+        error: the reason or the last lines of the error for any status but `ok`.
+        note: remarks about an `ok` row (e.g. memory not measured on CPU, a case timed again once
+            its power cap set in).
+        warmup, reps: untimed and timed calls made (the first series of a case timed again is warm-up).
+        ci_rel: half-width of the median's 95% confidence interval over the median.
+        stop: why timing stopped: `fixed`, `ci`, `budget` or `max` (`tfla_bench.measure.timing.StopRule`).
+        host_gap_share: share of timed calls during which the GPU may have waited for the host.
+        settle_s: seconds the worker waited before the case for the GPU to leave a power cap or
+            slowdown and regain its clock (`gpustate.Monitor.settle`).
+        sm_mhz_before ... throttle_after, throttled: the GPU's state (`tfla_bench.measure.gpustate`).
+        library: the installed versions of the adapter's packages, e.g. `fla-core 0.6.0`.
+        host: the node that ran or decided the case.
+        gpu_name: the name of the GPU that measured it (empty on CPU and for a case not run).
+    """
+
+    case: Case
+    family: str
+    status: str
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    min_ms: float | None = None
+    first_call_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_above_inputs_bytes: int | None = None
+    flops: float | None = None
+    bytes: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+    device: str = ""
+    error: str = ""
+    note: str = ""
+    warmup: int | None = None
+    reps: int | None = None
+    ci_rel: float | None = None
+    stop: str = ""
+    host_gap_share: float | None = None
+    settle_s: float | None = None
+    sm_mhz_before: int | None = None
+    mem_mhz_before: int | None = None
+    temp_c_before: int | None = None
+    power_w_before: float | None = None
+    throttle_before: str = ""
+    sm_mhz_after: int | None = None
+    mem_mhz_after: int | None = None
+    temp_c_after: int | None = None
+    power_w_after: float | None = None
+    throttle_after: str = ""
+    throttled: bool | None = None
+    library: str = ""
+    host: str = ""
+    gpu_name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    @property
+    def finished(self) -> bool:
+        """Whether `--resume` keeps this row instead of deciding or running the case again."""
+        return self.status not in UNFINISHED_STATUSES
+
+    def values(self) -> dict[str, Any]:
+        """The row as typed values by column (case columns, `param_*`, metrics)."""
+        case = self.case.columns()
+        return {**case, **{name: getattr(self, name) for name in METRIC_COLUMNS}}
+
+    def to_csv(self) -> dict[str, str]:
+        """The row as CSV cells (empty for None and NaN)."""
+        return {key: cell(value) for key, value in self.values().items()}
+
+    @classmethod
+    def from_csv(cls, cells: dict[str, str]) -> ResultRow:
+        """Parse a row written by `to_csv`; a metric column the cells lack takes its default.
+
+        Raises:
+            ValueError: a cell that does not parse, or an unknown status.
+        """
+        params = {
+            key.removeprefix("param_"): parse_param(value)
+            for key, value in cells.items()
+            if key.startswith("param_") and value != ""
+        }
+        case = Case(
+            kernel=cells["kernel"],
+            mode=cells["mode"],
+            dtype=cells["dtype"],
+            batch=_int(cells["batch"]),
+            seq_len=_int(cells["seq_len"]),
+            num_heads=_int(cells["num_heads"]),
+            head_dim_qk=_int(cells["head_dim_qk"]),
+            head_dim_v=_int(cells["head_dim_v"]),
+            chunk_size=_int(cells["chunk_size"]) if cells["chunk_size"] else None,
+            params=params,
+        )
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            if spec.name in ("case", "family", "status") or spec.name not in cells:
+                continue
+            text = cells[spec.name]
+            if spec.type == "str":
+                values[spec.name] = text
+            elif text == "":
+                values[spec.name] = None
+            elif "bool" in spec.type:
+                flag = parse_bool(text)
+                if flag is None:
+                    raise ValueError(f"{spec.name}: not a bool: {text!r}")
+                values[spec.name] = flag
+            elif "int" in spec.type:
+                values[spec.name] = int(float(text))
+            else:
+                values[spec.name] = float(text)
+        return cls(case=case, family=cells["family"], status=cells["status"], **values)
+
+
+METRIC_COLUMNS = tuple(spec.name for spec in fields(ResultRow) if spec.name != "case")
+REQUIRED_COLUMNS = (*CASE_COLUMNS, "family", "status")
+
+
+def columns_for(cases: list[Case]) -> list[str]:
+    """The CSV header for a run of these cases: case columns, the union of param columns, metrics."""
+    params = sorted({f"param_{name}" for case in cases for name in case.params})
+    return [*CASE_COLUMNS, *params, *METRIC_COLUMNS]
+
+
+def parse_param(text: str) -> bool | int | float | str:
+    """A param value from text (a CSV cell or a `--param` flag): bool, int, float or str."""
+    flag = parse_bool(text)
+    if flag is not None:
+        return flag
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _int(text: str) -> int:
+    """An integer cell; `128.0` too (a table tool may write integers of a column with gaps as floats)."""
+    try:
+        return int(text)
+    except ValueError:
+        number = float(text)
+        if not number.is_integer():
+            raise ValueError(f"not an integer: {text!r}") from None
+        return int(number)
+
+
+def cell(value: Any) -> str:
+    """A value as the run directory's CSV files write it: empty for None and NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value)
