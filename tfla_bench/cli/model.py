@@ -14,7 +14,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from tfla_bench.cli.paths import output_dir
+from tfla_bench.cli.paths import output_dir, path_option
 from tfla_bench.errors import UserError
 from tfla_bench.measure.roofs import measured_accelerator
 from tfla_bench.model.counts import MlstmShape, check_chunk_size
@@ -395,9 +395,9 @@ def roofline(
             + _GPU_HELP,
         ),
     ] = None,
-    out: Annotated[Path, typer.Option("--out", help="folder for the PNG and SVG figures")] = Path(
-        "results/figures"
-    ),
+    out: Annotated[
+        Path, typer.Option("--out", parser=path_option("--out"), help="folder for the PNG and SVG figures")
+    ] = Path("results/figures"),
     peak_flops: Annotated[
         float | None, typer.Option("--peak-flops", help="peak FLOP/s of an extra custom accelerator")
     ] = None,
