@@ -44,6 +44,9 @@ from tfla_bench.run.cluster import ClusterFlags
 from tfla_bench.run.console import cases_table, make_console, summary_table
 from tfla_bench.run.specs import Spec
 
+# The most compile processes: each holds a GPU context and a compiler, so more than this would only
+# thrash the host.
+MAX_PRECOMPILE = 1024
 # The flags whose names differ from the settings they set.
 FLAG_OF = {"budget_s": "budget", "timeout_s": "timeout"}
 
@@ -464,8 +467,10 @@ def _with_measurement_flags(spec: Spec, flags: _Flags) -> Spec:
     for key, value in given.items():
         if value is not None:
             settings.check(key, value, f"--{FLAG_OF.get(key, key).replace('_', '-')}")
-    if flags.precompile < 0:
-        raise UserError(f"--precompile: expected a number of processes >= 0, got {flags.precompile}")
+    if not 0 <= flags.precompile <= MAX_PRECOMPILE:
+        raise UserError(
+            f"--precompile: expected an integer in [0, {MAX_PRECOMPILE}] processes, got {flags.precompile}"
+        )
     return spec.with_measurement(**given)
 
 
