@@ -125,7 +125,7 @@ BAD_RUNS = [
     (["run", "-k", "sdpa_math", *SHAPE, "--power-cap", "wait"], "--power-cap: expected one of gaps, again"),
     (
         ["run", "-k", "sdpa_math", *SHAPE, "--precompile", "-1"],
-        "--precompile: expected a number of processes >= 0",
+        "--precompile: expected an integer in [0, 1024] processes",
     ),
     (["sweep", "missing.toml"], "cannot read spec missing.toml"),
     (["sweep"], "needs a SPEC"),

@@ -93,7 +93,8 @@ def test_rows_match_by_case_with_noise_aware_verdicts(runs):
     assert got[("tfla_sig", 4096, "")] == ("slower", pytest.approx(1.1))
     assert got[("sdpa_flash", 1024, "causal=False")][0] == "same"  # 3% change, 10% p20..p80 half-spread
     assert got[("sdpa_flash", 1024, "causal=True")] == ("same", pytest.approx(1.0))
-    assert got[("gla", 1024, "")][0] == "status" and math.isnan(got[("gla", 1024, "")][1])
+    assert got[("gla", 1024, "")][0] == "not comparable" and math.isnan(got[("gla", 1024, "")][1])
+    assert result.rows.set_index("kernel").loc["gla", "reason"] == "crashed in B"
     assert list(result.only_a["kernel"]) == ["mamba2"] and list(result.only_b["kernel"]) == ["lightning2"]
 
 
@@ -101,7 +102,7 @@ def test_summary_is_the_geometric_mean_per_kernel_and_mode(runs):
     summary = diff_runs(*runs).summary.set_index("kernel")
     assert summary.loc["tfla_sig", "geomean_ratio"] == pytest.approx((0.8 * 2.01 / 2 * 1.1) ** (1 / 3))
     assert summary.loc["tfla_sig", ["cases", "faster", "slower", "same"]].tolist() == [3, 1, 1, 1]
-    assert summary.loc["gla", "cases"] == 0 and summary.loc["gla", "status"] == 1
+    assert summary.loc["gla", "cases"] == 0 and summary.loc["gla", "not comparable"] == 1
 
 
 def test_agreement_counts_the_cases_within_2_and_5_percent(runs, capsys):
@@ -181,7 +182,7 @@ def test_cli_threshold_exit_codes_and_outputs(runs, tmp_path, capsys):
     a, b = runs
     assert main(["diff", str(a), str(b)]) == 0
     out = capsys.readouterr().out
-    assert "warning:" in out and "geometric mean" in out and "cases in run A only" in out
+    assert "warning:" in out and "geometric mean" in out and "1 case(s) in run A only" in out
     assert main(["diff", str(a), str(b), "--threshold", "5"]) == 1
     assert "1 case(s) slower by more than 5%" in capsys.readouterr().out
     assert main(["diff", str(a), str(b), "--threshold", "15"]) == 0
@@ -205,8 +206,8 @@ def test_cli_no_matching_case_or_no_run_is_one_line_and_exit_2(runs, tmp_path, c
     assert main(["diff", str(a), str(tmp_path / "missing")]) == 2
     assert "no results.csv" in capsys.readouterr().err
     assert main(["diff", str(a), str(a), "--threshold", "-1"]) == 2
-    assert main(["diff", str(a), str(a), "--plot", str(tmp_path / "no" / "dir" / "x.png")]) == 2
-    assert "cannot write" in capsys.readouterr().err
+    assert main(["diff", str(a), str(a), "--plot", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
 
 
 def test_the_plot_runs_along_the_column_that_varies(tmp_path):

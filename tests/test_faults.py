@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 from tfla_bench.adapters import registry
 from tfla_bench.cli.main import main
 from tfla_bench.measure import row as row_schema
-from tfla_bench.run import phases
+from tfla_bench.measure import settings as measure_settings
+from tfla_bench.run import phases, rundir, specs
 
 TESTS = Path(__file__).resolve().parent
 README = TESTS.parent / "README.md"
@@ -517,6 +518,389 @@ def test_fuzz_reached_both_outcomes():
         0,
     )
     assert {0, 2} <= set(_fuzz_exits)
+
+
+# --- hostile numbers: NaN, inf, huge, negative and non-numeric values ---------------------------------
+
+# Every numeric key of a spec: the measurement settings, the shape, and an override's warmup and reps.
+NUMERIC_SPEC_KEYS = [
+    *(key for key, rule in measure_settings.RULES.items() if rule.kind in ("int", "number")),
+    *(f"shape.{key}" for key in specs.SHAPE_KEYS),
+    "override.mlstm.warmup",
+    "override.mlstm.reps",
+]
+ADHOC_DRY = [
+    "run",
+    "-k",
+    "sdpa_math",
+    "--seq-len",
+    "16",
+    "--tokens",
+    "32",
+    "--heads",
+    "1",
+    "--head-dim-qk",
+    "8",
+]
+MODEL = [
+    "model",
+    "flops",
+    "--seq-len",
+    "8192",
+    "--head-dim-qk",
+    "64",
+    "--head-dim-v",
+    "64",
+    "--chunk-size",
+    "64",
+]
+# Every numeric flag: (the command line it is added to, the flag, whether a huge value is refused). The
+# model's float flags take any positive finite number: its formulas hold for any accelerator or byte size.
+NUMERIC_FLAGS = [
+    *(
+        (["sweep", "SPEC", "--dry-run"], flag, True)
+        for flag in ("--warmup", "--reps", "--rel-ci", "--budget")
+    ),
+    *((["sweep", "SPEC", "--dry-run"], flag, True) for flag in ("--timeout", "--autotune-ms")),
+    *(
+        ([*ADHOC_DRY, "--dry-run"], flag, True)
+        for flag in ("--warmup", "--reps", "--timeout", "--precompile")
+    ),
+    *(
+        ([*ADHOC_DRY, "--dry-run"], flag, True)
+        for flag in ("--seq-len", "--tokens", "--heads", "--head-dim-qk", "--head-dim-v", "--chunk-size")
+    ),
+    (["check", "-k", "sdpa_math"], "--timeout", True),
+    (["diff", "A", "B"], "--threshold", True),
+    *((MODEL, flag, True) for flag in ("--seq-len", "--head-dim-qk", "--chunk-size", "--batch", "--heads")),
+    *((MODEL, flag, False) for flag in ("--causal-factor", "--qkv-bytes", "--gate-bytes", "--state-bytes")),
+    *(
+        ([*MODEL, "--gpu", "custom", "--peak-flops", "1e15", "--bandwidth", "1e12"], f, False)
+        for f in ("--peak-flops", "--bandwidth")
+    ),
+]
+# A hostile value as (its TOML literal, its text on a command line, its kind).
+_nan_inf = st.sampled_from([("nan", "nan"), ("inf", "inf"), ("-inf", "-inf"), ("+inf", "+inf")])
+_huge = st.one_of(st.integers(10**10, 10**30).map(str), st.floats(1e10, 1e300).map(repr))
+_negative = st.one_of(st.integers(-(10**9), -1).map(str), st.floats(-1e9, -1e-9).map(repr))
+_words = st.text("abcdefghjklmopqrsuvwxyz", min_size=1, max_size=8)
+_hostile = st.one_of(
+    _nan_inf.map(lambda pair: (*pair, "non-finite")),
+    _huge.map(lambda text: (text, text, "huge")),
+    _negative.map(lambda text: (text, text, "negative")),
+    _words.map(lambda word: (json.dumps(word), word, "non-numeric")),
+    st.sampled_from(["true", '[1, "x"]', "{ a = 1 }"]).map(lambda text: (text, "1,,x", "non-numeric")),
+)
+
+
+def _spec_with(key: str, literal: str) -> str:
+    """The tiny spec with `key` (top level, `shape.x` or `override.mlstm.x`) set to `literal`."""
+    table, _, name = key.rpartition(".")
+    lines = SPEC.strip().splitlines()
+    shape_at, override_at = lines.index("[shape]"), lines.index("[override.mlstm_torch]")
+    top, shape, rest = lines[:shape_at], lines[shape_at + 1 : override_at], lines[override_at:]
+    entry = f"{name} = {literal}"
+    if not table:
+        top = [entry, *(line for line in top if not line.startswith(f"{name} ="))]
+    elif table == "shape":
+        shape = [entry, *(line for line in shape if not line.startswith(f"{name} ="))]
+    else:
+        rest += ["[override.mlstm]", entry]
+    return "\n".join([*top, "[shape]", *shape, *rest]) + "\n"
+
+
+def _one_line_naming(code: int, err: str, names: tuple[str, ...]) -> bool:
+    return code == 2 and err.startswith("error: ") and err.count("\n") == 1 and any(n in err for n in names)
+
+
+HOSTILE_EXAMPLES = 400
+_hostile_outcomes: list[bool] = []
+_hostile_examples: list[int] = []  # every example, those skipped as valid for their flag too
+
+
+@settings(
+    max_examples=HOSTILE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None
+)
+@given(
+    target=st.one_of(st.sampled_from(NUMERIC_SPEC_KEYS), st.sampled_from(range(len(NUMERIC_FLAGS)))),
+    value=_hostile,
+)
+def test_hostile_numbers_in_every_numeric_key_and_flag_are_one_line(fuzz_dir, target, value):
+    literal, text, kind = value
+    _hostile_examples.append(1)
+    spec = fuzz_dir / "hostile.toml"
+    if isinstance(target, str):
+        spec.write_text(_spec_with(target, literal))
+        argv = ["sweep", str(spec), "--dry-run"]
+        names = (f"'{target}'", f"'{target.replace('override.mlstm.', '')}'")
+    else:
+        command, flag, huge_refused = NUMERIC_FLAGS[target]
+        if kind == "huge" and not huge_refused:
+            return
+        spec.write_text(SPEC)
+        argv = [str(spec) if part == "SPEC" else part for part in command] + [flag, text]
+        names = (flag, flag.lstrip("-").replace("-", "_"))
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(argv)
+    ok = _one_line_naming(code, err.getvalue(), names)
+    _hostile_outcomes.append(ok)
+    assert ok, (argv, kind, code, err.getvalue(), spec.read_text())
+
+
+def test_hostile_numbers_reached_every_key_and_flag():
+    if len(_hostile_examples) < HOSTILE_EXAMPLES:
+        pytest.skip("the hostile-number test did not run before this one")
+    record(
+        f"{len(_hostile_outcomes)} NaN, inf, huge, negative and non-numeric values in "
+        f"{len(NUMERIC_SPEC_KEYS)} spec keys and {len(NUMERIC_FLAGS)} flags (exit 2, one line naming it)",
+        len(_hostile_outcomes),
+        sum(_hostile_outcomes),
+        0,
+    )
+    assert all(_hostile_outcomes)
+
+
+BINARY_SPECS = {
+    "bytes that are not UTF-8": b"\x00\xff\xfe\x80name = 1",
+    "a spec saved as UTF-16": SPEC.encode("utf-16"),
+    "NUL bytes in a UTF-8 file": SPEC.replace("[shape]", "[shape]\x00").encode(),
+}
+
+
+def test_binary_spec_files_are_one_line(tmp_path, capsys):
+    answers = []
+    for name, data in BINARY_SPECS.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.toml"
+        path.write_bytes(data)
+        answers.append((main(["sweep", str(path), "--dry-run"]), capsys.readouterr().err))
+    survived = sum(_one_line_naming(code, err, (str(tmp_path),)) for code, err in answers)
+    record(
+        "binary spec files: not UTF-8, UTF-16, NUL bytes (exit 2 with one line)", len(answers), survived, 0
+    )
+    assert survived == len(answers), answers
+
+
+# --- diff of runs whose medians are zero, inf or NaN -----------------------------------------------------
+
+
+def test_diff_of_zero_inf_and_nan_medians_and_bad_thresholds(tmp_path, clean_run, capsys):
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(clean_run, run_a)
+    shutil.copytree(clean_run, run_b)
+    lines = (run_a / "results.csv").read_text().splitlines()
+    column = lines[0].split(",").index("median_ms")
+    broken = {1: "inf", 2: "0", 3: "nan", 4: "-1"}
+    for line, value in broken.items():
+        cells = next(csv.reader([lines[line]]))
+        cells[column] = value
+        out = io.StringIO()
+        csv.writer(out, lineterminator="").writerow(cells)
+        lines[line] = out.getvalue()
+    (run_a / "results.csv").write_text("\n".join(lines) + "\n")
+    report = tmp_path / "d.json"
+    argv = [
+        "diff",
+        str(run_a),
+        str(run_b),
+        "--threshold",
+        "5",
+        "--json",
+        str(report),
+        "--plot",
+        str(tmp_path / "d.png"),
+    ]
+    code = main(argv)
+    out = capsys.readouterr().out
+    reasons = sorted(row["reason"] for row in json.loads(report.read_text())["rows"] if row["reason"])
+    medians = [f"median of A is {value} ms, not a finite time above 0" for value in ("-1", "0", "inf", "nan")]
+    outcomes = [
+        code == 0 and reasons == medians and "4 case(s) changed beyond their noise or not comparable" in out
+    ]
+    for threshold in ("nan", "inf", "0", "-5", "1e30"):
+        code = main(["diff", str(run_a), str(run_b), "--threshold", threshold])
+        outcomes.append(_one_line_naming(code, capsys.readouterr().err, ("--threshold",)))
+    env = json.loads((run_b / "env.json").read_text())
+    (run_b / "env.json").write_text(json.dumps({**env, "results_schema": rundir.SCHEMA_VERSION + 1}))
+    code = main(["diff", str(run_a), str(run_b)])
+    outcomes.append(_one_line_naming(code, capsys.readouterr().err, ("upgrade tfla-bench",)))
+    record(
+        "`diff` of zero, inf, NaN and negative medians (one run), 5 bad thresholds, a newer schema",
+        len(outcomes),
+        sum(outcomes),
+        0,
+    )
+    assert all(outcomes), (outcomes, reasons, out)
+
+
+# --- hostile output paths ---------------------------------------------------------------------------------
+
+
+def test_empty_too_long_and_looping_output_paths(tmp_path, clean_run, capsys):
+    from test_cli_paths import WRITERS
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    wrong = {
+        "empty": "",
+        "a 300-byte name": str(tmp_path / ("x" * 300)),
+        "a symlink loop": str(tmp_path / "loop" / "out"),
+    }
+    smoke = str(TESTS.parent / "experiments" / "smoke.toml")
+    answers = []
+    before = tree_digest(clean_run)
+    for template, _kind in WRITERS.values():
+        flag = template[template.index("OUT") - 1]
+        for path in wrong.values():
+            argv = [
+                {"RUN": str(clean_run), "OUT": path, "experiments/smoke.toml": smoke}.get(a, a)
+                for a in template
+            ]
+            code = main(argv)
+            answers.append((argv, code, capsys.readouterr().err, flag))
+    survived = sum(_one_line_naming(code, err, (f"error: {flag}",)) for _, code, err, flag in answers)
+    record(
+        f"an empty, a 300-byte and a looping output path, for each of {len(WRITERS)} outputs",
+        len(answers),
+        survived,
+        lost(rows(clean_run), rows(clean_run)) if tree_digest(clean_run) == before else CASES,
+    )
+    assert survived == len(answers), [
+        a for a in answers if not _one_line_naming(a[1], a[2], (f"error: {a[3]}",))
+    ]
+
+
+# --- resumes that would drop or change data ---------------------------------------------------------------
+
+
+def test_resume_refuses_what_it_would_drop_or_change(tmp_path, clean_run, capsys):
+    """Two different rows of one case, a read-only results.csv and an invalid recorded spec.json are
+    each refused with one line saying what to do, and the run is left as it was."""
+    outcomes = []
+    for fault in ("duplicate", "read-only", "invalid spec.json"):
+        run_dir = tmp_path / fault.replace(" ", "-")
+        shutil.copytree(clean_run, run_dir)
+        csv_path = run_dir / "results.csv"
+        lines = csv_path.read_text().splitlines(keepends=True)
+        if fault == "duplicate":
+            cells = next(csv.reader([lines[1]]))
+            cells[list(next(csv.reader([lines[0]]))).index("median_ms")] = "123.0"
+            out = io.StringIO()
+            csv.writer(out, lineterminator="\n").writerow(cells)
+            csv_path.write_text("".join(lines) + out.getvalue())
+            expected = (
+                f"lines 2 and {len(lines) + 1} are two different rows",
+                "delete the one that is wrong",
+            )
+        elif fault == "read-only":
+            csv_path.chmod(0o444)
+            expected = ("is read-only (mode 444)", "chmod u+w")
+        else:
+            spec = json.loads((run_dir / "spec.json").read_text())
+            (run_dir / "spec.json").write_text(json.dumps({**spec, "timeout_s": float("nan")}))
+            expected = ("the run's own record is invalid", "timeout_s", "start a new run with --out")
+        before = tree_digest(run_dir)
+        mode = csv_path.stat().st_mode
+        code = main(["sweep", "--resume", str(run_dir)])
+        err = capsys.readouterr().err
+        unchanged = tree_digest(run_dir) == before and csv_path.stat().st_mode == mode
+        outcomes.append(
+            (
+                fault,
+                _one_line_naming(code, err, expected[:1]) and all(e in err for e in expected),
+                unchanged,
+                err,
+            )
+        )
+    record(
+        "a resume over two different rows of one case, a read-only results.csv, an invalid spec.json",
+        len(outcomes),
+        sum(ok and unchanged for _, ok, unchanged, _ in outcomes),
+        0,
+    )
+    assert all(ok and unchanged for _, ok, unchanged, _ in outcomes), outcomes
+
+
+# --- a full disk -----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted on `folder`; the test is skipped, with the reason, where none can be."""
+    folder.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Append to a file in `folder` until its file system is full; returns it (deleting it frees the
+    space)."""
+    filler = folder / "filler"
+    with filler.open("ab", buffering=0) as out:
+        for size in (1 << 16, 1 << 12, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    out.write(b"\0" * size)
+    return filler
+
+
+def keep_full(folder: Path, proc: subprocess.Popen) -> None:
+    """Fill `folder` again and again while `proc` runs: whatever a failed write frees (the sweep
+    removes a timings.json it cannot replace) is taken back at once."""
+    while proc.poll() is None:
+        fill(folder)
+        time.sleep(0.01)
+
+
+def test_a_full_disk_during_a_sweep_and_in_report_and_plot(tmp_path, spec_file, clean_run):
+    with small_disk(tmp_path / "disk", "8m") as disk:
+        run_dir, log = disk / "run", tmp_path / "sweep.log"
+        proc = start(["sweep", str(spec_file), "--out", str(run_dir)], tmp_path, log)
+        wait_until(proc, lambda: row_count(run_dir) >= 2, log)
+        filler = fill(disk)
+        keep_full(disk, proc)
+        code = proc.wait(WAIT_S)
+        text = log.read_text()
+        before = rows(run_dir)
+        timings = phases.read(run_dir)
+        # No timings.json older than the rows: it was removed with a warning, or its record is current.
+        fresh = (
+            timings is None
+            and "warning: cannot write" in text
+            or (timings is not None and sum(a["cases"] for a in timings["adapters"].values()) >= len(before))
+        )
+        stopped = code == 1 and "error: writing to" in text and "continue with --resume" in text
+        answers = [main_quiet(["report", str(run_dir), "--published", "none", "--out", str(disk / "r.html")])]
+        answers.append(main_quiet(["plot", str(run_dir), "--published", "none", "--out", str(disk / "figs")]))
+        refused = [c == 2 and "no space left" in err for c, err in answers]
+        left = sorted(p.name for p in disk.iterdir())
+        filler.unlink()
+        assert finish(["sweep", "--resume", str(run_dir)], tmp_path, log) == 0, log.read_text()
+        final = rows(run_dir)
+        keys = [key(row) for row in final]
+        survived = (stopped and fresh) + sum(refused)
+        record(
+            "a full disk (a small tmpfs) during a sweep, then `--resume`; `report` and `plot` on it",
+            1 + len(answers),
+            survived if left == ["filler", "run"] else 0,
+            lost(before, final),
+        )
+        assert stopped and fresh, text
+        assert all(refused) and left == ["filler", "run"], (answers, left)
+        assert len(keys) == len(set(keys)) == CASES and not lost(before, final)
+
+
+def main_quiet(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue()
 
 
 # --- the README's Reliability table ------------------------------------------------------------------

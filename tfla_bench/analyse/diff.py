@@ -5,11 +5,13 @@ Rows match by case: kernel, mode, dtype, batch, seq_len, heads, head dims, chunk
 noise is the sum of the two runs' relative uncertainties of their medians: `ci_rel` (the
 median's 95% interval) where the row has a finite one, else half the p20..p80 spread over the
 median (runs timed with fixed reps before `ci_rel` existed). The verdict is `same` when
-|ratio - 1| is within that noise, else `faster` or `slower`; a case not `ok` in both runs is
-`status` (its two statuses are in the row). Per kernel and mode the summary is the geometric mean
-of the ratios. Cases in one run only are listed apart, and a different GPU, library version or
-measurement setting (spec.json: the stop rule, the L2 flush, the clock, the power-cap policy)
-between the runs is a warning.
+|ratio - 1| is within that noise, else `faster` or `slower`. A case that is not `ok` in both runs,
+or whose median is not a finite number above 0, or whose noise is not finite, is `not comparable`,
+and its `reason` says why (its two statuses are in the row too). Per kernel and mode the summary
+is the geometric mean of the ratios. Cases in one run only are listed apart, and a different GPU,
+library version or measurement setting (spec.json: the stop rule, the L2 flush, the clock, the
+power-cap policy) between the runs is a warning. A run whose env.json names a newer results schema
+is refused, as `compare`, `plot` and `report` refuse it.
 
 The agreement (the shares of cases within 2% and 5%, the largest deviation) is given over all
 cases ok in both, per pair of devices (A's, B's) when either run spread its cases over several
@@ -45,7 +47,8 @@ from tfla_bench.run import rundir
 ENV_FACTS = ("gpu_name", "driver", "cuda", "cudnn", "torch", "triton")
 # spec.json's settings that change what a row's time means (a case's time limit does not).
 MEASURE_SETTINGS = tuple(f.name for f in dataclasses.fields(MeasureSettings) if f.name != "timeout_s")
-VERDICTS = ("faster", "slower", "same", "status")
+NOT_COMPARABLE = "not comparable"
+VERDICTS = ("faster", "slower", "same", NOT_COMPARABLE)
 # The plot's x axis: the first of these case columns that varies between the matched rows.
 X_COLUMNS = ("seq_len", "head_dim_v", "chunk_size")
 # What a hollow marker on the plot means.
@@ -62,6 +65,7 @@ ROW_COLUMNS = (
     "ratio",
     "noise",
     "verdict",
+    "reason",
     "device_a",
     "device_b",
     "throttled",
@@ -89,6 +93,20 @@ class RunDiff:
         """Rows judged slower (beyond their noise) by more than `threshold_pct` percent."""
         rows = self.rows
         return rows[(rows["verdict"] == "slower") & (rows["ratio"] > 1 + threshold_pct / 100)]
+
+    def changed(self, threshold_pct: float | None = None) -> pd.DataFrame:
+        """Rows judged faster or slower beyond their noise, and (given `threshold_pct`) by more than
+        that many percent either way; the largest changes first."""
+        rows = self.rows[self.rows["verdict"].isin(("faster", "slower"))]
+        if threshold_pct is not None:
+            rows = rows[(rows["ratio"] - 1).abs() > threshold_pct / 100]
+        order = (rows["ratio"] - 1).abs().sort_values(ascending=False, kind="stable").index
+        return rows.loc[order]
+
+    def mattering(self) -> pd.DataFrame:
+        """The rows a reader looks at first: the changes beyond the noise (`changed`), then the
+        cases that could not be compared."""
+        return pd.concat([self.changed(), self.rows[self.rows["verdict"] == NOT_COMPARABLE]])
 
     def agreement(self) -> dict[str, float | int]:
         """How closely the runs agree over the cases ok in both (`agreement_of`)."""
@@ -152,21 +170,35 @@ def load(run_dir: Path, gpu: str | None = None) -> tuple[list[ResultRow], dict[s
     read = rundir.read_results(path)
     if read.skipped:
         print(f"warning: {read.warning()}", file=sys.stderr)
-    rows = read.rows
-    try:
-        env = rundir.read_env(run_dir)
-    except UserError:
-        env = {}
-    return rundir.on_one_gpu(rows, env, gpu, where=run_dir)
+    # As `compare`, `plot` and `report` do, a newer schema or an unreadable env.json is refused.
+    env = rundir.read_env(run_dir)
+    return rundir.on_one_gpu(read.rows, env, gpu, where=run_dir)
 
 
 def noise(row: ResultRow) -> float:
-    """The relative uncertainty of a row's median: `ci_rel` if finite, else half its p20..p80 spread."""
+    """The relative uncertainty of a row's median: `ci_rel` if finite, else half its p20..p80 spread
+    (NaN when that is not finite: a p20 or p80 of inf)."""
     if row.ci_rel is not None and math.isfinite(row.ci_rel):
         return row.ci_rel
     if row.p20_ms is None or row.p80_ms is None or not row.median_ms:
         return 0.0
-    return (row.p80_ms - row.p20_ms) / 2 / row.median_ms
+    spread = (row.p80_ms - row.p20_ms) / 2 / row.median_ms
+    return spread if math.isfinite(spread) else math.nan
+
+
+def not_comparable(a: ResultRow, b: ResultRow) -> str | None:
+    """Why the medians of two rows of one case cannot be set against each other, or None."""
+    statuses = [f"{row.status} in {name}" for name, row in (("A", a), ("B", b)) if row.status != "ok"]
+    if statuses:
+        return ", ".join(statuses)
+    for name, row in (("A", a), ("B", b)):
+        median = row.median_ms
+        if median is None or not math.isfinite(median) or median <= 0:
+            shown = "missing" if median is None else f"{median:g} ms"
+            return f"median of {name} is {shown}, not a finite time above 0"
+        if not math.isfinite(noise(row)):
+            return f"noise of {name} is not finite (p20 {row.p20_ms:g} ms, p80 {row.p80_ms:g} ms)"
+    return None
 
 
 def verdict(ratio: float, noise_rel: float) -> str:
@@ -204,13 +236,16 @@ def _compare(a: ResultRow, b: ResultRow) -> dict[str, Any]:
         "device_b": b.device,
         "throttled": any(flags) if flags else None,
     }
-    if a.status == b.status == "ok" and a.median_ms and b.median_ms:
-        ratio = b.median_ms / a.median_ms
+    record.update(a_ms=a.median_ms, b_ms=b.median_ms)
+    reason = not_comparable(a, b)
+    ratio = math.nan if reason is not None else b.median_ms / a.median_ms
+    if reason is None and not (math.isfinite(ratio) and ratio > 0):
+        reason = f"B / A = {b.median_ms:g} / {a.median_ms:g} is not a finite ratio above 0"
+    if reason is None:
         spread = noise(a) + noise(b)
-        record.update(a_ms=a.median_ms, b_ms=b.median_ms, ratio=ratio, noise=spread)
-        record["verdict"] = verdict(ratio, spread)
+        record.update(ratio=ratio, noise=spread, verdict=verdict(ratio, spread), reason="")
     else:
-        record.update(a_ms=a.median_ms, b_ms=b.median_ms, ratio=math.nan, noise=math.nan, verdict="status")
+        record.update(ratio=math.nan, noise=math.nan, verdict=NOT_COMPARABLE, reason=reason)
     return record
 
 

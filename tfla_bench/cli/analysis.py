@@ -27,7 +27,7 @@ from tfla_bench.analyse.compare import (
     resolve_published_name,
 )
 from tfla_bench.analyse.published import PUBLISHED_MEMORY_NOTE, list_published
-from tfla_bench.cli.paths import output_dir, output_file
+from tfla_bench.cli.paths import output_dir, output_file, path_option, writes
 from tfla_bench.errors import UserError
 from tfla_bench.run import rundir
 from tfla_bench.run.console import TABLE_WIDTH, make_console, print_frame
@@ -52,17 +52,26 @@ NormalizeOption = Annotated[
     typer.Option("--normalize", help="none, or roofline: also divide runtimes by each GPU's roofline bound."),
 ]
 JsonOption = Annotated[
-    Path | None, typer.Option("--json", help="Also write the whole comparison as JSON here.")
+    Path | None,
+    typer.Option(
+        "--json", parser=path_option("--json"), help="Also write the whole comparison as JSON here."
+    ),
 ]
 CsvOption = Annotated[
     Path | None,
-    typer.Option("--csv", help="Also write every row (matched, run_only, published_only) as CSV here."),
+    typer.Option(
+        "--csv",
+        parser=path_option("--csv"),
+        help="Also write every row (matched, run_only, published_only) as CSV here.",
+    ),
 ]
 FiguresOutOption = Annotated[
-    Path | None, typer.Option("--out", help="Output folder; default RUN_DIR/figures.")
+    Path | None,
+    typer.Option("--out", parser=path_option("--out"), help="Output folder; default RUN_DIR/figures."),
 ]
 ReportOutOption = Annotated[
-    Path | None, typer.Option("--out", help="The HTML file; default RUN_DIR/report.html.")
+    Path | None,
+    typer.Option("--out", parser=path_option("--out"), help="The HTML file; default RUN_DIR/report.html."),
 ]
 GpuOption = Annotated[
     str | None,
@@ -131,12 +140,14 @@ def compare(
         print_frame(console, published_only_summary(comparison), "published rows without a run row")
     console.print(f"note: {PUBLISHED_MEMORY_NOTE}", style="dim")
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(comparison_json(comparison), indent=1))
+        with writes(str(json_out)):
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(comparison_json(comparison), indent=1))
         console.print(f"wrote {json_out}")
     if csv_out is not None:
-        csv_out.parent.mkdir(parents=True, exist_ok=True)
-        comparison_frame(comparison).to_csv(csv_out, index=False)
+        with writes(str(csv_out)):
+            csv_out.parent.mkdir(parents=True, exist_ok=True)
+            comparison_frame(comparison).to_csv(csv_out, index=False)
         console.print(f"wrote {csv_out}")
 
 
@@ -151,7 +162,8 @@ def plot(
 
     default = run_dir / rundir.for_gpu(rundir.FIGURES, gpu)
     out = output_dir(out or default, "--out" if out else "figures folder")
-    paths = plot_run(run_dir, out, published, gpu)
+    with writes(f"the figures in {out}", folder=out):
+        paths = plot_run(run_dir, out, published, gpu)
     console = _console()
     if not paths:
         console.print("no figure: the run sweeps neither seq_len, head dim nor chunk size")
@@ -170,7 +182,8 @@ def report(
 
     default = run_dir / rundir.for_gpu(rundir.REPORT, gpu)
     out = output_file(out or default, "--out" if out else "report", keep=_inputs(run_dir))
-    path = write_report(run_dir, published, out, gpu)
+    with writes(f"the report {out}", folder=out.parent):
+        path = write_report(run_dir, published, out, gpu)
     _console().print(f"wrote {path}")
 
 

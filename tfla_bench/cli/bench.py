@@ -36,7 +36,7 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.cli import check as check_command
 from tfla_bench.cli.options import _int_list, _ints, _names
-from tfla_bench.cli.paths import output_dir
+from tfla_bench.cli.paths import output_dir, path_option
 from tfla_bench.errors import UserError
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure import settings
@@ -45,6 +45,9 @@ from tfla_bench.run.cluster import ClusterFlags
 from tfla_bench.run.console import cases_table, make_console, summary_table
 from tfla_bench.run.specs import Spec
 
+# The most compile processes: each holds a GPU context and a compiler, so more than this would only
+# thrash the host.
+MAX_PRECOMPILE = 1024
 # The flags whose names differ from the settings they set.
 FLAG_OF = {"budget_s": "budget", "timeout_s": "timeout"}
 
@@ -53,7 +56,10 @@ KernelOption = Annotated[
     typer.Option("--kernel", "-k", help="kernel name; repeat or comma-separate (sweep: filter the spec's)"),
 ]
 OutOption = Annotated[
-    Path | None, typer.Option("--out", help="run directory (default results/runs/SPEC-TIMESTAMP)")
+    Path | None,
+    typer.Option(
+        "--out", parser=path_option("--out"), help="run directory (default results/runs/SPEC-TIMESTAMP)"
+    ),
 ]
 ExecutorOption = Annotated[
     str | None,
@@ -303,12 +309,11 @@ def run(
         raise UserError("run needs exactly one of --tokens and --batch")
     if (heads is None) == (embedding_dim is None):
         raise UserError("run needs exactly one of --heads and --embedding-dim")
-    shape: dict[str, Any] = {
-        "seq_len": _ints("--seq-len", seq_len),
-        "head_dim_qk": _ints("--head-dim-qk", head_dim_qk),
-        "head_dim_v": _ints("--head-dim-v", head_dim_v if head_dim_v is not None else head_dim_qk),
-    }
+    shape: dict[str, Any] = {}
     for key, flag, value in (
+        ("seq_len", "--seq-len", seq_len),
+        ("head_dim_qk", "--head-dim-qk", head_dim_qk),
+        ("head_dim_v", "--head-dim-v", head_dim_v if head_dim_v is not None else head_dim_qk),
         ("tokens", "--tokens", tokens),
         ("batch", "--batch", batch),
         ("num_heads", "--heads", heads),
@@ -316,7 +321,7 @@ def run(
         ("chunk_size", "--chunk-size", chunk_size),
     ):
         if value is not None:
-            shape[key] = _ints(flag, value)
+            shape[key] = _shape_flag(flag, value)
     raw: dict[str, Any] = {
         "name": name,
         "description": "ad hoc run from the command line",
@@ -338,7 +343,12 @@ def sweep(
     ] = None,
     out: OutOption = None,
     resume: Annotated[
-        Path | None, typer.Option("--resume", help="continue this run directory; finished cases are kept")
+        Path | None,
+        typer.Option(
+            "--resume",
+            parser=path_option("--resume"),
+            help="continue this run directory; finished cases are kept",
+        ),
     ] = None,
     retry: Annotated[
         str | None,
@@ -374,7 +384,7 @@ def sweep(
     if spec_path is not None:
         spec = specs.load_spec(spec_path)
     elif resume is not None:
-        spec = runner.load_run_spec(resume)
+        spec = _recorded_spec(resume)
     else:
         raise UserError("sweep needs a SPEC file (or --resume DIR)")
     if resume is None and (retry is not None or force):
@@ -401,6 +411,47 @@ def _execute(
     and either print the cases or run them (holding the run directory's lock), in this process or in
     jobs as `scheduler` says, and print the summary."""
     clock = phases.PhaseClock()
+    spec = _with_measurement_flags(spec, flags)
+    if resume is not None and not only and not seq_lens:
+        only, seq_lens = rundir.read_selection(resume)  # the cases the run set out to measure
+    cases = _selected_cases(spec, only, seq_lens)
+    options = cluster.resolve(scheduler or ClusterFlags(), jobs.read(resume) if resume is not None else None)
+    if options is not None:
+        for flag, given in (("--gpus", flags.gpus), ("--check", flags.check), ("--ncu", flags.ncu)):
+            if given:
+                raise UserError(f"{flag} is not available with --executor {options.executor}")
+        cluster.require_submitit(options.executor)
+    if flags.ncu:
+        from tfla_bench.measure import ncu  # only --ncu uses Nsight Compute
+
+        ncu.locate(flags.ncu_path)  # a bad --ncu-path is refused before anything runs
+    stdout = make_console()
+    if flags.dry_run:
+        stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
+        if options is not None:
+            stdout.print(f"would submit {cluster.describe(options, len(cases))}")
+        return
+    devices = runner.select_devices(flags.gpus) if options is None else []
+    for path, flag in ((out, "--out"), (resume, "--resume")):
+        if path is not None:
+            output_dir(path, flag)
+    if resume is not None:
+        _recorded_spec(resume)  # an invalid record is refused with what to do, before the lock
+    run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
+    with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
+        forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)
+        if resuming:
+            cluster.settle(run_dir)
+        else:
+            rundir.write_selection(run_dir, only, seq_lens)
+        if options is not None:
+            _execute_in_jobs(spec, cases, run_dir, options, resuming, retry, forced, flags, clock, stdout)
+        else:
+            _execute_here(spec, cases, run_dir, devices, resuming, retry, forced, flags, clock, stdout)
+
+
+def _with_measurement_flags(spec: Spec, flags: _Flags) -> Spec:
+    """`spec` with the measurement settings the flags give, each checked by `tfla_bench.measure.settings`."""
     given = {
         "warmup": flags.warmup,
         "reps": flags.reps,
@@ -417,85 +468,88 @@ def _execute(
     for key, value in given.items():
         if value is not None:
             settings.check(key, value, f"--{FLAG_OF.get(key, key).replace('_', '-')}")
-    if flags.precompile < 0:
-        raise UserError(f"--precompile: expected a number of processes >= 0, got {flags.precompile}")
-    spec = spec.with_measurement(**given)
-    if resume is not None and not only and not seq_lens:
-        only, seq_lens = rundir.read_selection(resume)  # the cases the run set out to measure
+    if not 0 <= flags.precompile <= MAX_PRECOMPILE:
+        raise UserError(
+            f"--precompile: expected an integer in [0, {MAX_PRECOMPILE}] processes, got {flags.precompile}"
+        )
+    return spec.with_measurement(**given)
+
+
+def _selected_cases(spec: Spec, only: list[str] | None, seq_lens: list[int] | None) -> list[Case]:
+    """The spec's cases of the kernels `only` and the lengths `seq_lens` (None: all of them)."""
     cases = specs.expand(spec, only or None)
-    if seq_lens:
-        missing = sorted(set(seq_lens) - {case.seq_len for case in cases})
-        if missing:
-            known = ", ".join(str(length) for length in sorted({case.seq_len for case in cases}))
-            raise UserError(
-                f"--seq-len: {missing[0]} is not a sequence length of spec {spec.name!r} ({known})"
-            )
-        cases = [case for case in cases if case.seq_len in seq_lens]
-    options = cluster.resolve(scheduler or ClusterFlags(), jobs.read(resume) if resume is not None else None)
-    if options is not None:
-        for flag, given in (("--gpus", flags.gpus), ("--check", flags.check), ("--ncu", flags.ncu)):
-            if given:
-                raise UserError(f"{flag} is not available with --executor {options.executor}")
-        cluster.require_submitit(options.executor)
-    if flags.ncu:
-        from tfla_bench.measure import ncu
+    if not seq_lens:
+        return cases
+    missing = sorted(set(seq_lens) - {case.seq_len for case in cases})
+    if missing:
+        known = ", ".join(str(length) for length in sorted({case.seq_len for case in cases}))
+        raise UserError(f"--seq-len: {missing[0]} is not a sequence length of spec {spec.name!r} ({known})")
+    return [case for case in cases if case.seq_len in seq_lens]
 
-        ncu.locate(flags.ncu_path)  # a bad --ncu-path is refused before anything runs
-    stdout = make_console()
-    if flags.dry_run:
-        stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
-        if options is not None:
-            stdout.print(f"would submit {cluster.describe(options, len(cases))}")
-        return
-    devices = runner.select_devices(flags.gpus) if options is None else []
-    for path, flag in ((out, "--out"), (resume, "--resume")):
-        if path is not None:
-            output_dir(path, flag)
-    run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
-    with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
-        forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)
-        if resuming:
-            cluster.settle(run_dir)
-        else:
-            rundir.write_selection(run_dir, only, seq_lens)
-        if options is not None:
-            _execute_in_jobs(spec, cases, run_dir, options, resuming, retry, forced, flags, clock, stdout)
-            return
-        kernels = sorted({case.kernel for case in cases})
-        failed_check = {}
-        if flags.check:
-            with clock.phase("gate"):
-                failed_check = _gate(kernels, devices[0], run_dir, stdout)
-        report = runner.run_sweep(
-            spec,
-            cases,
-            run_dir,
-            resume=resuming,
-            retry=retry,
-            forced=forced,
-            devices=devices,
-            failed_check=failed_check,
-            precompile_processes=flags.precompile,
-            roofs=flags.roofs,
-            clock=clock,
-        )
-        stdout.print(summary_table(report.rows))
-        stdout.print(
-            f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} "
-            f"kept; {clock.to_dict()['wall_s']:.1f} s; results in {run_dir / rundir.RESULTS}"
-        )
-        stdout.print(
-            "time per phase: "
-            + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in clock.phases.items())
-            + f"; outside the phases {phases.outside_s(clock.to_dict()):.1f} s"
-        )
-        ok_rows = [row for row in report.rows if row.status == "ok"]
-        if flags.ncu and ok_rows:
-            from tfla_bench.cli.profile import profile_run
 
-            with clock.phase("profile"):
-                profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
-            clock.write(run_dir)
+def _recorded_spec(run_dir: Path) -> Spec:
+    """The spec a run directory recorded; a record that is itself invalid (written by an older
+    version that let a NaN through, or edited by hand) is refused with how to go on."""
+    path = run_dir / rundir.SPEC
+    if not path.is_file():
+        raise UserError(f"--resume {run_dir}: not a run directory (no {rundir.SPEC})")
+    try:
+        return runner.load_run_spec(run_dir)
+    except UserError as exc:
+        raise UserError(
+            f"--resume {run_dir}: the run's own record is invalid: {exc}; correct that value in {path} "
+            "and resume again, or start a new run with --out"
+        ) from None
+
+
+def _execute_here(
+    spec: Spec,
+    cases: list[Case],
+    run_dir: Path,
+    devices: list[str],
+    resuming: bool,
+    retry: frozenset[str],
+    forced: str | None,
+    flags: _Flags,
+    clock: phases.PhaseClock,
+    stdout: Console,
+) -> None:
+    """Run the cases in this process's workers (after the correctness gate of `--check`, and before
+    the profiles of `--ncu`) and print the summary and the time per phase."""
+    failed_check = {}
+    if flags.check:
+        with clock.phase("gate"):
+            failed_check = _gate(sorted({case.kernel for case in cases}), devices[0], run_dir, stdout)
+    report = runner.run_sweep(
+        spec,
+        cases,
+        run_dir,
+        resume=resuming,
+        retry=retry,
+        forced=forced,
+        devices=devices,
+        failed_check=failed_check,
+        precompile_processes=flags.precompile,
+        roofs=flags.roofs,
+        clock=clock,
+    )
+    stdout.print(summary_table(report.rows))
+    stdout.print(
+        f"{report.dispatched} case(s) run, {report.decided} decided without running, {report.kept} "
+        f"kept; {clock.to_dict()['wall_s']:.1f} s; results in {run_dir / rundir.RESULTS}"
+    )
+    stdout.print(
+        "time per phase: "
+        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in clock.phases.items())
+        + f"; outside the phases {phases.outside_s(clock.to_dict()):.1f} s"
+    )
+    ok_rows = [row for row in report.rows if row.status == "ok"]
+    if flags.ncu and ok_rows:
+        from tfla_bench.cli.profile import profile_run  # the profile command, used with --ncu only
+
+        with clock.phase("profile"):
+            profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
+        clock.write(run_dir)
 
 
 def _execute_in_jobs(
@@ -549,6 +603,14 @@ def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dic
         for result in results
         if result.passed is False
     }
+
+
+def _shape_flag(flag: str, text: str) -> int | list[int]:
+    """A shape flag's integers (`_ints`), each within the range a spec's `[shape]` allows."""
+    values = _ints(flag, text)
+    if not all(specs.shape_integer(value) for value in (values if isinstance(values, list) else [values])):
+        raise UserError(f"{flag}: expected {specs.SHAPE_EXPECTED}, got {text!r}")
+    return values
 
 
 def _statuses(text: str | None) -> frozenset[str]:

@@ -29,6 +29,7 @@ from rich.table import Table
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import DTYPES
 from tfla_bench.errors import UserError
+from tfla_bench.measure import settings
 from tfla_bench.run.console import STATUS_STYLE, make_console, progress_bar
 from tfla_bench.run.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, json_row, run_gate
 
@@ -66,8 +67,7 @@ def check(
     names = [part.strip() for value in kernel or [] for part in value.split(",") if part.strip()]
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if timeout <= 0:
-        raise UserError(f"--timeout must be positive, got {timeout:g}")
+    timeout = settings.check("timeout_s", timeout, "--timeout")
     device = _device(device)
     chosen = list(dict.fromkeys(names)) or None
     total = len(chosen) if chosen else len(registry.adapters())

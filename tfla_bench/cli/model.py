@@ -14,12 +14,13 @@ import typer
 from rich import box
 from rich.table import Table
 
-from tfla_bench.cli.paths import output_dir
+from tfla_bench.cli.paths import output_dir, path_option
 from tfla_bench.errors import UserError
 from tfla_bench.measure.roofs import measured_accelerator
 from tfla_bench.model.counts import MlstmShape, check_chunk_size
 from tfla_bench.model.hardware import ACCELERATORS, CUSTOM, Accelerator, resolve_accelerator
 from tfla_bench.model.roofline import ChunkOptima, Estimate, chunk_optima, chunkwise_runtime_s
+from tfla_bench.run import specs
 from tfla_bench.run.console import make_console
 
 DEFAULT_ROOFLINE_GPUS = ("v100", "a100", "h100", "h200", "b200")
@@ -287,6 +288,19 @@ def _make_command(kind: str) -> Callable[..., None]:
         bandwidth: BandwidthOption = None,
         as_json: JsonOption = False,
     ) -> None:
+        for flag, value in (
+            ("--seq-len", seq_len),
+            ("--head-dim-qk", head_dim_qk),
+            ("--head-dim-v", head_dim_v),
+            ("--chunk-size", chunk_size),
+            ("--batch", batch),
+            ("--heads", heads),
+        ):
+            # A shape past the spec's cap overflows the model's floats (a traceback, not a number).
+            if value is not None and not specs.shape_integer(value):
+                raise UserError(
+                    f"{flag}: expected a positive integer (at most {specs.MAX_SHAPE:,}), got {value}"
+                )
         _report(
             kind,
             gate=gate,
@@ -381,9 +395,9 @@ def roofline(
             + _GPU_HELP,
         ),
     ] = None,
-    out: Annotated[Path, typer.Option("--out", help="folder for the PNG and SVG figures")] = Path(
-        "results/figures"
-    ),
+    out: Annotated[
+        Path, typer.Option("--out", parser=path_option("--out"), help="folder for the PNG and SVG figures")
+    ] = Path("results/figures"),
     peak_flops: Annotated[
         float | None, typer.Option("--peak-flops", help="peak FLOP/s of an extra custom accelerator")
     ] = None,

@@ -1,18 +1,44 @@
-"""Output paths, checked before a command does any work.
+"""Output paths, checked before a command does any work, and the one way a write that fails after
+the work began is reported.
 
 Every file or folder a command writes (`--out`, `--json`, `--csv`, a report, figures, a run
 directory) goes through `output_file` or `output_dir` first, so a path that cannot be written is one
-`UserError` line before minutes of measuring or plotting, not a traceback after them. A check writes
-nothing: missing folders are created by the writer, and a path passes when they can be.
+`UserError` line (exit 2) before minutes of measuring or plotting, not a traceback after them: an
+empty path, a name too long for the file system, a symlink that leads nowhere (a loop or a missing
+target), a file where a folder is needed or the reverse, a folder that cannot be written, or a file
+system with less than `MIN_FREE_BYTES` free. A check writes nothing: missing folders are created by
+the writer, and a path passes when they can be.
+
+A write that fails once the command has begun writing (the disk filled up meanwhile) is a
+`RunFailed` (exit 1) from `writes`, which names what was written and removes what it left half done.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from tfla_bench.errors import UserError
+from tfla_bench.errors import RunFailed, UserError
+
+# Below this a report or a figure would not fit (a report embeds its figures: about a megabyte).
+MIN_FREE_BYTES = 1 << 20
+
+
+def path_option(flag: str) -> Callable[[str], Path]:
+    """A typer `parser=` for an output option: the text as a `Path`, refusing an empty one (which
+    `Path` reads as the current folder, so the output would land among whatever is there)."""
+
+    def parse(text: str) -> Path:
+        if not text.strip():
+            raise UserError(f"{flag}: expected a path, got an empty one")
+        return Path(text)
+
+    parse.__name__ = "PATH"  # typer shows the parser's name as the option's metavar
+    return parse
 
 
 def output_file(path: Path, flag: str, keep: Iterable[Path] = ()) -> Path:
@@ -26,16 +52,18 @@ def output_file(path: Path, flag: str, keep: Iterable[Path] = ()) -> Path:
     Raises:
         UserError: `path` is a folder or one of `keep`, a parent is a file, or the folder is not writable.
     """
-    if path.is_dir():
-        raise UserError(f"{flag} {path}: is a folder; give a file name")
-    if any(path.resolve() == kept.resolve() for kept in keep):
-        raise UserError(f"{flag} {path}: would replace an input of this command; give another file")
-    if path.exists():
-        try:
-            path.open("a").close()
-        except OSError as exc:
-            raise UserError(f"{flag} {path}: cannot write ({exc.strerror})") from None
-    _check_folder(path.parent, flag, path)
+    with _refusing_os_errors(flag, path):
+        _check_name(path, flag)
+        if path.is_dir():
+            raise UserError(f"{flag} {path}: is a folder; give a file name")
+        if any(path.resolve() == kept.resolve() for kept in keep):
+            raise UserError(f"{flag} {path}: would replace an input of this command; give another file")
+        if path.exists():
+            try:
+                path.open("a").close()
+            except OSError as exc:
+                raise UserError(f"{flag} {path}: cannot write ({exc.strerror})") from None
+        _check_folder(path.parent, flag, path)
     return path
 
 
@@ -49,14 +77,64 @@ def output_dir(path: Path, flag: str) -> Path:
     Raises:
         UserError: `path` or a parent is a file, or it (or its nearest existing parent) is not writable.
     """
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{flag} {path}: is a file; give a folder")
-    _check_folder(path, flag, path)
+    with _refusing_os_errors(flag, path):
+        _check_name(path, flag)
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{flag} {path}: is a file; give a folder")
+        _check_folder(path, flag, path)
     return path
 
 
+@contextmanager
+def writes(what: str, folder: Path | None = None) -> Iterator[None]:
+    """Turn a failed write inside the block into a `RunFailed` naming `what` and the reason.
+
+    Args:
+        what: the output, as the message names it (`the report out/report.html`).
+        folder: an output folder the block fills; one it created and left empty is removed, and the
+            files it did write are named in the message.
+    """
+    existed = folder is not None and folder.is_dir()
+    before = set(folder.iterdir()) if folder is not None and existed else set()
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if folder is None or not folder.is_dir():
+            raise RunFailed(f"cannot write {what} ({reason})") from None
+        written = sorted(path.name for path in set(folder.iterdir()) - before)
+        if not existed and not written:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise RunFailed(f"cannot write {what} ({reason}); removed the empty folder {folder}") from None
+        kept = f"{len(written)} file(s) written before are kept: {', '.join(written)}" if written else ""
+        raise RunFailed(f"cannot write {what} ({reason}){'; ' + kept if kept else ''}") from None
+
+
+@contextmanager
+def _refusing_os_errors(flag: str, path: Path) -> Iterator[None]:
+    """Asking the file system about a path can itself fail (a name too long): one line, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def _check_name(path: Path, flag: str) -> None:
+    """Each name along `path` fits the file system, and none is a symlink that leads nowhere."""
+    for part in path.parts:
+        if len(os.fsencode(part)) > 255:
+            raise UserError(f"{flag} {path}: a name in it has {len(os.fsencode(part))} bytes; at most 255")
+    for place in (path, *path.parents):
+        # exists() follows the link and is False for a loop or a missing target; mkdir would then fail.
+        if place.is_symlink() and not place.exists():
+            raise UserError(
+                f"{flag} {path}: {place} is a symlink that leads nowhere (a loop or a missing target)"
+            )
+
+
 def _check_folder(folder: Path, flag: str, path: Path) -> None:
-    """The nearest existing ancestor of `folder` (itself included) is a folder we can create files in."""
+    """The nearest existing ancestor of `folder` (itself included) is a folder we can create files in,
+    on a file system with room for the output."""
     existing = folder if str(folder) else Path(".")
     while not existing.exists():
         existing = existing.parent
@@ -68,3 +146,10 @@ def _check_folder(folder: Path, flag: str, path: Path) -> None:
             pass
     except OSError as exc:
         raise UserError(f"{flag} {path}: cannot write in {existing} ({exc.strerror})") from None
+    status = os.statvfs(existing)
+    free = status.f_bavail * status.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise UserError(
+            f"{flag} {path}: no space left in {existing} ({free:,} bytes free; "
+            f"at least {MIN_FREE_BYTES:,} needed)"
+        )

@@ -14,12 +14,14 @@ here, which imports its library, and checking its cases; an adapter whose cases 
 without running has this alone). With several GPUs the per-adapter seconds add up over the
 workers, so they may exceed the measuring phase. The sweep writes the record after every row as
 well as at its end, so a sweep that is killed leaves its time up to its last row. A resumed run
-keeps the earlier attempts under `earlier`.
+keeps the earlier attempts under `earlier`. A `timings.json` that cannot be written (a full disk)
+is removed with a warning rather than left behind out of date.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +40,7 @@ class PhaseClock:
         self.adapters: dict[str, dict[str, float]] = {}
         self._running: dict[str, float] = {}
         self._earlier: list[dict[str, Any]] | None = None
+        self._warned = False
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -110,14 +113,33 @@ class PhaseClock:
 
     def write(self, run_dir: Path) -> None:
         """Write `timings.json`, keeping an earlier attempt's record (a resumed run) under `earlier`;
-        this clock's own earlier writes are replaced."""
+        this clock's own earlier writes are replaced.
+
+        A write that fails (a full disk) removes the file it could not replace, so that no record
+        older than the rows stays behind looking current, and says so once on stderr; the sweep
+        goes on, and a later write that fits puts the whole record (the earlier attempts too) back.
+        """
         if self._earlier is None:
             previous = read(run_dir)
             self._earlier = [] if previous is None else [*previous.pop("earlier", []), previous]
         record = self.to_dict()
         if self._earlier:
             record["earlier"] = self._earlier
-        rundir.write_json(run_dir / rundir.TIMINGS, record)
+        path = run_dir / rundir.TIMINGS
+        try:
+            rundir.write_json(path, record)
+        except OSError as exc:
+            self._unwritten(path, exc)
+
+    def _unwritten(self, path: Path, exc: OSError) -> None:
+        try:
+            path.unlink(missing_ok=True)
+            outcome = "removed the older one, which no longer matched the rows"
+        except OSError as again:
+            outcome = f"the older one stays and is out of date (cannot remove it: {again.strerror})"
+        if not self._warned:
+            self._warned = True
+            print(f"warning: cannot write {path} ({exc.strerror}); {outcome}", file=sys.stderr)
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:

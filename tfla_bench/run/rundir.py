@@ -33,9 +33,10 @@ A row is appended with one `os.write` of the whole line, then fsynced, so a fail
 a kill) leaves at most a torn last line. `read_results` returns the rows it could parse and, for
 every other line, why it was skipped. For `--resume`, `RowsRead.for_resume` drops a torn last
 line (the last line when it lacks its newline or does not parse; `--resume` warns and runs that
-case again) and refuses a bad line before the last one; `read_results` refuses a wrong header.
-Both leave the file as it was. Every other file of the directory is written to a
-temporary file beside it, fsynced and renamed (`write_atomic`).
+case again) and refuses a bad line before the last one, two different rows of one case (which of
+them holds is the user's call) and a file without write permission (a resume would replace it);
+`read_results` refuses a wrong header. All leave the file as it was. Every other file of the
+directory is written to a temporary file beside it, fsynced and renamed (`write_atomic`).
 
 The environment variable `TFLA_BENCH_FAULT_ROW=N` makes the Nth row a `RowWriter` writes fail
 halfway with `ENOSPC` (a full disk), leaving a torn line, so tests can inject that fault.
@@ -68,6 +69,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -160,6 +162,7 @@ class RowsRead:
         path: the file.
         header: its columns (empty for a missing or empty file).
         rows: every row that parsed, in file order.
+        lines: the 1-based line number of each row in `rows`.
         skipped: the lines that did not, with the reason.
         torn: whether the last record is one of them: cut by an interrupted write (no newline) or
             unparsable.
@@ -168,6 +171,7 @@ class RowsRead:
     path: Path
     header: list[str] = field(default_factory=list)
     rows: list[ResultRow] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     torn: bool = False
 
@@ -180,11 +184,12 @@ class RowsRead:
         return f"{self.path}: {len(self.skipped)} unreadable row(s) skipped ({reasons}{more})"
 
     def for_resume(self) -> list[ResultRow]:
-        """The rows a resume keeps, one per case (the last one).
+        """The rows a resume keeps, one per case (a row repeated word for word is kept once).
 
         Raises:
-            UserError: a bad line before the last one: the file cannot be repaired by dropping a
-                torn last line, and is left as it is.
+            UserError: a bad line before the last one (the file cannot be repaired by dropping a
+                torn last line), two different rows of one case, or a file without write
+                permission; the file is left as it is.
         """
         broken = [s for s in self.skipped if not (self.torn and s is self.skipped[-1])]
         if broken:
@@ -193,7 +198,22 @@ class RowsRead:
                 f"{self.path} cannot be repaired: line {first.line}: {first.reason} "
                 f"({len(broken)} bad line(s) before the last); the file is left as it is"
             )
-        return list({row.case.key: row for row in self.rows}.values())
+        if self.path.exists() and not _writable(self.path):
+            mode = stat.S_IMODE(self.path.stat().st_mode)
+            raise UserError(
+                f"{self.path} is read-only (mode {mode:o}); a resume rewrites it: make it writable "
+                f"(chmod u+w) to resume, or copy the run; the file is left as it is"
+            )
+        kept: dict[str, tuple[int, ResultRow]] = {}
+        for line, row in zip(self.lines, self.rows, strict=True):
+            first = kept.setdefault(row.case.key, (line, row))
+            if first[1].to_csv() != row.to_csv():
+                raise UserError(
+                    f"{self.path}: lines {first[0]} and {line} are two different rows of case "
+                    f"{row.case.key} ({first[1].status} and {row.status}); delete the one that is wrong "
+                    "and resume again; the file is left as it is"
+                )
+        return [row for _, row in kept.values()]
 
 
 def read_results(path: Path) -> RowsRead:
@@ -230,6 +250,7 @@ def read_results(path: Path) -> RowsRead:
         if reason is None:
             try:
                 read.rows.append(ResultRow.from_csv(dict(zip(read.header, cells, strict=True))))
+                read.lines.append(line)
             except (ValueError, KeyError) as exc:
                 reason = f"bad value ({exc})"
         if reason is not None:
@@ -238,6 +259,12 @@ def read_results(path: Path) -> RowsRead:
         line += text.count("\n", start, end)
         start = end
     return read
+
+
+def _writable(path: Path) -> bool:
+    """Whether `path` may be written: its owner's write bit (which root's own access ignores, so
+    a file made read-only on purpose stays so for root too) and the process's access."""
+    return bool(path.stat().st_mode & stat.S_IWUSR) and os.access(path, os.W_OK)
 
 
 def _records(text: str) -> Iterator[tuple[list[str], int]]:

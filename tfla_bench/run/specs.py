@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -77,6 +78,10 @@ TOP_KEYS = (
     "override",
 )
 EXPAND_MODES = ("grid", "zip")
+# The largest shape integer: a tensor dimension past 2**31 would not fit any GPU, and tokens, batch
+# and seq_len are multiplied together, which past this stops being exact in a float.
+MAX_SHAPE = 2**31
+SHAPE_EXPECTED = f"a positive integer (at most {MAX_SHAPE:,}) or a non-empty list of them"
 # seq_len varies fastest, so consecutive cases of one kernel trace a curve over sequence length.
 _AXIS_ORDER = (
     "tokens",
@@ -207,6 +212,8 @@ def load_spec(path: str | Path) -> Spec:
         text = path.read_text()
     except OSError as exc:
         raise UserError(f"cannot read spec {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a TOML text file (byte {exc.start} is not UTF-8)") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -389,6 +396,20 @@ def _case(spec: Spec, adapter: registry.Adapter, mode: str, dtype: str, point: d
     )
 
 
+def shape_integer(value: Any) -> bool:
+    """Whether `value` is a shape integer: an int (not a bool) in [1, `MAX_SHAPE`]."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SHAPE
+
+
+def _param_value(value: Any) -> bool:
+    """A kernel parameter is a string, a boolean, an int of 64 bits or a finite float."""
+    if isinstance(value, bool | str):
+        return True
+    if isinstance(value, int):
+        return -(2**63) <= value < 2**63
+    return isinstance(value, float) and math.isfinite(value)
+
+
 def _check_shape_alternatives(shape: dict[str, Any], source: str, table: str, base: dict | None) -> None:
     """Exactly one of tokens/batch and of num_heads/embedding_dim; seq_len and head dims present."""
     for pair in (("tokens", "batch"), ("num_heads", "embedding_dim")):
@@ -454,9 +475,8 @@ class _Where:
         shape = {}
         for name, entry in value.items():
             items = entry if isinstance(entry, list) else [entry]
-            valid = all(not isinstance(v, bool) and isinstance(v, int) and v > 0 for v in items)
-            if not items or not valid:
-                raise self.fail(f"{key}.{name}", "a positive integer or a non-empty list of them", entry)
+            if not items or not all(shape_integer(v) for v in items):
+                raise self.fail(f"{key}.{name}", SHAPE_EXPECTED, entry)
             shape[name] = list(entry) if isinstance(entry, list) else entry
         return shape
 
@@ -466,7 +486,9 @@ class _Where:
         params = {}
         for name, entry in value.items():
             items = entry if isinstance(entry, list) else [entry]
-            if not items or not all(isinstance(v, bool | int | float | str) for v in items):
-                raise self.fail(f"{key}.{name}", "a string, number or boolean, or a list of them", entry)
+            if not items or not all(_param_value(v) for v in items):
+                raise self.fail(
+                    f"{key}.{name}", "a string, finite number or boolean, or a list of them", entry
+                )
             params[name] = entry
         return params

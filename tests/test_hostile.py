@@ -1,0 +1,131 @@
+"""Writes that fail part way (a full disk), rows of one case repeated, and the path checks, tested
+in one process: what the fault suite (`test_faults.py`) drives through real sweeps, here at each step."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+from synthetic_run import fig5_rows, write_run
+
+from tfla_bench.cli import paths
+from tfla_bench.cli.main import main
+from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.run import phases, rundir
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    rows = [r for r in fig5_rows(seq_lens=(8192,)) if r["mode"] == "fw"]
+    return write_run(tmp_path / "fig5-20250101-000000", rows)
+
+
+def _no_space(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_timings_file_that_cannot_be_written_is_removed_once_with_a_warning(tmp_path, monkeypatch, capsys):
+    clock = phases.PhaseClock()
+    clock.add_case("sdpa_math", 1.0)
+    clock.write(tmp_path)
+    assert phases.read(tmp_path)["adapters"]["sdpa_math"]["cases"] == 1
+    clock.add_case("sdpa_math", 1.0)
+    monkeypatch.setattr(rundir, "write_json", _no_space)
+    clock.write(tmp_path)
+    clock.write(tmp_path)
+    assert phases.read(tmp_path) is None  # the record of one case, now out of date, is gone
+    err = capsys.readouterr().err
+    assert err.count("warning: cannot write") == 1 and "removed the older one" in err
+    monkeypatch.undo()
+    clock.write(tmp_path)
+    assert phases.read(tmp_path)["adapters"]["sdpa_math"]["cases"] == 2
+
+
+def test_plot_that_fills_the_disk_exits_1_and_leaves_no_empty_folder(run_dir, monkeypatch, capsys):
+    monkeypatch.setattr(rundir, "save_atomic", _no_space)
+    out = run_dir / "figures-new"
+    assert main(["plot", str(run_dir), "--published", "none", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write the figures in") and err.count("\n") == 1
+    assert "removed the empty folder" in err and not out.exists()
+
+
+def test_writes_names_the_files_it_did_write(tmp_path):
+    folder = tmp_path / "figures"
+    with pytest.raises(RunFailed, match=r"1 file\(s\) written before are kept: a.png"):
+        with paths.writes("the figures", folder=folder):
+            folder.mkdir()
+            (folder / "a.png").write_bytes(b"png")
+            _no_space()
+    assert (folder / "a.png").exists()
+
+
+def test_report_that_fills_the_disk_exits_1_and_leaves_no_file(run_dir, monkeypatch, capsys):
+    monkeypatch.setattr(rundir, "write_atomic", _no_space)
+    out = run_dir / "new" / "report.html"
+    assert main(["report", str(run_dir), "--published", "none", "--out", str(out)]) == 1
+    assert capsys.readouterr().err.startswith("error: cannot write the report")
+    assert not out.parent.exists()
+
+
+def test_a_file_system_without_room_is_refused_before_any_work(tmp_path, monkeypatch):
+    full = os.statvfs_result((4096, 4096, 100, 0, 0, 100, 0, 0, 0, 255, 0))
+    monkeypatch.setattr(paths.os, "statvfs", lambda _path: full)
+    with pytest.raises(UserError, match=r"--out .*: no space left in .* \(0 bytes free; at least 1,048,576"):
+        paths.output_dir(tmp_path / "run", "--out")
+
+
+def test_identical_repeated_rows_are_kept_once_and_different_ones_refused(tmp_path, run_dir):
+    csv_path = run_dir / rundir.RESULTS
+    read = rundir.read_results(csv_path)
+    lines = csv_path.read_text().splitlines(keepends=True)
+    csv_path.write_text("".join([*lines, lines[1]]))
+    assert len(rundir.read_results(csv_path).for_resume()) == len(read.rows)
+    changed = lines[1].replace(",ok,", ",crashed,", 1)
+    assert changed != lines[1]
+    csv_path.write_text("".join([*lines, changed]))
+    key = read.rows[0].case.key
+    with pytest.raises(UserError, match=f"lines 2 and {len(lines) + 1} are two different rows of case {key}"):
+        rundir.read_results(csv_path).for_resume()
+
+
+def test_a_read_only_results_file_is_refused_for_a_resume(run_dir):
+    csv_path = run_dir / rundir.RESULTS
+    csv_path.chmod(0o444)
+    with pytest.raises(UserError, match=r"read-only \(mode 444\).*the file is left as it is"):
+        rundir.read_results(csv_path).for_resume()
+    assert oct(csv_path.stat().st_mode & 0o777) == "0o444"
+
+
+def test_shape_integers_past_the_cap_are_refused_in_a_spec(tmp_path, capsys):
+    spec = tmp_path / "big.toml"
+    spec.write_text(
+        'name = "big"\nkernels = ["sdpa_math"]\n[shape]\nbatch = 1\nseq_len = 4294967296\nnum_heads = 1\n'
+        "head_dim_qk = 8\nhead_dim_v = 8\n"
+    )
+    assert main(["sweep", str(spec), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "key 'shape.seq_len': expected a positive integer (at most 2,147,483,648)" in err
+
+
+def test_nan_never_reaches_spec_json(tmp_path, capsys):
+    """A refused flag leaves no run directory behind, so no NaN is ever recorded."""
+    out = tmp_path / "run"
+    argv = [
+        "run",
+        "-k",
+        "sdpa_math",
+        "--seq-len",
+        "16",
+        "--tokens",
+        "32",
+        "--heads",
+        "1",
+        "--head-dim-qk",
+        "8",
+    ]
+    for flag in ("--rel-ci", "--autotune-ms", "--budget", "--timeout"):
+        assert main([*argv, flag, "nan", "--out", str(out)]) == 2
+        assert f"error: {flag}: expected a finite number" in capsys.readouterr().err
+    assert not out.exists()
