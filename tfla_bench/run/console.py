@@ -8,6 +8,7 @@ pipe or a log file gets whole rows.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterable, Mapping
 
@@ -48,9 +49,13 @@ JOB_STATE_STYLE = {"COMPLETED": "green", "RUNNING": "yellow", "PENDING": "dim", 
 
 
 def make_console(*, stderr: bool = False, width: int = LOG_WIDTH) -> Console:
-    """A rich console; `width` columns wide when its stream is not a terminal."""
+    """A rich console as wide as the terminal; when its stream is not a terminal, `COLUMNS` wide when
+    the user sets it (as rich does for a terminal), else `width` wide."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=width)
+    if stream.isatty():
+        return Console(stderr=stderr)
+    columns = os.environ.get("COLUMNS", "")
+    return Console(stderr=stderr, width=int(columns) if columns.isdigit() else width)
 
 
 def progress_bar(console: Console, *, eta: bool = False, transient: bool = False) -> Progress:
