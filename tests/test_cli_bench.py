@@ -121,6 +121,15 @@ def test_resume_keeps_the_kernels_and_lengths_the_run_set_out_with(capsys, plugi
     assert "selection.json: expected" in capsys.readouterr().err
 
 
+def test_sweep_finds_a_shipped_spec_by_name(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing called smoke here: the name is looked up
+    assert main(["sweep", "smoke", "--dry-run"]) == 0
+    assert "mlstm_torch" in capsys.readouterr().out
+    assert main(["sweep", "smok", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no spec file 'smok'") and "smoke" in err and err.count("\n") == 1
+
+
 def test_run_ad_hoc_dry_run(capsys, tmp_path):
     args = ["run", "-k", "sdpa_math,sdpa_flash", "--seq-len", "64,128", "--tokens", "256", "--heads", "4"]
     args += ["--head-dim-qk", "32", "--mode", "fwbw", "--param", "causal=false", "--dry-run"]

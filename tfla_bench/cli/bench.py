@@ -6,7 +6,7 @@ Examples::
     tfla-bench run --kernel sdpa_cudnn,mlstm_torch --seq-len 2048,8192 --tokens 65536 --heads 32 \\
         --head-dim-qk 128 --mode fw,fwbw --param causal=false
     tfla-bench sweep experiments/sdpa_h100.toml --kernel sdpa_cudnn --dry-run
-    tfla-bench sweep experiments/smoke.toml --out /tmp/smoke-run
+    tfla-bench sweep smoke --out /tmp/smoke-run
     tfla-bench sweep --resume results/runs/smoke-20250101-120000 --retry crashed,timeout
     tfla-bench sweep experiments/fig5_consttoken.toml --executor slurm --partition gpu --nodes 4 \\
         --gpus-per-node 8 --time 4:00:00 --precompile 14
@@ -360,7 +360,11 @@ def run(
 def sweep(
     spec_path: Annotated[
         Path | None,
-        typer.Argument(metavar="SPEC", help="TOML spec (optional with --resume)", show_default=False),
+        typer.Argument(
+            metavar="SPEC",
+            help="a TOML spec file, or the name of a shipped one such as smoke (optional with --resume)",
+            show_default=False,
+        ),
     ] = None,
     out: OutOption = None,
     resume: Annotated[
@@ -398,7 +402,7 @@ def sweep(
     """Run every case of a spec, each in an isolated worker; rows go to results.csv in the run directory.
     With --executor slurm or local the cases are split over jobs of one node each."""
     if spec_path is not None:
-        spec = specs.load_spec(spec_path)
+        spec = specs.load_spec(specs.find_spec(spec_path))
     elif resume is not None:
         spec = runner.load_run_spec(resume)
     else:
