@@ -130,6 +130,23 @@ def test_sweep_finds_a_shipped_spec_by_name(capsys, tmp_path, monkeypatch):
     assert err.startswith("error: no spec file 'smok'") and "smoke" in err and err.count("\n") == 1
 
 
+def test_our_kernels_run_on_the_cpu_in_the_interpreter_and_their_rows_say_no_speed_claim(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out_dir = tmp_path / "run"
+    shape = ["--seq-len", "32", "--batch", "1", "--heads", "1", "--head-dim-qk", "16", "--chunk-size", "16"]
+    flags = ["--mode", "fw", "--dtype", "float32", "--warmup", "1", "--reps", "2", "--out", str(out_dir)]
+    assert main(["run", "--kernel", "tfla_sig,sdpa_math", *shape, *flags]) == 0
+    printed = capsys.readouterr()
+    note = "tfla_sig: timed in Triton's interpreter (TRITON_INTERPRET=1): no speed claim"
+    assert note in printed.err  # before the progress
+    assert note in " ".join(printed.out.split())  # under the summary table
+    rows = {row.case.kernel: row for row in rundir.read_results(out_dir / rundir.RESULTS).rows}
+    assert rows["tfla_sig"].status == "ok" and rows["tfla_sig"].device == "cpu"
+    assert "no speed claim" in rows["tfla_sig"].note and "no speed claim" not in rows["sdpa_math"].note
+
+
 def test_run_ad_hoc_dry_run(capsys, tmp_path):
     args = ["run", "-k", "sdpa_math,sdpa_flash", "--seq-len", "64,128", "--tokens", "256", "--heads", "4"]
     args += ["--head-dim-qk", "32", "--mode", "fwbw", "--param", "causal=false", "--dry-run"]

@@ -25,6 +25,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
 from tfla_bench.run.rundir import ResultRow
@@ -116,6 +117,17 @@ def cases_table(cases: list[Case], fates: Mapping[str, str]) -> Table:
     return table
 
 
+def timing_notes(kernels: Iterable[str]) -> list[str]:
+    """One line per `row_note` of these kernels' adapters (that their timings are no speed claim,
+    say), naming the kernels it applies to."""
+    adapters = {adapter.name: adapter for adapter in registry.adapters()}
+    by_note: dict[str, list[str]] = {}
+    for name in sorted(set(kernels) & set(adapters)):  # a row's kernel may be gone from this install
+        if note := adapters[name].row_note():
+            by_note.setdefault(note, []).append(name)
+    return [f"{', '.join(names)}: {note}" for note, names in by_note.items()]
+
+
 def summary_table(rows: Iterable[ResultRow]) -> Table:
     """Median ms per kernel configuration (rows) and seq_len (columns); the status where not ok."""
     rows = list(rows)
@@ -154,6 +166,9 @@ def summary_table(rows: Iterable[ResultRow]) -> Table:
             else:
                 cells.append(styled_status(row.status))
         table.add_row(kernel, mode, dtype, config, *cells)
+    notes = timing_notes(row.case.kernel for row in rows if row.status == "ok")
+    if notes:
+        table.caption, table.caption_justify = "\n".join(notes), "left"
     return table
 
 
