@@ -6,10 +6,18 @@ adapters can state the rules on a machine without either.
 
 from __future__ import annotations
 
+import os
+
 SEQ_LEN_MULTIPLE = 16
 MIN_CHUNK, MAX_CHUNK = 16, 4096
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 1024
 HEAD_DIM_MULTIPLE = 16
+
+
+def interpreted() -> bool:
+    """Whether Triton runs our kernels in its interpreter (`TRITON_INTERPRET` set and not 0): on the
+    CPU, or copying through it, far slower than compiled; Triton reads it when a kernel is defined."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def is_power_of_two(value: int) -> bool:

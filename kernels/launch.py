@@ -30,14 +30,15 @@ worked out from the call's own tensors. On an H100 node the forward pass spent a
 allocations and 20 us in Python besides its three launches (16 us).
 """
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from tfla_bench.kernels import contract
+
 # Triton's interpreter (TRITON_INTERPRET=1, read when the kernels are defined) runs them on the CPU.
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRETED = contract.interpreted()
 DATA_PTR = torch.Tensor.data_ptr
 # Where a replay's workspace places each scratch tensor: PyTorch's CUDA allocator aligns every block
 # to 512 bytes, so a scratch tensor keeps the alignment that Triton specialized its kernel on.

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tfla_bench.adapters import registry
 from tfla_bench.cli.main import main
 from tfla_bench.run import rundir
 
@@ -44,10 +45,36 @@ def test_list_json(capsys, plugins):
     assert entries["test_unavailable"]["origin"].endswith("plugin_adapters")
 
 
-def test_list_table(capsys):
+@pytest.mark.parametrize("columns", [80, 100])
+def test_list_reads_at_the_terminals_width(capsys, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
     assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    names = {adapter.name for adapter in registry.adapters()}
+    by_name = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in names}
+    assert set(by_name) == names
+    for name, words in by_name.items():
+        adapter = registry.get(name)
+        assert words[1:3] == [adapter.family, "yes" if adapter.available() is None else "no"]
+    # The reason, wrapped over lines at 80 columns, is there in full: the install command is the point.
+    text = " ".join(" ".join(line.split()) for line in lines)
+    assert "test_unavailable test no needs the package frobnicate" in text
+    assert "BHTD" not in text and "float32" not in text  # the details wait for --long
+
+
+def test_list_long_gives_every_fact_at_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["list", "--long"]) == 0
     out = capsys.readouterr().out
-    assert "sdpa_math" in out and "sdpa_cudnn" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("sdpa_math "))
+    end = next(i for i in range(first + 1, len(lines)) if not lines[i].startswith(" "))
+    block = "\n".join(lines[first:end])
+    for fact in ("layout       BHTD", "modes        fw, fwbw", "float32", "runs on CPU  yes"):
+        assert fact in block
+    assert "built-in tfla_bench.baselines.sdpa_math" in out
 
 
 def test_sweep_end_to_end_then_refuse_then_resume(capsys, plugins, spec_file, tmp_path):
@@ -92,6 +119,32 @@ def test_resume_keeps_the_kernels_and_lengths_the_run_set_out_with(capsys, plugi
     (out_dir / "selection.json").write_text('{"kernels": "sdpa_math"}')
     assert main(["sweep", "--resume", str(out_dir)]) == 2
     assert "selection.json: expected" in capsys.readouterr().err
+
+
+def test_sweep_finds_a_shipped_spec_by_name(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing called smoke here: the name is looked up
+    assert main(["sweep", "smoke", "--dry-run"]) == 0
+    assert "mlstm_torch" in capsys.readouterr().out
+    assert main(["sweep", "smok", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no spec file 'smok'") and "smoke" in err and err.count("\n") == 1
+
+
+def test_our_kernels_run_on_the_cpu_in_the_interpreter_and_their_rows_say_no_speed_claim(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out_dir = tmp_path / "run"
+    shape = ["--seq-len", "32", "--batch", "1", "--heads", "1", "--head-dim-qk", "16", "--chunk-size", "16"]
+    flags = ["--mode", "fw", "--dtype", "float32", "--warmup", "1", "--reps", "2", "--out", str(out_dir)]
+    assert main(["run", "--kernel", "tfla_sig,sdpa_math", *shape, *flags]) == 0
+    printed = capsys.readouterr()
+    note = "tfla_sig: timed in Triton's interpreter (TRITON_INTERPRET=1): no speed claim"
+    assert note in printed.err  # before the progress
+    assert note in " ".join(printed.out.split())  # under the summary table
+    rows = {row.case.kernel: row for row in rundir.read_results(out_dir / rundir.RESULTS).rows}
+    assert rows["tfla_sig"].status == "ok" and rows["tfla_sig"].device == "cpu"
+    assert "no speed claim" in rows["tfla_sig"].note and "no speed claim" not in rows["sdpa_math"].note
 
 
 def test_run_ad_hoc_dry_run(capsys, tmp_path):

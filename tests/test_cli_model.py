@@ -70,8 +70,8 @@ def test_optimal_chunk_json(capsys):
 def test_formulations_and_gpu_options(capsys):
     recurrent = run_json(capsys, "model", "flops", "--gate", "exp", "--formulation", "recurrent",
                          "--seq-len", "64", "--head-dim-qk", "8", "--head-dim-v", "16")  # fmt: skip
-    # 64 * (6*8*16 + 16 + 7*8 + 12) = 64 * 852
-    assert recurrent["flops"] == 64 * 852
+    # 64 * (6*8*16 + 16 + 7*8 + 12) = 64 * 852 per head and sequence, times the default batch 8 x heads 16
+    assert recurrent["flops"] == 8 * 16 * 64 * 852
     assert recurrent["chunk_size"] is None
     custom = run_json(capsys, "model", "runtime", *EXAMPLE, "--gpu", "custom",
                       "--peak-flops", "1e15", "--bandwidth", "1e12")  # fmt: skip
@@ -81,6 +81,18 @@ def test_formulations_and_gpu_options(capsys):
     overridden = run_json(capsys, "model", "intensity", *EXAMPLE, "--gpu", "a100", "--bandwidth", "1e12")
     assert overridden["peak_flops_per_s"] == 312e12
     assert overridden["bandwidth_bytes_per_s"] == 1e12
+
+
+@pytest.mark.parametrize("command", ["flops", "bytes", "runtime", "intensity"])
+def test_every_flag_defaults_to_the_fig5_setting(capsys, command):
+    assert run_json(capsys, "model", command) == run_json(capsys, "model", command, *EXAMPLE)
+
+
+def test_optimal_chunk_without_flags_is_the_fig5_setting_at_its_best_chunk(capsys):
+    payload = run_json(capsys, "model", "optimal-chunk")
+    assert (payload["seq_len"], payload["head_dim_qk"], payload["head_dim_v"]) == (8192, 128, 256)
+    assert (payload["batch"], payload["heads"], payload["gate"]) == (8, 16, "sig")
+    assert payload["chunk_size"] == payload["best_power_of_two_chunk_size"] != 128
 
 
 @pytest.mark.parametrize(
@@ -118,7 +130,7 @@ def test_tables(capsys, command, expected):
         ["model", "runtime", *EXAMPLE, "--gpu", "custom", "--peak-flops", "1e15"],
         ["model", "runtime", *EXAMPLE, "--gpu", "h100", "--bandwidth", "-1"],
         ["model", "optimal-chunk", *EXAMPLE, "--formulation", "parallel"],
-        ["model", "flops", "--head-dim-qk", "8", "--head-dim-v", "8"],
+        ["model", "flops", "--head-dim-qk", "8", "--head-dim-v", "8", "--seq-len", "100"],
         ["roofline", "--gpu", "tpu"],
         ["model", "flops", *EXAMPLE, "--formulation", "parallel", "--chunk-size", "0"],
         ["roofline", "--peak-flops", "1e15"],

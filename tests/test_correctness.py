@@ -237,7 +237,7 @@ def test_check_command_json_and_exit_codes(gate_adapters, capsys):
         ("gate_missing", "unavailable", None),
     ]
     assert all(row["seconds"] >= 0 for row in rows)
-    # progress goes to stderr, one line per adapter as it finishes; stdout stays pure JSON
+    # with --json, progress goes to stderr, one line per adapter as it finishes; stdout stays pure JSON
     lines = [line for line in err.splitlines() if line.strip()]
     assert "ok gate_exact" in lines[0] and "max rel err 0.00e+00" in lines[0]
     assert "unavailable gate_missing" in lines[1] and "frobnicate" in lines[1]
@@ -261,6 +261,15 @@ def test_check_command_table(gate_adapters, capsys, monkeypatch):
     assert code == 1
     assert "gate_wrong" in out and "exceeds" in out and "frobnicate" in out
     assert re.search(r"\d+\.\d s", out)  # the time column
+
+
+def test_check_command_prints_each_verdict_once(gate_adapters, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run_check(["-k", "gate_exact,gate_wrong", "--device", "cpu", "--no-isolate"], capsys)
+    assert code == 1
+    both = out + err
+    assert both.count("gate_exact") == 1 and both.count("gate_wrong") == 1
+    assert both.count("exceeds") == 1
 
 
 @pytest.mark.parametrize(

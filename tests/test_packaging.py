@@ -1,10 +1,12 @@
 """`pip install .` ships kernels/ and baselines/ inside the tfla_bench namespace, never top-level, and
-the published numbers as package data."""
+the published numbers and the experiment specs as package data."""
 
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from tfla_bench.run import specs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,6 +27,8 @@ def test_wheel_maps_kernels_and_baselines_into_the_namespace(tmp_path):
     shipped = {Path(name).name for name in names if name.startswith("tfla_bench/published_data/")}
     published = REPO / "results" / "published"
     assert shipped == {p.name for p in published.iterdir() if p.suffix in (".csv", ".md")}
+    specs_shipped = {Path(name).name for name in names if name.startswith("tfla_bench/experiments/")}
+    assert {p.name for p in (REPO / "experiments").glob("*.toml")} <= specs_shipped
 
     target = tmp_path / "site"
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)]
@@ -33,7 +37,9 @@ def test_wheel_maps_kernels_and_baselines_into_the_namespace(tmp_path):
         "import tfla_bench.kernels.adapters, tfla_bench.baselines.sdpa_math;"
         "import tfla_bench.analyse.published as p;"
         "print(tfla_bench.kernels.adapters.__file__);"
-        "print(p.published_dir()); print(len(p.load_published('tfla_fig5_consttoken_rerun_nh16')))"
+        "print(p.published_dir()); print(len(p.load_published('tfla_fig5_consttoken_rerun_nh16')));"
+        "from tfla_bench.run import specs; print(specs.find_spec('smoke'));"
+        "print(','.join(specs.load_spec(specs.find_spec('smoke')).kernels))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe],
@@ -43,6 +49,8 @@ def test_wheel_maps_kernels_and_baselines_into_the_namespace(tmp_path):
         text=True,
     )
     assert done.returncode == 0, done.stderr
-    module, data, rows = done.stdout.split()
+    module, data, rows, smoke, kernels = done.stdout.split()
     assert Path(module).is_relative_to(target) and Path(data).is_relative_to(target)
     assert int(rows) > 100  # the Fig. 5 rerun data set, read from the wheel's copy
+    assert Path(smoke).is_relative_to(target)  # `tfla-bench sweep smoke` of an installed wheel
+    assert tuple(kernels.split(",")) == specs.load_spec(REPO / "experiments" / "smoke.toml").kernels

@@ -91,23 +91,13 @@ def test_a_case_sums_its_kernels_and_weights_the_tensor_pipe_by_duration():
     assert untensored.tensor_pipe_pct is None and "tensor-pipe" in untensored.error
 
 
-def test_without_ncu_the_rows_say_why_and_results_stay(run_dir, no_ncu_on_path, capsys):
-    before = (run_dir / "results.csv").read_bytes()
-    assert main(["profile", str(run_dir), "--seq-len", "8192", "--mode", "fw"]) == 0
-    assert (run_dir / "results.csv").read_bytes() == before
-    profiled = profile_frame(run_dir)
-    ok_fw = [
-        r
-        for r in rundir.read_results(run_dir / "results.csv").rows
-        if r.status == "ok" and r.case.mode == "fw"
-    ]
-    assert len(profiled) == len(ok_fw)
-    assert set(profiled["profile_status"]) == {"no_ncu"}
-    assert profiled["profile_error"].str.contains("ncu not found").all()
-    frame = load_run(run_dir).results
-    chosen = frame["profile_status"].notna()
-    assert chosen.sum() == len(ok_fw) and (frame.loc[chosen, "mode"] == "fw").all()
-    assert frame["median_ms"].equals(pd.read_csv(run_dir / "results.csv")["median_ms"])
+def test_without_ncu_profile_is_one_error_line_and_writes_nothing(run_dir, no_ncu_on_path, capsys):
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    assert main(["profile", str(run_dir), "--seq-len", "8192", "--mode", "fw"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ncu not found on PATH") and len(captured.err.splitlines()) == 1
+    assert "Traceback" not in captured.out + captured.err and "roofs" not in captured.out
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
 
 
 def profile_fw_args(run_dir, fake_ncu_path) -> list[str]:
@@ -144,16 +134,15 @@ def test_profiled_rows_get_measured_bytes_and_intensity(run_dir, tmp_path):
     assert not check["above_roof"].any()
 
 
-def test_profiling_again_replaces_a_case_and_keeps_the_others(run_dir, tmp_path, no_ncu_on_path):
-    assert main(["profile", str(run_dir), "--kernel", "tfla_sig", "--mode", "fw"]) == 0
-    assert main(["profile", str(run_dir), "--kernel", "tfla_sig"]) == 0
-    fake = fake_ncu.install(tmp_path, "sample")
-    assert (
-        main(["profile", str(run_dir), "--kernel", "tfla_sig", "--mode", "fwbw", "--ncu-path", str(fake)])
-        == 0
-    )
+def test_profiling_again_replaces_a_case_and_keeps_the_others(run_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    empty, sample = fake_ncu.install(tmp_path / "empty", "empty"), fake_ncu.install(tmp_path, "sample")
+    ncu_path = ["--kernel", "tfla_sig", "--ncu-path"]
+    assert main(["profile", str(run_dir), "--mode", "fw", *ncu_path, str(sample)]) == 0
+    assert main(["profile", str(run_dir), *ncu_path, str(empty)]) == 0
+    assert main(["profile", str(run_dir), "--mode", "fwbw", *ncu_path, str(sample)]) == 0
     statuses = profile_frame(run_dir).groupby("mode")["profile_status"].agg(set).to_dict()
-    assert statuses == {"fw": {"no_ncu"}, "fwbw": {"ok"}}
+    assert statuses == {"fw": {"no_kernels"}, "fwbw": {"ok"}}
     assert len(profile_frame(run_dir)) == 2 * 4  # tfla_sig at chunks 64, 128, 256, 512 per mode
 
 
@@ -188,7 +177,7 @@ def test_a_stopped_profile_keeps_the_cases_it_finished(run_dir, tmp_path):
     ],
 )
 def test_profile_records_the_saved_roofs_of_the_runs_gpu(
-    run_dir, no_ncu_on_path, tmp_path, monkeypatch, capsys, saved_gpus, recorded
+    run_dir, tmp_path, monkeypatch, capsys, saved_gpus, recorded
 ):
     monkeypatch.setenv(roofs.ROOFS_FILE_ENV, str(tmp_path / "roofs.json"))
     records = [
@@ -198,7 +187,8 @@ def test_profile_records_the_saved_roofs_of_the_runs_gpu(
     for record in records:
         roofs.save(record)
     assert roofs.from_env(json.loads((run_dir / "env.json").read_text())) is None
-    assert main(["profile", str(run_dir), "--kernel", "tfla_sig"]) == 0
+    fake = fake_ncu.install(tmp_path, "empty")
+    assert main(["profile", str(run_dir), "--kernel", "tfla_sig", "--ncu-path", str(fake)]) == 0
     env = json.loads((run_dir / "env.json").read_text())
     assert roofs.from_env(env) == (None if recorded is None else records[recorded])
     out = capsys.readouterr().out
@@ -339,7 +329,7 @@ def test_sweep_flags(capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a quick CPU sweep; the GPU test below uses ncu")
-def test_sweep_ncu_profiles_every_ok_case_after_timing(tmp_path):
+def test_sweep_ncu_profiles_every_ok_case_after_timing(tmp_path, capsys):
     fake = fake_ncu.install(tmp_path, "sample")
     out = tmp_path / "smoke"
     args = ["sweep", "experiments/smoke.toml", "--out", str(out), "--kernel", "sdpa_math"]
@@ -350,6 +340,20 @@ def test_sweep_ncu_profiles_every_ok_case_after_timing(tmp_path):
     assert len(fake_ncu.calls(tmp_path)) == len(ok)
     assert ok["measured_bytes"].tolist() == pytest.approx([SAMPLE_BYTES] * len(ok))
     assert (ok["median_ms"] > 0).all()
+    capsys.readouterr()
+    assert main(["profile", str(out), "--ncu-path", str(fake)]) == 0
+    assert "roofs" not in capsys.readouterr().out  # a CPU run has no GPU whose roofs apply
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a quick CPU sweep")
+def test_sweep_ncu_without_ncu_says_so_once_and_keeps_the_rows(tmp_path, no_ncu_on_path, capsys):
+    out = tmp_path / "smoke"
+    args = ["sweep", "experiments/smoke.toml", "--out", str(out), "--kernel", "sdpa_math", "--seq-len", "128"]
+    assert main([*args, "--ncu"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("ncu not found") == 1
+    assert not (out / rundir.PROFILE).exists()
+    assert {row.status for row in rundir.read_results(out / rundir.RESULTS).rows} == {"ok"}
 
 
 @pytest.mark.gpu

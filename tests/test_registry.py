@@ -110,3 +110,17 @@ def test_origin_of_an_entry_point_and_of_a_plugins_env_module(scratch_registry, 
 def test_a_built_in_module_imported_before_load_is_still_built_in():
     assert registry._origin_of_module("tfla_bench.baselines.gla") == "built-in tfla_bench.baselines.gla"
     assert registry._origin_of_module("my_package.adapters") == "module my_package.adapters"
+
+
+@pytest.mark.parametrize("name", ["tfla_sig", "tfla_exp", "limit_chunk"])
+def test_our_kernels_run_on_the_cpu_under_the_interpreter_and_say_it(monkeypatch, name):
+    import torch  # only to tell which machine this is
+
+    adapter = registry.get(name)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert adapter.cpu_capable and adapter.available() is None
+    assert "no speed claim" in adapter.row_note()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not adapter.cpu_capable and adapter.row_note() == ""
+    if not torch.cuda.is_available():
+        assert "CUDA not available" in adapter.available() and "TRITON_INTERPRET=1" in adapter.available()

@@ -208,6 +208,17 @@ def test_kernel_filter(tmp_path):
         specs.expand(spec, ["nope"])
 
 
+def test_a_shipped_spec_is_found_by_name_and_a_path_still_works(tmp_path, monkeypatch):
+    assert specs.find_spec("smoke") == REPO / "experiments" / "smoke.toml"
+    assert "fig5_consttoken" in specs.shipped_names() and "smoke" in specs.shipped_names()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smoke").mkdir()  # a path wins over a name
+    assert specs.find_spec("smoke") == Path("smoke")
+    assert specs.find_spec("mine.toml") == Path("mine.toml")
+    with pytest.raises(UserError, match=r"no spec file 'smok', .*\(known: .*fig5_consttoken, .*smoke"):
+        specs.find_spec("smok")
+
+
 @pytest.mark.parametrize("name", ["smoke", "sdpa_h100"])
 def test_experiment_specs_expand(name):
     spec = specs.load_spec(REPO / "experiments" / f"{name}.toml")

@@ -4,7 +4,8 @@ peers (`tfla_bench.baselines.mlstm_kernels_*`) share.
 - `MlstmAdapter`: the family, layout and gate shape;
 - `ChunkwiseMlstmAdapter`: inputs, chunk size, float64 reference and chunkwise counts of every
   chunkwise mLSTM kernel, with the published series each answers to (`XL_CHUNK_SIG`, ...);
-- `OwnKernelAdapter`: availability and shape rules of our Triton kernels (`limit_chunk` and
+- `OwnKernelAdapter`: availability (CUDA, or any device under Triton's interpreter, whose rows
+  say they are no speed claim) and shape rules of our Triton kernels (`limit_chunk` and
   `TflaAdapter`, our TFLA xl_chunk kernels' limits and call for `tfla_exp` and `tfla_sig`).
 
 All mLSTM adapters draw the same inputs from the same seeded generator: q, k, v and i standard
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     import torch
 
 FORGET_GATE_BIAS = 3.0
+INTERPRETER_NOTE = "timed in Triton's interpreter (TRITON_INTERPRET=1): no speed claim"
 TFLA_DEFAULT_CHUNK = 128
 
 # The paper's series of the TFLA kernels: ours rank first, the official peers (rank 1) next.
@@ -165,9 +167,9 @@ class ChunkwiseMlstmAdapter(MlstmAdapter):
 
 
 class OwnKernelAdapter(ChunkwiseMlstmAdapter):
-    """Our Triton kernels of this package: CUDA and `kernel_module` to run; chunk sizes a power of two
-    of at least `MIN_CHUNK` (and at most `max_chunk`, None: no bound) not above T; head dims
-    multiples of 16 in [`MIN_HEAD_DIM`, `MAX_HEAD_DIM`]."""
+    """Our Triton kernels of this package: CUDA (or Triton's interpreter) and `kernel_module` to run;
+    chunk sizes a power of two of at least `MIN_CHUNK` (and at most `max_chunk`, None: no bound) not
+    above T; head dims multiples of 16 in [`MIN_HEAD_DIM`, `MAX_HEAD_DIM`]."""
 
     kernel_module = ""
     config_kernel = "tfla"  # the kernel's name in `tfla_bench.kernels.config`
@@ -189,12 +191,21 @@ class OwnKernelAdapter(ChunkwiseMlstmAdapter):
         wide = kconfig.float32_states(self.config_kernel, self.gate, case.head_dim_qk, config)
         return 4 if wide else element_bytes(case.dtype)
 
+    @property
+    def cpu_capable(self) -> bool:  # type: ignore[override]
+        """Under Triton's interpreter the kernels run on the CPU (slowly: `row_note`)."""
+        return contract.interpreted()
+
     def available(self) -> str | None:
-        reason = cuda_reason()
-        if reason is not None:
-            return reason
+        if not contract.interpreted():
+            reason = cuda_reason()
+            if reason is not None:
+                return f"{reason}; TRITON_INTERPRET=1 runs it on the CPU in Triton's interpreter (slow)"
         _, reason = try_import(self.kernel_module)
         return reason
+
+    def row_note(self) -> str:
+        return INTERPRETER_NOTE if contract.interpreted() else ""
 
     def shape_reason(self, case: Case) -> str | None:
         """Why the case's chunk size or head dims break the rules above, or None."""

@@ -173,6 +173,11 @@ class Adapter:
         """Why this case is unsupported (head-dim limits, chunk-size rules), or None."""
         return None
 
+    def row_note(self) -> str:
+        """What every row this adapter measures here must say about its timing (e.g. that an
+        interpreter ran the kernel, so the time is no speed claim), or empty."""
+        return ""
+
     def make_inputs(self, case: Case, device: str) -> dict[str, Any]:
         """Inputs for `forward` in the library's layout and value ranges.
 

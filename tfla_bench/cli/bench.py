@@ -6,7 +6,7 @@ Examples::
     tfla-bench run --kernel sdpa_cudnn,mlstm_torch --seq-len 2048,8192 --tokens 65536 --heads 32 \\
         --head-dim-qk 128 --mode fw,fwbw --param causal=false
     tfla-bench sweep experiments/sdpa_h100.toml --kernel sdpa_cudnn --dry-run
-    tfla-bench sweep experiments/smoke.toml --out /tmp/smoke-run
+    tfla-bench sweep smoke --out /tmp/smoke-run
     tfla-bench sweep --resume results/runs/smoke-20250101-120000 --retry crashed,timeout
     tfla-bench sweep experiments/fig5_consttoken.toml --executor slurm --partition gpu --nodes 4 \\
         --gpus-per-node 8 --time 4:00:00 --precompile 14
@@ -29,6 +29,7 @@ from typing import Annotated, Any, get_type_hints
 
 import torch
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -219,50 +220,76 @@ def register(app: typer.Typer) -> None:
 
 
 def list_adapters(
-    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
+    long: Annotated[
+        bool,
+        typer.Option(
+            "--long", help="every fact of each kernel: layout, modes, dtypes, constraints, origin, ..."
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of every fact instead")] = False,
 ) -> None:
-    """List every kernel adapter: family, layout, modes, dtypes, availability (with reason), constraints
-    and origin (built-in module, entry point or TFLA_BENCH_PLUGINS module)."""
-    entries = []
-    for adapter in registry.adapters():
-        reason = adapter.available()
-        entries.append(
-            {
-                "name": adapter.name,
-                "family": adapter.family,
-                "layout": adapter.layout,
-                "modes": list(adapter.modes),
-                "dtypes": list(adapter.dtypes),
-                "cpu_capable": adapter.cpu_capable,
-                "uses_chunk_size": adapter.uses_chunk_size,
-                "available": reason is None,
-                "reason": reason,
-                "constraints": adapter.constraints,
-                "module": type(adapter).__module__,
-                "origin": adapter.origin,
-            }
-        )
+    """List every kernel adapter: its family, whether it runs here and, where not, why (and how to
+    install it). --long or --json add layout, modes, dtypes, constraints and origin (built-in module,
+    entry point or TFLA_BENCH_PLUGINS module)."""
+    entries = [_list_entry(adapter) for adapter in registry.adapters()]
     if as_json:
         typer.echo(json.dumps(entries, indent=2))
         return
-    table = Table(title=f"{len(entries)} kernel adapter(s)")
-    for column in ("name", "family", "layout", "modes", "dtypes", "cpu"):
-        table.add_column(column, no_wrap=True)
-    for column in ("available", "constraints", "origin"):
-        table.add_column(column, overflow="fold")
+    available = sum(entry["available"] for entry in entries)
+    console = make_console()
+    console.print(f"{len(entries)} kernel adapter(s), {available} available here", highlight=False)
+    if long:
+        for entry in entries:
+            console.print(_long_entry(entry))
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("kernel", no_wrap=True)
+    table.add_column("family", no_wrap=True)
+    table.add_column("here", no_wrap=True)
+    table.add_column("why not / how to install", overflow="fold")
     for entry in entries:
-        table.add_row(
-            entry["name"],
-            entry["family"],
-            entry["layout"],
-            ",".join(entry["modes"]),
-            " ".join(entry["dtypes"]),
-            "yes" if entry["cpu_capable"] else "no",
-            "[green]yes[/]" if entry["available"] else f"[red]no[/]: {entry['reason']}",
-            entry["constraints"],
-            entry["origin"],
-        )
-    make_console().print(table)
+        here = "[green]yes[/]" if entry["available"] else "[red]no[/]"
+        table.add_row(entry["name"], entry["family"], here, entry["reason"] or "")
+    console.print(table)
+
+
+def _list_entry(adapter: registry.Adapter) -> dict[str, Any]:
+    """What `list --json` says of one adapter."""
+    reason = adapter.available()
+    return {
+        "name": adapter.name,
+        "family": adapter.family,
+        "layout": adapter.layout,
+        "modes": list(adapter.modes),
+        "dtypes": list(adapter.dtypes),
+        "cpu_capable": adapter.cpu_capable,
+        "uses_chunk_size": adapter.uses_chunk_size,
+        "available": reason is None,
+        "reason": reason,
+        "constraints": adapter.constraints,
+        "module": type(adapter).__module__,
+        "origin": adapter.origin,
+    }
+
+
+def _long_entry(entry: dict[str, Any]) -> Table:
+    """One adapter as a block of `fact  value` lines, which reads at any width."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True, style="dim")
+    table.add_column(overflow="fold")
+    table.add_row(f"[bold]{entry['name']}[/]", f"{entry['family']}, {entry['origin']}")
+    available = "[green]yes[/]" if entry["available"] else f"[red]no[/]: {entry['reason']}"
+    for fact, value in (
+        ("available", available),
+        ("layout", entry["layout"]),
+        ("modes", ", ".join(entry["modes"])),
+        ("dtypes", ", ".join(entry["dtypes"])),
+        ("runs on CPU", "yes" if entry["cpu_capable"] else "no"),
+        ("chunk size", "yes" if entry["uses_chunk_size"] else "no"),
+        ("constraints", entry["constraints"] or "-"),
+    ):
+        table.add_row(f"  {fact}", value)
+    return table
 
 
 def run(
@@ -339,7 +366,11 @@ def run(
 def sweep(
     spec_path: Annotated[
         Path | None,
-        typer.Argument(metavar="SPEC", help="TOML spec (optional with --resume)", show_default=False),
+        typer.Argument(
+            metavar="SPEC",
+            help="a TOML spec file, or the name of a shipped one such as smoke (optional with --resume)",
+            show_default=False,
+        ),
     ] = None,
     out: OutOption = None,
     resume: Annotated[
@@ -382,7 +413,7 @@ def sweep(
     """Run every case of a spec, each in an isolated worker; rows go to results.csv in the run directory.
     With --executor slurm or local the cases are split over jobs of one node each."""
     if spec_path is not None:
-        spec = specs.load_spec(spec_path)
+        spec = specs.load_spec(specs.find_spec(spec_path))
     elif resume is not None:
         spec = _recorded_spec(resume)
     else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -71,7 +72,7 @@ def check(
     device = _device(device)
     chosen = list(dict.fromkeys(names)) or None
     total = len(chosen) if chosen else len(registry.adapters())
-    with gate_progress(total) as callbacks:
+    with gate_progress(total, lines=as_json) as callbacks:
         results = run_gate(chosen, device, dtype=dtype, isolate=isolate, timeout_s=timeout, **callbacks)
     if as_json:
         typer.echo(json.dumps([json_row(result) for result in results], indent=2))
@@ -99,18 +100,28 @@ def _device(text: str) -> str:
 
 
 @contextmanager
-def gate_progress(total: int) -> Iterator[dict[str, Callable[[Any], None]]]:
+def gate_progress(total: int, *, lines: bool = False) -> Iterator[dict[str, Callable[[Any], None]]]:
     """`run_gate`'s `on_start` / `on_result` callbacks that show the gate's progress on stderr: a bar
-    naming the adapter being checked, and one line per adapter as it finishes (stdout stays clean
-    for `--json`)."""
+    naming the adapter being checked and counting the verdicts so far, gone when the gate ends.
+
+    Args:
+        total: the number of adapters.
+        lines: also print one line per adapter as it finishes. Only where no table of the verdicts
+            follows on the terminal (`--json` keeps stdout for the program reading it), so that a
+            person sees each verdict once.
+    """
+    counts: Counter[str] = Counter()
     with progress_bar(make_console(stderr=True), transient=True) as bar:
         task = bar.add_task("gate", total=total)
 
         def start(name: str) -> None:
-            bar.update(task, description=f"gate: {name}")
+            so_far = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
+            bar.update(task, description=f"gate: {name}" + (f" ({so_far} so far)" if so_far else ""))
 
         def done(result: GateResult) -> None:
-            bar.console.print(progress_line(result), highlight=False, soft_wrap=True)
+            counts[result.status] += 1
+            if lines:
+                bar.console.print(progress_line(result), highlight=False, soft_wrap=True)
             bar.advance(task)
 
         yield {"on_start": start, "on_result": done}

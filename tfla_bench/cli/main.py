@@ -7,11 +7,12 @@ traceback. A command or group given without arguments prints its help.
 
 import functools
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 import typer.core
 
+from tfla_bench import __version__
 from tfla_bench.cli import analysis, bench, check, diff, model, profile, roofs, status, tune
 from tfla_bench.errors import RunFailed, UserError
 
@@ -24,8 +25,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(given: bool) -> None:
+    if given:
+        typer.echo(f"tfla-bench {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="print the version and exit"),
+    ] = False,
+) -> None:
     """Benchmarks and roofline analysis for TFLA (mLSTM) kernels and their competitors."""
 
 

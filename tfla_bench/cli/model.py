@@ -24,6 +24,9 @@ from tfla_bench.run import specs
 from tfla_bench.run.console import make_console
 
 DEFAULT_ROOFLINE_GPUS = ("v100", "a100", "h100", "h200", "b200")
+# The paper's Fig. 5 mLSTMsig setting (the README's example): the defaults of every `model` flag.
+FIG5 = MlstmShape(gate="sig", seq_len=8192, head_dim_qk=128, head_dim_v=256, batch=8, heads=16)
+FIG5_CHUNK = 128
 
 
 class Gate(StrEnum):
@@ -48,8 +51,8 @@ ChunkOption = Annotated[
     int | None,
     typer.Option(
         "--chunk-size",
-        help="chunk size L (chunkwise only); for optimal-chunk the L the counts are shown at "
-        "(default: the best power of two)",
+        help=f"chunk size L (chunkwise only; default {FIG5_CHUNK}); for optimal-chunk the L the counts are "
+        "shown at (default: the best power of two)",
     ),
 ]
 HeadDimQkOption = Annotated[int, typer.Option("--head-dim-qk", help="query/key head dim d_qk")]
@@ -172,60 +175,44 @@ def _rows(
     ]
 
 
-def _report(
-    kind: str,
-    *,
-    gate: Gate,
-    formulation: Formulation,
-    seq_len: int,
-    chunk_size: int | None,
-    head_dim_qk: int,
-    head_dim_v: int,
-    causal_factor: float,
-    batch: int,
-    heads: int,
-    qkv_bytes: float,
-    gate_bytes: float,
-    state_bytes: float,
-    gpu: str,
-    peak_flops: float | None,
-    bandwidth: float | None,
-    as_json: bool,
-) -> None:
-    shape = MlstmShape(
-        gate=gate.value,
-        seq_len=seq_len,
-        head_dim_qk=head_dim_qk,
-        head_dim_v=head_dim_v,
-        batch=batch,
-        heads=heads,
-        causal_factor=causal_factor,
-        qkv_bytes=qkv_bytes,
-        gate_bytes=gate_bytes,
-        state_bytes=state_bytes,
-    )
-    accelerator = resolve_accelerator(
-        gpu, peak_flops_per_s=peak_flops, bandwidth_bytes_per_s=bandwidth, measured=measured_accelerator
-    )
+def _chunk_and_optima(
+    kind: str, formulation: Formulation, chunk_size: int | None, shape: MlstmShape, accelerator: Accelerator
+) -> tuple[int | None, ChunkOptima | None]:
+    """The chunk size the counts are shown at (None: not chunkwise) and, for optimal-chunk, the optima.
+
+    A chunkwise count without `--chunk-size` is at the Fig. 5 chunk, optimal-chunk's at the best
+    power of two."""
     optima = None
     if kind == "optimal-chunk":
         if formulation is not Formulation.chunkwise:
             raise UserError("optimal-chunk needs --formulation chunkwise")
-        optima = chunk_optima(shape.flop_terms(), shape.byte_terms(), accelerator, seq_len)
+        optima = chunk_optima(shape.flop_terms(), shape.byte_terms(), accelerator, shape.seq_len)
         if chunk_size is None:
             chunk_size = optima.best_power_of_two_chunk_size
     if chunk_size is not None:
-        check_chunk_size(seq_len, chunk_size)
+        check_chunk_size(shape.seq_len, chunk_size)
     if formulation is not Formulation.chunkwise:
-        chunk_size = None
-    elif chunk_size is None:
-        raise UserError("--formulation chunkwise needs --chunk-size")
+        return None, optima
+    if chunk_size is None:
+        check_chunk_size(shape.seq_len, FIG5_CHUNK)
+        chunk_size = FIG5_CHUNK
+    return chunk_size, optima
+
+
+def _report(
+    kind: str,
+    shape: MlstmShape,
+    formulation: Formulation,
+    chunk_size: int | None,
+    accelerator: Accelerator,
+    as_json: bool,
+) -> None:
+    chunk_size, optima = _chunk_and_optima(kind, formulation, chunk_size, shape, accelerator)
     estimate = Estimate(
         shape.flops(formulation.value, chunk_size),
         shape.bytes_moved(formulation.value, chunk_size),
         accelerator,
     )
-
     if as_json:
         payload = _setting_fields(shape, formulation.value, chunk_size, accelerator) | _estimate_fields(
             estimate
@@ -241,15 +228,15 @@ def _report(
             }
         print(json.dumps(payload, indent=2))
         return
-
     chunk_text = f"L={chunk_size}, " if chunk_size is not None else ""
     console = make_console()
     console.print(
         f"{shape.label} {formulation.value} forward on {accelerator.display_name} "
         f"({_si(accelerator.peak_flops_per_s, 'FLOP/s')}, {_si(accelerator.bandwidth_bytes_per_s, 'B/s')})\n"
-        f"T={seq_len}, {chunk_text}d_qk={head_dim_qk}, d_hv={head_dim_v}, batch={batch}, heads={heads}, "
-        f"F_c={causal_factor:g}\n"
-        f"bytes per element: q/k/v {qkv_bytes:g}, gates {gate_bytes:g}, states {state_bytes:g}",
+        f"T={shape.seq_len}, {chunk_text}d_qk={shape.head_dim_qk}, d_hv={shape.head_dim_v}, "
+        f"batch={shape.batch}, heads={shape.heads}, F_c={shape.causal_factor:g}\n"
+        f"bytes per element: q/k/v {shape.qkv_bytes:g}, gates {shape.gate_bytes:g}, "
+        f"states {shape.state_bytes:g}",
         highlight=False,
     )
     table = Table()
@@ -271,18 +258,18 @@ _DESCRIPTIONS = {
 
 def _make_command(kind: str) -> Callable[..., None]:
     def command(
-        seq_len: SeqLenOption,
-        head_dim_qk: HeadDimQkOption,
-        head_dim_v: HeadDimVOption,
+        seq_len: SeqLenOption = FIG5.seq_len,
+        head_dim_qk: HeadDimQkOption = FIG5.head_dim_qk,
+        head_dim_v: HeadDimVOption = FIG5.head_dim_v,
         gate: GateOption = Gate.sig,
         formulation: FormulationOption = Formulation.chunkwise,
         chunk_size: ChunkOption = None,
-        causal_factor: CausalOption = 0.5,
-        batch: BatchOption = 1,
-        heads: HeadsOption = 1,
-        qkv_bytes: QkvBytesOption = 2,
-        gate_bytes: GateBytesOption = 2,
-        state_bytes: StateBytesOption = 4,
+        causal_factor: CausalOption = FIG5.causal_factor,
+        batch: BatchOption = FIG5.batch,
+        heads: HeadsOption = FIG5.heads,
+        qkv_bytes: QkvBytesOption = FIG5.qkv_bytes,
+        gate_bytes: GateBytesOption = FIG5.gate_bytes,
+        state_bytes: StateBytesOption = FIG5.state_bytes,
         gpu: GpuOption = "h100",
         peak_flops: PeakOption = None,
         bandwidth: BandwidthOption = None,
@@ -301,25 +288,22 @@ def _make_command(kind: str) -> Callable[..., None]:
                 raise UserError(
                     f"{flag}: expected a positive integer (at most {specs.MAX_SHAPE:,}), got {value}"
                 )
-        _report(
-            kind,
-            gate=gate,
-            formulation=formulation,
+        shape = MlstmShape(
+            gate=gate.value,
             seq_len=seq_len,
-            chunk_size=chunk_size,
             head_dim_qk=head_dim_qk,
             head_dim_v=head_dim_v,
-            causal_factor=causal_factor,
             batch=batch,
             heads=heads,
+            causal_factor=causal_factor,
             qkv_bytes=qkv_bytes,
             gate_bytes=gate_bytes,
             state_bytes=state_bytes,
-            gpu=gpu,
-            peak_flops=peak_flops,
-            bandwidth=bandwidth,
-            as_json=as_json,
         )
+        accelerator = resolve_accelerator(
+            gpu, peak_flops_per_s=peak_flops, bandwidth_bytes_per_s=bandwidth, measured=measured_accelerator
+        )
+        _report(kind, shape, formulation, chunk_size, accelerator, as_json)
 
     command.__doc__ = _DESCRIPTIONS[kind]
     return command

@@ -20,7 +20,7 @@ from tfla_bench.adapters import registry
 from tfla_bench.cli.options import _int_list, _names
 from tfla_bench.cli.paths import output_dir
 from tfla_bench.errors import UserError
-from tfla_bench.measure import roofs
+from tfla_bench.measure import ncu, roofs
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.run import profiling, rundir, runner
 from tfla_bench.run.console import make_console
@@ -59,6 +59,7 @@ def profile(
     if bad := [m for m in modes if m not in ("fw", "fwbw")]:
         raise UserError(f"--mode: expected fw or fwbw, got {', '.join(bad)}")
     chosen = profiling.select_rows(rows, _names(kernel), seq_lens, modes)
+    ncu.require(ncu_path)  # before anything is written: without ncu no row could be profiled
     console = make_console()
     with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
         _record_roofs(run_dir, console)
@@ -75,7 +76,9 @@ def _record_roofs(run_dir: Path, console: Console) -> None:
         return
     if roofs.from_env(env) is not None:
         return
-    gpu_name, driver = str(env.get("gpu_name")), str(env.get("driver") or "unknown")
+    if not env.get("gpu_name"):
+        return  # a run on the CPU: no GPU whose roofs apply
+    gpu_name, driver = str(env["gpu_name"]), str(env.get("driver") or "unknown")
     same_gpu = [record for record in roofs.load_saved() if record.gpu_name == gpu_name]
     record = roofs.saved(gpu_name, driver) or (same_gpu[-1] if same_gpu else None)
     if record is None:
@@ -96,7 +99,12 @@ def _record_roofs(run_dir: Path, console: Console) -> None:
 def profile_run(
     run_dir: Path, rows: Sequence[ResultRow], spec: Spec, ncu_path: Path | None, console: Console
 ) -> list[CaseProfile]:
-    """Profile `rows` of the run in `run_dir` (measured with `spec`) and print one line per case."""
+    """Profile `rows` of the run in `run_dir` (measured with `spec`) and print one line per case; without
+    ncu, one line saying so (`sweep --ncu` after its rows are written)."""
+    executable = ncu.locate(ncu_path)
+    if executable is None:
+        console.print(f"{ncu.NOT_FOUND}; no case profiled")
+        return []
     registry.load()
     console.print(f"profiling {len(rows)} case(s) under ncu (one untimed call each; no timing is taken)")
 
@@ -114,7 +122,7 @@ def profile_run(
     profiles = profiling.profile_rows(
         run_dir,
         rows,
-        ncu_path,
+        executable,
         grad_of=lambda name: spec.measurement_for(registry.get(name)).grad,
         module_of=lambda name: type(registry.get(name)).__module__,
         timeout_s=spec.measurement.timeout_s,

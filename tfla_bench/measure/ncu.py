@@ -35,6 +35,7 @@ from pathlib import Path
 
 from tfla_bench.errors import UserError
 
+NOT_FOUND = "ncu not found on PATH: install Nsight Compute (part of the CUDA toolkit) or pass --ncu-path"
 DRAM_READ = "dram__bytes_read.sum"
 DRAM_WRITE = "dram__bytes_write.sum"
 DURATION = "gpu__time_duration.sum"
@@ -106,6 +107,14 @@ def locate(ncu_path: Path | None) -> Path | None:
         return ncu_path
     found = shutil.which("ncu")
     return Path(found) if found else None
+
+
+def require(ncu_path: Path | None) -> Path:
+    """`locate`'s executable; a `UserError` saying how to get one when there is none."""
+    found = locate(ncu_path)
+    if found is None:
+        raise UserError(NOT_FOUND)
+    return found
 
 
 def command(

@@ -297,6 +297,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
     if capped.note:
         note, settle_s = capped.note, (settle_s or 0.0) + capped.settle_s
+    note = "; ".join(part for part in (adapter.row_note(), note) if part)
     calls_s = time.perf_counter() - calls_began
     gpu_state = gpustate.row_cells(before, after) if monitor is not None else {}
     row = ResultRow(

@@ -8,6 +8,7 @@ pipe or a log file gets whole rows.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterable, Mapping
 
@@ -24,6 +25,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
@@ -49,9 +51,13 @@ JOB_STATE_STYLE = {"COMPLETED": "green", "RUNNING": "yellow", "PENDING": "dim", 
 
 
 def make_console(*, stderr: bool = False, width: int = LOG_WIDTH) -> Console:
-    """A rich console; `width` columns wide when its stream is not a terminal."""
+    """A rich console as wide as the terminal; when its stream is not a terminal, `COLUMNS` wide when
+    the user sets it (as rich does for a terminal), else `width` wide."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=width)
+    if stream.isatty():
+        return Console(stderr=stderr)
+    columns = os.environ.get("COLUMNS", "")
+    return Console(stderr=stderr, width=int(columns) if columns.isdigit() else width)
 
 
 def progress_bar(console: Console, *, eta: bool = False, transient: bool = False) -> Progress:
@@ -112,6 +118,17 @@ def cases_table(cases: list[Case], fates: Mapping[str, str]) -> Table:
     return table
 
 
+def timing_notes(kernels: Iterable[str]) -> list[str]:
+    """One line per `row_note` of these kernels' adapters (that their timings are no speed claim,
+    say), naming the kernels it applies to."""
+    adapters = {adapter.name: adapter for adapter in registry.adapters()}
+    by_note: dict[str, list[str]] = {}
+    for name in sorted(set(kernels) & set(adapters)):  # a row's kernel may be gone from this install
+        if note := adapters[name].row_note():
+            by_note.setdefault(note, []).append(name)
+    return [f"{', '.join(names)}: {note}" for note, names in by_note.items()]
+
+
 def summary_table(rows: Iterable[ResultRow]) -> Table:
     """Median ms per kernel configuration (rows) and seq_len (columns); the status where not ok."""
     rows = list(rows)
@@ -150,6 +167,9 @@ def summary_table(rows: Iterable[ResultRow]) -> Table:
             else:
                 cells.append(styled_status(row.status))
         table.add_row(kernel, mode, dtype, config, *cells)
+    notes = timing_notes(row.case.kernel for row in rows if row.status == "ok")
+    if notes:
+        table.caption, table.caption_justify = "\n".join(notes), "left"
     return table
 
 

@@ -13,10 +13,9 @@ rewritten, and readers join the two on the case columns (`join_profile`). ncu's 
 case stays in `<run_dir>/ncu/` with the numbers of every kernel. Per row:
 `measured_bytes` = DRAM read + write, `measured_intensity` = the adapter's analytic FLOPs /
 `measured_bytes`. A case that could not be profiled has a `profile_status` other than `ok` and
-the reason in `profile_error` (`no_ncu`: ncu not found; `not_permitted`: no access to the
-performance counters; `no_kernels`, `timeout`, `failed`). Each case's row is written as soon as the
-case is done, so a profile that is stopped keeps the cases it finished. Profiling again replaces a
-case's row.
+the reason in `profile_error` (`not_permitted`: no access to the performance counters;
+`no_kernels`, `timeout`, `failed`). Each case's row is written as soon as the case is done, so a
+profile that is stopped keeps the cases it finished. Profiling again replaces a case's row.
 
 ncu replays kernels and locks clocks, so nothing here is a timing: `ncu_gpu_time_ms` only says
 where the bytes were spent, and `median_ms` always comes from the timed sweep.
@@ -166,7 +165,7 @@ def select_rows(
 def profile_rows(
     run_dir: Path,
     rows: Sequence[ResultRow],
-    ncu_path: Path | None,
+    executable: Path,
     *,
     grad_of: Callable[[str], str],
     module_of: Callable[[str], str],
@@ -179,26 +178,22 @@ def profile_rows(
     Args:
         run_dir: the run directory.
         rows: `ok` rows of its `results.csv` (`select_rows`).
-        ncu_path: `--ncu-path`, or None for `ncu` on PATH.
+        executable: the ncu to run (`ncu.require`).
         grad_of: kernel name -> the upstream-gradient mode the run timed it with.
         module_of: kernel name -> the module that registers its adapter (for the child).
         timeout_s: the run's case timeout; ncu gets `TIMEOUT_FACTOR` times it per case.
         on_profile: called with each case's profile as it finishes.
 
     Returns:
-        One `CaseProfile` per row. Without ncu, or without permission to profile, every row says
-        why; a case that fails says why and the others go on.
+        One `CaseProfile` per row. Without permission to profile, every row says why (ncu is asked
+        once); a case that fails says why and the others go on.
     """
-    executable = ncu.locate(ncu_path)
     refused: tuple[str, str] | None = None
-    if executable is None:
-        refused = ("no_ncu", "ncu not found on PATH: install Nsight Compute or pass --ncu-path")
     profiles: list[CaseProfile] = []
     for row in rows:
         if refused is not None:
             profile = CaseProfile(row.case, refused[0], flops=row.flops, error=refused[1])
         else:
-            assert executable is not None
             log_file = run_dir / rundir.NCU / f"{_slug(row.case.key)}.csv"
             log_file.parent.mkdir(parents=True, exist_ok=True)
             grad, module = grad_of(row.case.kernel), module_of(row.case.kernel)

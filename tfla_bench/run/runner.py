@@ -119,7 +119,7 @@ from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.measure.worker import CrashGuard, Job, Measurement, Worker, autotune_cache_setting
 from tfla_bench.run import rundir
-from tfla_bench.run.console import case_label, make_console, progress_bar, row_line
+from tfla_bench.run.console import case_label, make_console, progress_bar, row_line, timing_notes
 from tfla_bench.run.phases import PhaseClock
 from tfla_bench.run.precompile import (
     DONE_FILE,
@@ -371,6 +371,20 @@ def plan(
     return decided, to_run
 
 
+def sweep_notes(cases: list[Case], *, cuda: bool) -> list[str]:
+    """What a reader of the sweep's output must know before its numbers: without CUDA, which
+    adapters run at all; each adapter's `row_note` (its timings are no speed claim), once."""
+    names = sorted({case.kernel for case in cases})
+    lines = []
+    if not cuda:
+        cpu_names = [name for name in names if registry.get(name).cpu_capable]
+        lines.append(
+            "no CUDA device: only CPU-capable adapters run "
+            f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
+        )
+    return lines + [f"{line} (said in their rows' note)" for line in timing_notes(names)]
+
+
 def run_sweep(
     spec: Spec,
     cases: list[Case],
@@ -426,12 +440,8 @@ def run_sweep(
     if resume:
         cases, kept, columns = resume_plan(cases, csv_path, retry, console)
     writer = _start_results(run_dir, spec, kept, columns)
-    if not cuda:
-        cpu_names = sorted({c.kernel for c in cases if registry.get(c.kernel).cpu_capable})
-        console.print(
-            "[bold]note:[/] no CUDA device: only CPU-capable adapters run "
-            f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
-        )
+    for line in sweep_notes(cases, cuda=cuda):
+        console.print(f"[bold]note:[/] {line}")
     decided, to_run, roofs_child = _plan_beside_roofs(cases, devices[0], roofs, failed_check, clock)
     report = SweepReport(
         run_dir=run_dir, rows=[], decided=len(decided), dispatched=len(to_run), kept=len(kept)

@@ -198,6 +198,32 @@ class Spec:
         return settings
 
 
+def spec_dir() -> Path:
+    """The experiment specs' folder: `experiments/` of the checkout holding this package (a source tree
+    or an editable install), else the copy an installed wheel ships as `tfla_bench/experiments`."""
+    package = Path(__file__).resolve().parents[1]
+    checkout = package.parent / "experiments"
+    return checkout if checkout.is_dir() else package / "experiments"
+
+
+def shipped_names() -> list[str]:
+    """The names of the specs in `spec_dir()`, e.g. `smoke`."""
+    return sorted(path.stem for path in spec_dir().glob("*.toml"))
+
+
+def find_spec(given: str | Path) -> Path:
+    """The spec file `given` names: a path, or the name of a shipped spec (`smoke` for
+    `experiments/smoke.toml`); a `UserError` listing the shipped names when it is neither."""
+    path = Path(given)
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return path  # a path: `load_spec` says what is wrong with it
+    shipped = spec_dir() / f"{path.name}.toml"
+    if shipped.is_file():
+        return shipped
+    names = ", ".join(shipped_names()) or "none"
+    raise UserError(f"no spec file {str(given)!r}, and no shipped spec of that name (known: {names})")
+
+
 def load_spec(path: str | Path) -> Spec:
     """Read and validate a TOML spec file.
 
