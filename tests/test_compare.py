@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -16,7 +17,14 @@ from synthetic_run import (
     write_run,
 )
 
-from tfla_bench.analyse.compare import compare_run, comparison_frame, comparison_tables, load_run
+from tfla_bench.analyse.compare import (
+    compare_run,
+    comparison_frame,
+    comparison_summary,
+    comparison_tables,
+    load_run,
+    rows_that_matter,
+)
 from tfla_bench.analyse.published import load_published
 from tfla_bench.cli.main import main
 from tfla_bench.errors import UserError
@@ -267,7 +275,8 @@ def test_cli_compare_prints_tables_and_writes_json_and_csv(fig5_run, tmp_path, c
     )
     assert code == 0
     out = capsys.readouterr().out
-    assert "fw: run vs published" in out and "fwbw: run vs published" in out
+    # The synthetic ratios are one factor per kernel: the summary says it all, no row stands out.
+    assert out.index("summary: runtime ratio run / published") < out.index("every matched row lies within")
     assert "NVIDIA H100 80GB HBM3" in out and "SXM assumed" in out
     assert "run rows without a published counterpart" in out and "published rows without a run row" in out
     data = json.loads(json_path.read_text())
@@ -280,3 +289,64 @@ def test_cli_compare_prints_tables_and_writes_json_and_csv(fig5_run, tmp_path, c
     assert crashed and all(r["runtime_ratio"] is None for r in crashed)
     frame = pd.read_csv(csv_path)
     assert set(frame["match"]) == {"matched", "run_only", "published_only"}
+
+
+def test_summary_gives_each_kernel_its_median_ratio_and_why_rows_have_none(comparison):
+    summary = comparison_summary(comparison).set_index(["kernel", "mode"])
+    for kernel, factor in RUNTIME_FACTOR.items():
+        for mode in ("fw", "fwbw"):
+            if (kernel, mode) in summary.index and summary.loc[(kernel, mode), "compared"]:
+                assert math.isclose(summary.loc[(kernel, mode), "median ratio"], factor), kernel
+    crashed = summary.loc[("mlstm_kernels_exp", "fw")]
+    assert crashed["compared"] == 0 and crashed["not compared"].startswith("run crashed ×")
+    assert crashed["rows"] == int(crashed["not compared"].split("×")[1])
+    ours = comparison_summary(comparison, {"tfla_sig"})
+    assert set(ours["kernel"]) == {"tfla_sig"}
+
+
+def test_the_row_furthest_from_1_names_its_shape(comparison):
+    matched = comparison.matched.copy()
+    sig = matched.index[(matched["kernel"] == "tfla_sig") & (matched["mode"] == "fw")]
+    far = sig[0]
+    matched.loc[far, "runtime_ratio"] = 3.0
+    summary = comparison_summary(dataclasses.replace(comparison, matched=matched))
+    row = summary[(summary["kernel"] == "tfla_sig") & (summary["mode"] == "fw")].iloc[0]
+    assert row["max"] == 3.0 and row["furthest from 1"].endswith(": 3")
+    assert f"T{int(matched.loc[far, 'seq_len'])}" in row["furthest from 1"]
+
+
+def test_rows_that_matter_are_those_off_their_kernels_median(comparison):
+    # The synthetic ratios are one factor per kernel: no row stands out until one is moved.
+    assert rows_that_matter(comparison).matched["runtime_ratio"].notna().sum() == 0
+    matched = comparison.matched.copy()
+    moved = matched.index[matched["runtime_ratio"].notna()][0]
+    matched.loc[moved, "runtime_ratio"] *= 1.2
+    shown = rows_that_matter(dataclasses.replace(comparison, matched=matched)).matched
+    assert list(shown.index[shown["runtime_ratio"].notna()]) == [moved]
+    # A kernel that never ran is left to the summary; it is no row that stands out.
+    never = shown.groupby(["kernel", "mode"])["runtime_ratio"].count()
+    assert (never > 0).all() or shown.empty
+
+
+def test_cli_compare_writes_compare_csv_into_the_run_and_says_when_it_replaces_one(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run", fig5_rows(seq_lens=(4096, 8192)))
+    assert main(["compare", str(run_dir)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    written = run_dir / "compare.csv"
+    assert f"wrote {written}" in out and "replaced" not in out
+    frame = pd.read_csv(written)
+    assert set(frame["match"]) == {"matched", "run_only", "published_only"}
+    assert main(["compare", str(run_dir)]) == 0
+    assert "(replaced the previous one)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_cli_compare_all_prints_every_matched_row(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run", fig5_rows(seq_lens=(4096, 8192)))
+    assert main(["compare", str(run_dir)]) == 0
+    short = capsys.readouterr().out
+    assert main(["compare", str(run_dir), "--all"]) == 0
+    full = capsys.readouterr().out
+    rows = len(compare_run(load_run(run_dir), FIG5).matched)
+    assert "fw: every row" in full and "rows that stand out" not in full
+    assert full.count("│ tfla_sig ") > short.count("│ tfla_sig ")
+    assert "--all prints them" in short or f"--all: all {rows}" in short

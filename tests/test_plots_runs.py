@@ -59,14 +59,27 @@ def lines_by_label(ax):
     return {line.get_label(): line for line in ax.get_lines()}
 
 
-def test_runtime_vs_seq_len_has_fw_and_fwbw_panels_with_published_dotted(fig5):
+def panels(fig):
+    """The figure's panels by title: `forward (fw)`, or `mlstm: forward (fw)` with a row per family."""
+    return {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+
+
+def legend_texts(fig):
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    return [t.get_text() for legend in legends for t in legend.get_texts()]
+
+
+def test_runtime_vs_seq_len_has_a_row_per_family_with_published_dotted(fig5):
     run, comparison = fig5
     fig = runtime_vs_seq_len_figure(run_context(run, comparison))
-    fw, fwbw = fig.axes
-    assert fw.get_title() == "forward (fw)" and fwbw.get_title() == "forward + backward (fwbw)"
-    for ax in (fw, fwbw):
-        assert ax.get_xlabel() == "sequence length T"
-        assert ax.get_ylabel() == "median runtime [ms]"
+    by_title = panels(fig)
+    # Our kernels' family leads; every family has a fw and a fwbw panel.
+    assert fig.axes[0].get_title() == "mlstm: forward (fw)"
+    families = {title.split(":")[0] for title in by_title}
+    assert families == {"mlstm", "attention", "mamba2", "lightning", "gla"}
+    assert {f"{family}: forward + backward (fwbw)" for family in families} <= set(by_title)
+    fwbw = by_title["mlstm: forward + backward (fwbw)"]
+    assert fwbw.get_ylabel() == "" and by_title["mlstm: forward (fw)"].get_ylabel() == "median runtime [ms]"
     lines = lines_by_label(fwbw)
     # tfla_sig has several chunk sizes in the run, so its label names the chunk of this curve.
     solid = lines["tfla_sig L128"]
@@ -80,13 +93,23 @@ def test_runtime_vs_seq_len_has_fw_and_fwbw_panels_with_published_dotted(fig5):
     ]
     assert np.asarray(dashed.get_ydata()) == pytest.approx(published)
     assert np.asarray(solid.get_ydata()) == pytest.approx(np.asarray(published) * RUNTIME_FACTOR["tfla_sig"])
+    # The other families are grey context behind, and one y axis runs down each column.
+    context = [line for line in fwbw.get_lines() if line.get_label() == "_other"]
+    assert context and {matplotlib.colors.to_hex(line.get_color()) for line in context} == {"#c8c8c8"}
+    assert all(line.get_zorder() < solid.get_zorder() for line in context)
+    attention = by_title["attention: forward + backward (fwbw)"]
+    assert attention.get_ylim() == fwbw.get_ylim()
+    assert "tfla_sig L128" not in lines_by_label(attention)
 
 
 def test_runtime_figure_draws_only_ok_rows_and_names_the_rest(fig5):
     run, comparison = fig5
     fig = runtime_vs_seq_len_figure(run_context(run, comparison))
-    fw, fwbw = fig.axes
-    labels_fw, labels_fwbw = set(lines_by_label(fw)), set(lines_by_label(fwbw))
+    by_title = panels(fig)
+    labels_fw = {label for title, ax in by_title.items() if "(fw)" in title for label in lines_by_label(ax)}
+    labels_fwbw = {
+        label for title, ax in by_title.items() if "(fwbw)" in title for label in lines_by_label(ax)
+    }
     assert "gla" in labels_fw and "gla" not in labels_fwbw  # fwbw unsupported
     assert not any(label.startswith(("fa3", "mlstm_kernels_exp")) for label in labels_fw | labels_fwbw)
     # Rows without a published counterpart get no dashed line.
@@ -94,9 +117,19 @@ def test_runtime_figure_draws_only_ok_rows_and_names_the_rest(fig5):
     note = " ".join(fig.get_supxlabel().split())  # wrapped to the figure's width
     assert "fa3 fw (unavailable)" in note and "mlstm_kernels_exp fwbw (crashed)" in note
     assert "gla fwbw (unsupported)" in note
-    legend_texts = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert "published (H100)" in legend_texts and "tfla_sig L128" in legend_texts
-    assert not any(text.startswith("_") for text in legend_texts)
+    texts = legend_texts(fig)
+    assert "published (H100)" in texts and "tfla_sig L128" in texts and "other families" in texts
+    assert not any(text.startswith("_") for text in texts)
+    mlstm_legend = by_title["mlstm: forward + backward (fwbw)"].get_legend()
+    assert "sdpa_flash" not in [t.get_text() for t in mlstm_legend.get_texts()]
+
+
+def test_a_run_of_one_family_keeps_one_panel_per_mode(tmp_path):
+    rows = [r for r in fig5_rows() if r["kernel"] in ("tfla_sig", "tfla_exp", "mlstm_kernels_sig")]
+    run = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000000", rows))
+    fig = runtime_vs_seq_len_figure(run_context(run))
+    assert [ax.get_title() for ax in fig.axes] == ["forward (fw)", "forward + backward (fwbw)"]
+    assert "other families" not in legend_texts(fig)
 
 
 def test_points_measured_on_a_throttled_gpu_are_ringed(tmp_path):
@@ -107,14 +140,14 @@ def test_points_measured_on_a_throttled_gpu_are_ringed(tmp_path):
     fig = runtime_vs_seq_len_figure(run_context(run))
     rings = [line for ax in fig.axes for line in ax.get_lines() if line.get_label() == "_throttled"]
     assert rings and all(list(line.get_xdata()) == [8192] for line in rings)
-    assert "ring: GPU throttled (NVML)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "ring: GPU throttled (NVML)" in legend_texts(fig)
     memory = memory_vs_seq_len_figure(run_context(run))  # throttling moves timings, not memory
     assert not [line for ax in memory.axes for line in ax.get_lines() if line.get_label() == "_throttled"]
     for r in rows:
         r["throttled"] = False
     calm = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000001", rows))
     fig = runtime_vs_seq_len_figure(run_context(calm))
-    assert "ring: GPU throttled (NVML)" not in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "ring: GPU throttled (NVML)" not in legend_texts(fig)
 
 
 def test_the_not_drawn_note_is_wrapped_to_the_figure_width(tmp_path):

@@ -310,6 +310,14 @@ def test_report_shows_roofs_bytes_and_flags(profiled_run):
     for table_id in ("measured-roofs", "above-roof", "bytes-model-vs-measured"):
         assert f'id="{table_id}"' in page
     assert "lie above the measured roof" in page
+    headline = page[page.index('<section id="headline">') : page.index('<section id="figures">')]
+    finding = headline[headline.index("lie above the measured roof") :].split("</li>")[0]
+    assert "<code>tfla-bench model flops</code>" in finding
+    # Points placed by the model's bytes are sent to ncu first, with the run and kernels filled in.
+    check = profiling.roof_check(profiled_run.results, roofs.from_env(profiled_run.env))
+    above = check[check["above_roof"]]
+    by_model = sorted(above.loc[above["intensity_basis"] == "model", "kernel"].unique())
+    assert by_model and f"<code>tfla-bench profile {profiled_run.run_dir} -k " in finding
     summary = profiling.bytes_by_kernel(profiling.roof_check(profiled_run.results, None))
     off = summary[summary["model_off"]]
     assert not off.empty

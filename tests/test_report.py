@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import re
 from html.parser import HTMLParser
 
@@ -12,7 +13,7 @@ import pytest
 from synthetic_run import fig5_rows, write_run
 
 from tfla_bench.analyse.compare import compare_run, comparison_tables, load_run
-from tfla_bench.analyse.report import build_report, failures_table, write_report
+from tfla_bench.analyse.report import build_report, failures_table, list_text, write_report
 from tfla_bench.cli.main import main
 from tfla_bench.model.hardware import ACCELERATORS
 from tfla_bench.plots.base import render
@@ -264,3 +265,102 @@ def test_report_of_a_cpu_run_names_cpu_and_no_roof(tmp_path):
     page = build_report(load_run(run_dir), None)
     assert "on CPU" in page and "CPU run: no GPU roof bounds it" in page
     assert "roofline_fraction.png" not in page
+
+
+def section_order(page):
+    return re.findall(r'<section id="([^"]+)">', page)
+
+
+def test_the_page_leads_with_the_headline_and_ends_with_the_folded_environment(report):
+    _, _, page = report
+    order = section_order(page)
+    assert order[:3] == ["headline", "figures", "status"] and order[-1] == "environment"
+    environment = page[page.index('<section id="environment">') :]
+    assert environment.index("<details><summary>") < environment.index('id="env"')
+    assert "NVIDIA H100 80GB HBM3" in environment.split("</summary>")[0]
+    # The figures come before the first table of the tables part.
+    assert page.index("<figure") < page.index('id="status-summary"')
+
+
+def test_the_headline_names_the_gpu_and_the_fastest_kernel_per_length(report):
+    run_dir, _, page = report
+    headline = page[page.index('<section id="headline">') : page.index('<section id="figures">')]
+    assert "<b>NVIDIA H100 80GB HBM3</b>" in headline
+    results = load_run(run_dir).results
+    ok = results[results["status"] == "ok"]
+    table = parse(headline).tables["fastest"]
+    assert table["header"][:2] == ["T", "B"] and "fw: fastest" in table["header"]
+    column = table["header"].index("fw: fastest")
+    for cells in table["rows"]:
+        at = ok[(ok["seq_len"] == int(cells[0])) & (ok["mode"] == "fw")]
+        assert cells[column] == at.loc[at["median_ms"].idxmin(), "kernel"]
+    assert "Fastest most often: fw: " in headline
+
+
+def test_the_headline_sets_our_kernels_against_the_official_ones_and_the_paper(tmp_path):
+    rows = fw_rows()
+    # The official sigmoid kernel at twice our time at chunk 128; ours also ran other chunk sizes.
+    peers = [
+        {**r, "kernel": "mlstm_kernels_sig", "median_ms": 2 * r["median_ms"]}
+        for r in rows
+        if r["kernel"] == "tfla_sig" and r["chunk_size"] == 128
+    ]
+    run = load_run(write_run(tmp_path / "run", rows + peers))
+    headline = parse(build_report(run, FIG5, [ACCELERATORS["h100"]]))
+    pairs = {(row[0], row[1]): row for row in headline.tables["ours-vs-official"]["rows"]}
+    ok = run.results[run.results["status"] == "ok"]
+    best = ok.groupby(["kernel", "seq_len"])["median_ms"].min()
+    expected = (best["tfla_sig"] / best["mlstm_kernels_sig"]).median()
+    assert float(pairs[("tfla_sig", "mlstm_kernels_sig")][4]) == pytest.approx(expected, rel=1e-3)
+    assert pairs[("tfla_exp", "mlstm_kernels_exp")][3] == "0"
+    assert "mlstm_kernels_exp: crashed ×2" in pairs[("tfla_exp", "mlstm_kernels_exp")][-1]
+    paper = headline.tables["ours-vs-paper"]["rows"]
+    kernels = [row[0] for row in paper]
+    # Each of our kernels is followed by its official peer; kernels without a peer are not listed.
+    assert kernels.index("tfla_sig") + 1 == kernels.index("mlstm_kernels_sig")
+    assert "sdpa_cudnn" not in kernels
+    sig = next(row for row in paper if row[0] == "tfla_sig")
+    assert float(sig[4]) == pytest.approx(0.9)  # the synthetic run is 0.9x the published time
+
+
+def test_every_finding_says_what_to_do(tmp_path):
+    rows = fw_rows()
+    for r in rows:
+        r["throttled"] = r["kernel"] == "sdpa_flash" and r["status"] == "ok"
+    run = load_run(write_run(tmp_path / "run", rows))
+    page = build_report(run, None, [ACCELERATORS["h100"]])
+    headline = page[page.index('<section id="headline">') : page.index('<section id="figures">')]
+    items = re.findall(r"<li><b>(.*?)</b>(.*?)</li>", headline, flags=re.S)
+    whats = [what for what, _ in items]
+    assert any("rows did not run (crashed ×2, unavailable ×2" in what for what in whats)
+    assert any("measured while the GPU throttled" in what for what in whats)
+    for _, todo in items:
+        assert "<code>tfla-bench " in todo or "<code>nvidia-smi" in todo, todo
+    assert f"--resume {run.run_dir} --retry crashed" in headline
+
+
+def test_status_summary_has_a_column_per_status_and_no_empty_one(report):
+    _, _, page = report
+    summary = parse(page).tables["status-summary"]
+    assert summary["header"][:2] == ["kernel", "mode"] and "" not in summary["header"]
+    assert all(len(row) == len(summary["header"]) for row in summary["rows"])
+    assert {"ok", "crashed", "unavailable"} <= set(summary["header"])
+
+
+def test_repeated_list_entries_are_shown_once_with_their_count():
+    trace = "worker died (SIGABRT): SLPVectorizer assertion"
+    assert list_text([trace] * 16 + ["other"]) == f"{trace} ×16, other"
+    cases = [f"mlstm_kernels_exp|fw|T{t}" for t in range(16)]
+    text = list_text([{"error": trace, "cases": cases}])
+    assert text.count(trace) == 1 and "cases: ×16 (mlstm_kernels_exp|fw|T0" in text
+    assert "T15" not in text
+
+
+def test_the_environment_shows_a_repeated_crash_once(tmp_path):
+    run_dir = write_run(tmp_path / "run", small_rows())
+    env = json.loads((run_dir / "env.json").read_text())
+    trace = "worker died (SIGABRT): SLPVectorizer.cpp assertion"
+    env["precompile"] = {"crashed": [{"error": trace, "cases": [f"case{i}"]} for i in range(1)] * 16}
+    (run_dir / "env.json").write_text(json.dumps(env))
+    page = build_report(load_run(run_dir), None, [ACCELERATORS["h100"]])
+    assert page.count("SLPVectorizer.cpp assertion") == 1 and "×16" in page

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,14 @@ from tfla_bench.run.rundir import RunGpu
 
 NORMALIZE_CHOICES = ("none", "roofline")
 SHAPE_COLUMNS = ("batch", "seq_len", "num_heads", "head_dim_qk", "head_dim_v", "chunk_size")
+SHORT_NAMES = {
+    "batch": "B",
+    "seq_len": "T",
+    "num_heads": "H",
+    "head_dim_qk": "Dqk",
+    "head_dim_v": "Dv",
+    "chunk_size": "L",
+}
 
 
 @dataclass
@@ -239,27 +247,67 @@ def compare_run(run: Run, published_name: str, normalize: str = "none") -> Compa
         raise UserError(
             f"cannot normalize by the roofline: GPU {run.gpu_name!r} is not in the model's accelerator table"
         )
-
     results = run.results.reset_index(drop=True)
+    accelerators = (measured_acc, published_acc) if normalize == "roofline" else None
+    matched, measured_only = _match_rows(results, published, accelerators)
+    used = {int(row["published_row"]) for row in matched}
+    matched_columns = ["row_id", *results.columns, *_PUBLISHED_SIDE]
+    if normalize == "roofline":
+        matched_columns += list(_NORMALIZED_COLUMNS)
+    return Comparison(
+        published_name=published_name,
+        measured_gpu=run.gpu_name,
+        published_gpu=PUBLISHED_GPU_NOTE,
+        normalize=normalize,
+        matched=pd.DataFrame(matched, columns=matched_columns),
+        measured_only=pd.DataFrame(measured_only, columns=["row_id", *results.columns, "reason"]),
+        published_only=_published_only(published, used, set(results["kernel"])),
+        measured_accelerator=measured_acc,
+        published_accelerator=published_acc,
+    )
+
+
+# The columns a matched row adds to the run's columns, before any normalized ones.
+_PUBLISHED_SIDE = (
+    "published_row",
+    "published_kernel",
+    "published_label",
+    "published_status",
+    "measured_ms",
+    "published_ms",
+    "runtime_ratio",
+    "measured_peak_memory_bytes",
+    "published_peak_memory_bytes",
+    "memory_ratio",
+)
+
+
+def _fitting(row: pd.Series, group: pd.DataFrame) -> pd.DataFrame:
+    """The published candidates of a run row whose chunk size and params fit it."""
+    fits = [
+        _chunk_fits(row["chunk_size"], chunk, match_chunk)
+        and all(_measured_param(row, row["kernel"], k) == v for k, v in params.items())
+        for chunk, match_chunk, params in zip(
+            group["published_chunk_size"], group["match_chunk"], group["required_params"], strict=True
+        )
+    ]
+    return group[fits]
+
+
+def _match_rows(
+    results: pd.DataFrame, published: pd.DataFrame, accelerators: tuple[Accelerator, Accelerator] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each run row as a matched entry (exactly one published row fits it) or a run-only one with
+    the reason; `accelerators` (the run's and the paper's) add the roofline-normalized columns."""
     keyed = results.assign(row_id=results.index)
     cases = published_cases(published).rename(columns={"chunk_size": "published_chunk_size"})
     candidates = keyed.merge(cases, on=list(CASE_KEYS), how="inner")
-
-    matched_rows: list[dict[str, Any]] = []
-    measured_only: list[dict[str, Any]] = []
-    used_pub_ids: set[int] = set()
     by_row = {row_id: group for row_id, group in candidates.groupby("row_id")}
+    matched: list[dict[str, Any]] = []
+    measured_only: list[dict[str, Any]] = []
     for row_id, row in keyed.iterrows():
         group = by_row.get(row_id, candidates.iloc[0:0])
-        fits = group[
-            [
-                _chunk_fits(row["chunk_size"], c, m)
-                and all(_measured_param(row, row["kernel"], k) == v for k, v in p.items())
-                for c, m, p in zip(
-                    group["published_chunk_size"], group["match_chunk"], group["required_params"], strict=True
-                )
-            ]
-        ]
+        fits = _fitting(row, group)
         record = {"row_id": row_id, **{c: row[c] for c in results.columns}}
         if len(fits) != 1:
             reason = (
@@ -267,33 +315,40 @@ def compare_run(run: Run, published_name: str, normalize: str = "none") -> Compa
             )
             measured_only.append({**record, "reason": reason})
             continue
-        pub = fits.iloc[0]
-        used_pub_ids.add(int(pub["pub_id"]))
-        ok = row["status"] == "ok" and pub["published_status"] == "ok"
-        measured_ms, published_ms = float(row["median_ms"]), float(pub["published_ms"])
-        measured_mem = float(row["peak_memory_bytes"])
-        published_mem = float(pub["published_peak_memory_bytes"])
-        entry = {
-            **record,
-            "published_row": int(pub["pub_id"]),
-            "published_kernel": pub["published_kernel"],
-            "published_label": pub["published_label"],
-            "published_status": pub["published_status"],
-            "measured_ms": measured_ms,
-            "published_ms": published_ms,
-            "runtime_ratio": _ratio(measured_ms, published_ms) if ok else math.nan,
-            "measured_peak_memory_bytes": measured_mem,
-            "published_peak_memory_bytes": published_mem,
-            "memory_ratio": _ratio(measured_mem, published_mem) if ok else math.nan,
-        }
-        if normalize == "roofline":
-            entry.update(_normalized(row, measured_ms, published_ms, measured_acc, published_acc, ok))
-        matched_rows.append(entry)
+        matched.append({**record, **_published_side(row, fits.iloc[0], accelerators)})
+    return matched, measured_only
 
-    published_only = []
-    run_kernels = set(results["kernel"])
+
+def _published_side(
+    row: pd.Series, pub: pd.Series, accelerators: tuple[Accelerator, Accelerator] | None
+) -> dict[str, Any]:
+    """The published row's values beside a run row, and the ratios (NaN unless both sides are ok)."""
+    ok = row["status"] == "ok" and pub["published_status"] == "ok"
+    measured_ms, published_ms = float(row["median_ms"]), float(pub["published_ms"])
+    measured_mem = float(row["peak_memory_bytes"])
+    published_mem = float(pub["published_peak_memory_bytes"])
+    entry = {
+        "published_row": int(pub["pub_id"]),
+        "published_kernel": pub["published_kernel"],
+        "published_label": pub["published_label"],
+        "published_status": pub["published_status"],
+        "measured_ms": measured_ms,
+        "published_ms": published_ms,
+        "runtime_ratio": _ratio(measured_ms, published_ms) if ok else math.nan,
+        "measured_peak_memory_bytes": measured_mem,
+        "published_peak_memory_bytes": published_mem,
+        "memory_ratio": _ratio(measured_mem, published_mem) if ok else math.nan,
+    }
+    if accelerators is not None:
+        entry.update(_normalized(row, measured_ms, published_ms, *accelerators, ok))
+    return entry
+
+
+def _published_only(published: pd.DataFrame, used: set[int], run_kernels: set[str]) -> pd.DataFrame:
+    """The published rows no run row matched, each with the reason."""
+    rows = []
     for pub_id, pub in published.iterrows():
-        if pub_id in used_pub_ids:
+        if pub_id in used:
             continue
         mapping = mapping_for_published(str(pub["kernel_name"]))
         if mapping is None:
@@ -305,35 +360,8 @@ def compare_run(run: Run, published_name: str, normalize: str = "none") -> Compa
             )
         else:
             reason = f"adapter not in the run ({', '.join(mapping.adapters)})"
-        published_only.append({"published_row": pub_id, **pub.to_dict(), "reason": reason})
-
-    matched_columns = [
-        "row_id",
-        *results.columns,
-        "published_row",
-        "published_kernel",
-        "published_label",
-        "published_status",
-        "measured_ms",
-        "published_ms",
-        "runtime_ratio",
-        "measured_peak_memory_bytes",
-        "published_peak_memory_bytes",
-        "memory_ratio",
-    ]
-    if normalize == "roofline":
-        matched_columns += list(_NORMALIZED_COLUMNS)
-    return Comparison(
-        published_name=published_name,
-        measured_gpu=run.gpu_name,
-        published_gpu=PUBLISHED_GPU_NOTE,
-        normalize=normalize,
-        matched=pd.DataFrame(matched_rows, columns=matched_columns),
-        measured_only=pd.DataFrame(measured_only, columns=["row_id", *results.columns, "reason"]),
-        published_only=pd.DataFrame(published_only, columns=["published_row", *published.columns, "reason"]),
-        measured_accelerator=measured_acc,
-        published_accelerator=published_acc,
-    )
+        rows.append({"published_row": pub_id, **pub.to_dict(), "reason": reason})
+    return pd.DataFrame(rows, columns=["published_row", *published.columns, "reason"])
 
 
 _NORMALIZED_COLUMNS = (
@@ -367,6 +395,101 @@ def _normalized(
         "published_normalized": published_norm,
         "normalized_ratio": _ratio(measured_norm, published_norm),
     }
+
+
+# A matched row matters when its ratio lies this far (relative) from its kernel's median ratio.
+MATTERS_BAND = 0.10
+SUMMARY_COLUMNS = (
+    "kernel",
+    "mode",
+    "rows",
+    "compared",
+    "median ratio",
+    "min",
+    "max",
+    "furthest from 1",
+    "not compared",
+)
+
+
+def _shape_label(row: pd.Series, columns: list[str]) -> str:
+    return " ".join(f"{SHORT_NAMES[c]}{int(row[c])}" for c in columns if not pd.isna(row[c]))
+
+
+def _varying(frame: pd.DataFrame) -> list[str]:
+    """The shape columns whose values differ between the frame's rows (the sequence length always)."""
+    return [c for c in SHAPE_COLUMNS if c == "seq_len" or frame[c].nunique(dropna=True) > 1]
+
+
+def _not_compared(group: pd.DataFrame) -> str:
+    """Why rows have no ratio: each side's status other than ok, with its count (`run crashed ×8`)."""
+    parts = []
+    for side, column in (("run", "status"), ("paper", "published_status")):
+        counts = group.loc[group[column] != "ok", column].value_counts(sort=False)
+        parts += [f"{side} {status} ×{n}" for status, n in sorted(counts.items())]
+    return ", ".join(parts)
+
+
+def _summary_row(group: pd.DataFrame, normalized: bool) -> dict[str, Any]:
+    ratios = group["runtime_ratio"].dropna()
+    entry: dict[str, Any] = {
+        "rows": len(group),
+        "compared": len(ratios),
+        "not compared": _not_compared(group),
+    }
+    if len(ratios):
+        far = group.loc[ratios.map(math.log).abs().idxmax()]
+        entry.update(
+            {
+                "median ratio": ratios.median(),
+                "min": ratios.min(),
+                "max": ratios.max(),
+                "furthest from 1": f"{_shape_label(far, _varying(group))}: {far['runtime_ratio']:.3g}",
+            }
+        )
+    if normalized:
+        entry["median normalized"] = group["normalized_ratio"].median()
+    return entry
+
+
+def comparison_summary(comparison: Comparison, kernels: set[str] | None = None) -> pd.DataFrame:
+    """One row per kernel and mode of the matched rows: the runtime ratio run / published at a glance.
+
+    Args:
+        comparison: from `compare_run`.
+        kernels: keep these kernels only; None for all.
+
+    Returns:
+        `SUMMARY_COLUMNS`: `rows` matched, `compared` (both sides ran), the median, lowest and
+        highest ratio over those, the row furthest from 1 (the shape values that vary within the
+        kernel's rows, and its ratio: `B1 T65536: 0.374`), and why the other rows have no ratio
+        (`run crashed ×8`); with roofline normalization also `median normalized`.
+    """
+    matched = comparison.matched
+    if kernels is not None:
+        matched = matched[matched["kernel"].isin(kernels)]
+    normalized = comparison.normalize == "roofline"
+    columns = [*SUMMARY_COLUMNS, *(["median normalized"] if normalized else [])]
+    rows = [
+        {"kernel": kernel, "mode": mode, **_summary_row(group, normalized)}
+        for (kernel, mode), group in matched.groupby(["kernel", "mode"], sort=True)
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def rows_that_matter(comparison: Comparison, band: float = MATTERS_BAND) -> Comparison:
+    """The comparison with only the matched rows a reader should look at past the summary: those whose
+    ratio lies more than `band` (relative) from the median ratio of their kernel and mode, and those
+    without a ratio where other rows of their kernel and mode have one (a kernel that never ran is
+    said once, by the summary's `not compared`)."""
+    matched = comparison.matched
+    if matched.empty:
+        return comparison
+    by_kernel = matched.groupby(["kernel", "mode"])["runtime_ratio"]
+    ratio = matched["runtime_ratio"]
+    off = ((ratio / by_kernel.transform("median")) - 1).abs() > band
+    missing = ratio.isna() & (by_kernel.transform("count") > 0)
+    return replace(comparison, matched=matched[off | missing])
 
 
 def comparison_tables(comparison: Comparison) -> dict[str, pd.DataFrame]:

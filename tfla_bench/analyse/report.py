@@ -1,19 +1,23 @@
-"""One self-contained HTML page per run (`tfla-bench report RUN_DIR`), laid out like a paper's
-results section.
+"""One self-contained HTML page per run (`tfla-bench report RUN_DIR`) that leads with the answer.
 
-The page holds the environment (env.json, nested keys flattened to one row each), the jobs of a
-sweep through a job scheduler (jobs.json, with links to the logs of the jobs that failed), the
-correctness gate when the sweep ran with `--check` (check.json), the sweep's wall time per phase and adapter
-(timings.json), a status summary, every result row, the rows that did not run grouped by their
-reason (one row per reason, naming the rows it affected), the comparison with the published data
-set (per mode, plain and roofline-normalized where the run's GPU is known, plus both sides'
-unmatched rows), the roofline fraction per kernel, the measured roofs and the model-vs-measured
-bytes where the run has them (`tfla_bench.measure.roofs`, `tfla_bench.run.profiling`), the published-kernel
-mapping, and the run and measured figures of `tfla_bench.plots.catalog`, each numbered with its
-caption and embedded as base64 PNG: one file to open, nothing beside it.
+The page opens with a headline (`tfla_bench.analyse.headline`): what was run and on which GPU, the
+fastest kernel per sequence length, our kernels against the official ones and against the paper's
+published numbers, and what needs the reader's attention, each item saying what to check or run.
+The figures of `tfla_bench.plots.catalog` follow, each numbered with its caption and embedded as
+base64 PNG. Then the tables: a status summary, the rows that did not run grouped by their reason
+(one row per reason, with its count and the rows it affected), the comparison with the published
+data set (a summary per kernel and mode, then every row per mode, plain and roofline-normalized
+where the run's GPU is known, plus both sides' unmatched rows), the roofline fraction per kernel,
+the measured roofs and the model-vs-measured bytes where the run has them
+(`tfla_bench.measure.roofs`, `tfla_bench.run.profiling`), the correctness gate when the sweep ran
+with `--check` (check.json), every result row, the sweep's wall time per phase and adapter
+(timings.json), the jobs of a sweep through a job scheduler (jobs.json, with links to the logs of
+the jobs that failed) and the published-kernel mapping. The environment (env.json, nested keys
+flattened to one row each, a repeated list entry shown once with its count) comes last, folded.
 
 Every table is an HTML table in a box that scrolls sideways, long ones sort by a click on a
-column head (a few lines of inline script), and the page fits a phone's width.
+column head (a few lines of inline script), and the page fits a phone's width: one file to
+open, nothing beside it.
 """
 
 from __future__ import annotations
@@ -34,16 +38,27 @@ from tfla_bench.analyse.compare import (
     Comparison,
     Run,
     compare_run,
+    comparison_summary,
     comparison_tables,
     load_run,
     published_only_summary,
     resolve_published_name,
 )
+from tfla_bench.analyse.headline import (
+    above_roof,
+    fastest_per_length,
+    findings,
+    most_often_fastest,
+    ours_against_official,
+    ours_first,
+    own_kernels,
+    what_ran,
+)
 from tfla_bench.analyse.published import PUBLISHED_GPU_NOTE, PUBLISHED_MEMORY_NOTE, mapping_table
 from tfla_bench.measure.roofs import from_env, versus_datasheet
 from tfla_bench.measure.row import CASE_COLUMNS
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
-from tfla_bench.plots.base import device_name, is_cpu_run, render
+from tfla_bench.plots.base import FigureContext, device_name, is_cpu_run, render
 from tfla_bench.plots.catalog import plots, run_context
 from tfla_bench.plots.measured import own_accelerator, roofline_fractions
 from tfla_bench.run import jobs, phases, rundir
@@ -81,6 +96,8 @@ table.data td:first-child, table.data th:first-child { text-align: left; }
 figure { margin: 1em 0 2em; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: .9em; color: #444; max-width: 60em; } .note { color: #555; font-size: .9em; }
 nav a { margin-right: 1em; display: inline-block; }
+p.lead { font-size: 1.1em; } ul.findings li { margin-bottom: .5em; max-width: 75em; }
+details > summary { cursor: pointer; color: #444; } code { background: #f3f3f3; padding: 0 .2em; }
 @media (max-width: 600px) { body { margin: .5em auto; padding: 0 .5em; } h1 { font-size: 1.3em; }
   table.data { font-size: .75em; } }
 """
@@ -114,10 +131,20 @@ def frame_html(df: pd.DataFrame, table_id: str) -> str:
     if df.empty:
         return f'<p class="note" id="{table_id}">(no rows)</p>'
     classes = ["data", *(["sortable"] if len(df) > SORTABLE_ROWS else [])]
-    table = df.to_html(
+    # Nullable integers (a chunk size that does not apply) print <NA> where na_rep does not reach.
+    shown = df.assign(
+        **{c: df[c].astype(object).where(df[c].notna(), None) for c in df.columns if df[c].dtype == "Int64"}
+    )
+    table = shown.to_html(
         index=False, na_rep="", float_format=_float, classes=classes, border=0, table_id=table_id
     )
-    return f'<div class="scroll">{table}</div>'
+    # Numbers align right to compare digits; names and reasons read better from the left.
+    text = [i for i, c in enumerate(df.columns, 1) if i > 1 and not pd.api.types.is_numeric_dtype(df[c])]
+    rules = " ".join(
+        f"#{table_id} td:nth-child({i}), #{table_id} th:nth-child({i}) {{ text-align: left; }}" for i in text
+    )
+    style = f"<style>{rules}</style>" if rules else ""
+    return f'{style}<div class="scroll">{table}</div>'
 
 
 def figure_html(number: int, name: str, caption: str, fig: Figure) -> str:
@@ -134,16 +161,41 @@ def figure_html(number: int, name: str, caption: str, fig: Figure) -> str:
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
-    """Nested dicts as one `a.b.c` key per leaf; lists as comma-separated text; None as empty."""
+    """Nested dicts as one `a.b.c` key per leaf; lists as text (`list_text`); None as empty."""
     if isinstance(value, dict):
         flat: dict[str, str] = {}
         for key, inner in value.items():
             flat.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
         return flat if flat or not prefix else {prefix: ""}
     if isinstance(value, list | tuple):
-        text = ", ".join(json.dumps(v) if isinstance(v, dict | list) else str(v) for v in value)
-        return {prefix: text}
+        return {prefix: list_text(value)}
     return {prefix: "" if value is None else str(value)}
+
+
+LISTED = 3  # a list inside a list entry shows this many items, then its count
+
+
+def _entry_text(value: Any) -> str:
+    if not isinstance(value, dict):
+        return json.dumps(value) if isinstance(value, list) else str(value)
+    parts = []
+    for key, inner in value.items():
+        if isinstance(inner, list | tuple) and len(inner) > LISTED:
+            shown = ", ".join(str(v) for v in inner[:LISTED])
+            parts.append(f"{key}: ×{len(inner)} ({shown}, …)")
+        else:
+            parts.append(f"{key}: {_entry_text(inner) if isinstance(inner, dict) else inner}")
+    return "; ".join(parts)
+
+
+def list_text(values: list[Any] | tuple[Any, ...]) -> str:
+    """A list as comma-separated text, an entry that repeats once with its count (`… ×16`); a list
+    inside an entry (the cases of one precompile crash) as its count and first items."""
+    counts: dict[str, int] = {}
+    for value in values:
+        text = _entry_text(value)
+        counts[text] = counts.get(text, 0) + 1
+    return ", ".join(text if n == 1 else f"{text} ×{n}" for text, n in counts.items())
 
 
 def _env_tables(env: dict[str, Any]) -> str:
@@ -211,6 +263,8 @@ def _gate_section(device: str, table: pd.DataFrame) -> str:
 def status_summary(results: pd.DataFrame) -> pd.DataFrame:
     """Rows per kernel and mode, counted by status."""
     counts = results.groupby(["kernel", "mode", "status"]).size().unstack("status", fill_value=0)
+    # The unstacked level's name would become an empty header column of its own in the HTML table.
+    counts.columns.name = None
     return counts.reset_index()
 
 
@@ -274,32 +328,41 @@ def roofs_table(run: Run) -> pd.DataFrame | None:
     return pd.DataFrame(rows)
 
 
-def _roofs_section(run: Run) -> str:
+def _roofs_section(run: Run, check: pd.DataFrame) -> str:
     table = roofs_table(run)
     if table is None:
         error = (run.env.get("roofs") or {}).get(
             "error", "the sweep ran with --no-roofs or before roofs existed"
         )
-        return f'<p class="note">No measured roofs: {html.escape(str(error))}.</p>'
+        return (
+            f'<p class="note">No measured roofs: {html.escape(str(error))}. '
+            "<code>tfla-bench roofs</code> on the run's GPU measures them.</p>"
+        )
     roofs = from_env(run.env)
     assert roofs is not None
-    check = roof_check(run.results, roofs)
     parts = [
         f"<p>Measured on {html.escape(roofs.gpu_name)} (driver {html.escape(roofs.driver)}) at "
         f"{html.escape(roofs.measured_at)} by <code>tfla-bench roofs</code>.</p>",
         frame_html(table, "measured-roofs"),
     ]
-    above = check[check["above_roof"]]
-    if above.empty:
+    finding = above_roof(run, check)
+    if finding is None:
         parts.append("<p>No point lies above the measured roof.</p>")
     else:
         parts.append(
-            f"<p><b>{len(above)} point(s) lie above the measured roof</b>: their FLOP count or timing is "
-            "wrong (intensity from ncu's bytes where profiled, else the model's).</p>"
+            f"<p><b>{html.escape(finding.what)}</b> {_code(finding.todo)} (Intensity from ncu's bytes "
+            "where profiled, else the model's.)</p>"
         )
+        above = check[check["above_roof"]]
         columns = [*ROW_SHAPE, "median_ms", "achieved_flops_per_s", "roof_flops_per_s", "intensity_basis"]
         parts.append(frame_html(above[columns], "above-roof"))
     return "\n".join(parts)
+
+
+def _code(text: str) -> str:
+    """Text with `backticks` as <code>, the rest escaped."""
+    pieces = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(pieces))
 
 
 def _bytes_section(run: Run) -> str:
@@ -313,7 +376,8 @@ def _bytes_section(run: Run) -> str:
     if not off.empty:
         names = ", ".join(f"{k} {m}" for k, m in zip(off["kernel"], off["mode"], strict=True))
         parts.append(
-            f"<p><b>The model is off by more than {MODEL_OFF:.0%}</b> for: {html.escape(names)}.</p>"
+            f"<p><b>The model is off by more than {MODEL_OFF:.0%}</b> for: {html.escape(names)}. Check "
+            "each adapter's <code>bytes()</code> against what its kernel reads and writes.</p>"
         )
     failures = profile_failures(run.results)
     if not failures.empty:
@@ -328,6 +392,9 @@ def _comparison_section(run: Run, plain: Comparison) -> str:
         f"measured on {html.escape(PUBLISHED_GPU_NOTE)}. Ratios are run / published (&lt; 1: the run is "
         f"faster or leaner); {html.escape(PUBLISHED_MEMORY_NOTE)}.</p>"
     ]
+    parts.append(
+        "<h3>Summary per kernel and mode</h3>" + frame_html(comparison_summary(plain), "compare-summary")
+    )
     for mode, table in comparison_tables(plain).items():
         parts.append(f"<h3>{mode}: run vs published</h3>" + frame_html(table, f"compare-{mode}"))
     if run.gpu.accelerator is not None:
@@ -370,7 +437,7 @@ def build_report(
     accelerators: list[Accelerator] | None = None,
     links_from: Path | None = None,
 ) -> str:
-    """The report page of a run as an HTML string.
+    """The report page of a run as an HTML string: headline, figures, tables, environment (folded).
 
     Args:
         run: from `load_run`.
@@ -382,64 +449,110 @@ def build_report(
     accelerators = _accelerators(run) if accelerators is None else accelerators
     comparison: Comparison | None = compare_run(run, published) if published else None
     context = run_context(run, comparison, accelerators)
-    fractions = roofline_fractions(run, context.accelerators)
-    sections: list[tuple[str, str, Callable[[], str]]] = [
-        ("environment", "Environment", lambda: _env_tables(run.env)),
+    check = roof_check(run.results, from_env(run.env))
+    drawn = render(plots(context, ["run", "measured"]), context)
+    figures = "\n".join(
+        figure_html(i, plot.name, plot.caption, fig) for i, (plot, fig) in enumerate(drawn, 1)
+    )
+    sections: list[Section] = [
+        ("headline", "Headline", lambda: headline_html(run, comparison, check)),
+        ("figures", "Figures", lambda: figures or '<p class="note">(no figure: the run sweeps no axis)</p>'),
+        *_table_sections(run, comparison, context, check, links_from or run.run_dir),
+        ("environment", "Environment", lambda: _environment_section(run)),
     ]
-    record = jobs.read(run.run_dir)
-    if record is not None:
-        where = links_from or run.run_dir
-        sections.append(("jobs", "Jobs", lambda: jobs_section(record, run.run_dir, where)))
-    gate = gate_table(run.run_dir)
-    if gate is not None:
-        sections.append(("gate", "Correctness gate", lambda: _gate_section(*gate)))
-    timings = phases.read(run.run_dir)
-    if timings is not None:
-        table = pd.DataFrame(phases.rows(timings))
-        sections.append(("timings", "Where the time went", lambda: frame_html(table, "timings")))
-    sections += [
+    return _page(run, sections)
+
+
+Section = tuple[str, str, Callable[[], str]]
+
+
+def headline_html(run: Run, comparison: Comparison | None, check: pd.DataFrame) -> str:
+    """The opening section: what ran where, who wins, ours against the official kernels and the
+    paper, and what needs attention with what to do."""
+    ours = own_kernels()
+    gpu = f"<b>{html.escape(device_name(run))}</b>"
+    parts = [f'<p class="lead">{html.escape(what_ran(run, "GPU")).replace("GPU", gpu, 1)}</p>']
+    fastest = fastest_per_length(run.results)
+    parts.append("<h3>Fastest kernel per sequence length</h3>")
+    if not fastest.empty:
+        parts.append(f"<p>{html.escape(most_often_fastest(fastest))}</p>")
+    parts.append(
+        "<p>Median runtime of the fastest kernel of each mode at its fastest chunk size; <i>next</i> is "
+        "the runner-up and how many times as long it takes.</p>" + frame_html(fastest, "fastest")
+    )
+    pairs = ours_against_official(run.results)
+    if not pairs.empty:
+        parts.append("<h3>Our kernels against the official ones</h3>")
+        parts.append(
+            "<p>Our runtime / the official kernel's, median over the shapes both ran (&lt; 1: ours is "
+            "faster).</p>" + frame_html(pairs, "ours-vs-official")
+        )
+    if comparison is not None:
+        summary = ours_first(comparison_summary(comparison), ours)
+        parts.append(f"<h3>Against the paper ({html.escape(comparison.published_name)})</h3>")
+        parts.append(
+            f"<p>Run / published median runtime, the paper measured on {html.escape(PUBLISHED_GPU_NOTE)} "
+            '(&lt; 1: faster here). Every kernel: <a href="#comparison">Comparison</a>.</p>'
+            + frame_html(summary, "ours-vs-paper")
+        )
+    found = findings(run, check)
+    parts.append("<h3>Needs attention</h3>")
+    if found:
+        items = "".join(f"<li><b>{html.escape(f.what)}</b> {_code(f.todo)}</li>" for f in found)
+        parts.append(f'<ul class="findings">{items}</ul>')
+    else:
+        parts.append("<p>Nothing: every row ran, none above the roof, no throttling.</p>")
+    return "\n".join(parts)
+
+
+def _table_sections(
+    run: Run, comparison: Comparison | None, context: FigureContext, check: pd.DataFrame, links_from: Path
+) -> list[Section]:
+    """The report's tables, the most read first; a table the run has no data for is left out."""
+    failures = failures_table(run.results)
+    sections: list[Section] = [
         ("status", "Status summary", lambda: frame_html(status_summary(run.results), "status-summary")),
-        ("results", "Results", lambda: frame_html(results_table(run.results), "results")),
         (
             "failures",
             "Rows that did not run",
             lambda: (
                 "<p>One row per status and reason, with the rows it affected.</p>"
-                + frame_html(failures_table(run.results), "failures")
+                + frame_html(failures, "failures")
             ),
         ),
     ]
     if comparison is not None:
-        sections.append(
-            ("comparison", f"Comparison with {published}", lambda: _comparison_section(run, comparison))
-        )
+        heading = f"Comparison with {comparison.published_name}"
+        sections.append(("comparison", heading, lambda: _comparison_section(run, comparison)))
+    fractions = fraction_summary(roofline_fractions(run, context.accelerators))
     sections += [
         (
             "roofline",
             "Fraction of the roofline bound",
-            lambda: (
-                _fraction_intro(run, context.accelerators)
-                + frame_html(fraction_summary(fractions), "roofline-fraction")
-            ),
+            lambda: _fraction_intro(run, context.accelerators) + frame_html(fractions, "roofline-fraction"),
         ),
-        ("roofs", "Measured roofs", lambda: _roofs_section(run)),
+        ("roofs", "Measured roofs", lambda: _roofs_section(run, check)),
     ]
     if "profile_status" in run.results:
         sections.append(("bytes", "Model vs measured bytes", lambda: _bytes_section(run)))
-    sections += [
-        ("mapping", "Published kernels and our adapters", lambda: frame_html(mapping_table(), "mapping")),
-    ]
-    drawn = render(plots(context, ["run", "measured"]), context)
+    gate = gate_table(run.run_dir)
+    if gate is not None:
+        sections.append(("gate", "Correctness gate", lambda: _gate_section(*gate)))
+    sections.append(("results", "Results", lambda: frame_html(results_table(run.results), "results")))
+    timings = phases.read(run.run_dir)
+    if timings is not None:
+        table = pd.DataFrame(phases.rows(timings))
+        sections.append(("timings", "Where the time went", lambda: frame_html(table, "timings")))
+    record = jobs.read(run.run_dir)
+    if record is not None:
+        sections.append(("jobs", "Jobs", lambda: jobs_section(record, run.run_dir, links_from)))
     sections.append(
-        (
-            "figures",
-            "Figures",
-            lambda: "\n".join(
-                figure_html(i, plot.name, plot.caption, fig) for i, (plot, fig) in enumerate(drawn, 1)
-            ),
-        )
+        ("mapping", "Published kernels and our adapters", lambda: frame_html(mapping_table(), "mapping"))
     )
+    return sections
 
+
+def _page(run: Run, sections: list[Section]) -> str:
     title = f"tfla-bench report: {run.spec}"
     nav = " ".join(f'<a href="#{sid}">{html.escape(heading)}</a>' for sid, heading, _ in sections)
     body = "\n".join(
@@ -454,6 +567,19 @@ def build_report(
         f'<p class="note">{html.escape(str(run.run_dir))} on {html.escape(device_name(run))}, started '
         f"{html.escape(str(run.env.get('started_at', '?')))}</p>\n<nav>{nav}</nav>\n{body}\n"
         f"<script>{_SORT_SCRIPT}</script>\n</body></html>\n"
+    )
+
+
+def _environment_section(run: Run) -> str:
+    """The whole environment record, folded under one line that names the stack."""
+    env = run.env
+    stack = [
+        device_name(run),
+        *(f"{k} {env[k]}" for k in ("driver", "cuda", "torch", "triton") if env.get(k)),
+    ]
+    return (
+        f"<details><summary>{html.escape(' · '.join(stack))}: GPU, clocks, packages, measurement "
+        f"settings, precompile (click to open)</summary>\n{_env_tables(env)}\n</details>"
     )
 
 

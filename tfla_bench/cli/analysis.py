@@ -17,14 +17,19 @@ import typer
 from rich.console import Console
 
 from tfla_bench.analyse.compare import (
+    MATTERS_BAND,
     NORMALIZE_CHOICES,
+    Comparison,
+    Run,
     compare_run,
     comparison_frame,
     comparison_json,
+    comparison_summary,
     comparison_tables,
     load_run,
     published_only_summary,
     resolve_published_name,
+    rows_that_matter,
 )
 from tfla_bench.analyse.published import PUBLISHED_MEMORY_NOTE, list_published
 from tfla_bench.cli.paths import output_dir, output_file, path_option, writes
@@ -62,8 +67,11 @@ CsvOption = Annotated[
     typer.Option(
         "--csv",
         parser=path_option("--csv"),
-        help="Also write every row (matched, run_only, published_only) as CSV here.",
+        help="Write every row (matched, run_only, published_only) here; default RUN_DIR/compare.csv.",
     ),
+]
+AllOption = Annotated[
+    bool, typer.Option("--all", help="Print every matched row, not only those that stand out.")
 ]
 FiguresOutOption = Annotated[
     Path | None,
@@ -107,28 +115,60 @@ def compare(
     json_out: JsonOption = None,
     csv_out: CsvOption = None,
     gpu: GpuOption = None,
+    every_row: AllOption = False,
 ) -> None:
-    """Compare a run with the paper's published numbers: runtime and peak-memory ratios per mode."""
+    """Compare a run with the paper's published numbers: a summary per kernel and mode, then the rows
+    that stand out; every row goes to RUN_DIR/compare.csv."""
     if normalize not in NORMALIZE_CHOICES:
         raise UserError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {normalize!r}")
-    for path, flag in ((json_out, "--json"), (csv_out, "--csv")):
+    csv_flag = "--csv" if csv_out is not None else "compare.csv"
+    csv_out = csv_out or run_dir / rundir.for_gpu(rundir.COMPARE, gpu)
+    for path, flag in ((json_out, "--json"), (csv_out, csv_flag)):
         if path is not None:
             output_file(path, flag, keep=_inputs(run_dir))
     run = load_run(run_dir, gpu)
     name = _require_published(resolve_published_name(run, published), published)
     comparison = compare_run(run, name, normalize)
     console = _console()
+    _print_heading(console, run, comparison)
+    print_frame(console, comparison_summary(comparison), "summary: runtime ratio run / published")
+    shown = comparison if every_row else rows_that_matter(comparison)
+    what = "every row" if every_row else f"rows that stand out (--all: all {len(comparison.matched)})"
+    for mode, table in comparison_tables(shown).items():
+        print_frame(console, table, f"{mode}: {what}")
+    if not every_row and shown.matched.empty:
+        console.print(
+            f"every matched row lies within {MATTERS_BAND:.0%} of its kernel's median ratio "
+            "(--all prints them)"
+        )
+    _print_unmatched(console, comparison)
+    console.print(f"note: {PUBLISHED_MEMORY_NOTE}", style="dim")
+    if json_out is not None:
+        with writes(str(json_out)):
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(comparison_json(comparison), indent=1))
+        console.print(f"wrote {json_out}")
+    replaced = " (replaced the previous one)" if csv_out.exists() else ""
+    with writes(str(csv_out)):
+        csv_out.parent.mkdir(parents=True, exist_ok=True)
+        rundir.write_atomic(csv_out, comparison_frame(comparison).to_csv(index=False))
+    console.print(f"wrote {csv_out}{replaced}: every row, matched or not")
+
+
+def _print_heading(console: Console, run: Run, comparison: Comparison) -> None:
     console.print(f"run: {run.run_dir} ({run.spec}) on [bold]{comparison.measured_gpu}[/]")
-    console.print(f"published: {name} on [bold]{comparison.published_gpu}[/]")
+    console.print(f"published: {comparison.published_name} on [bold]{comparison.published_gpu}[/]")
     console.print("ratio = run / published (< 1: the run is faster / leaner)")
-    if normalize == "roofline":
+    if comparison.normalize == "roofline":
         ours, theirs = comparison.measured_accelerator, comparison.published_accelerator
         console.print(
             "normalized = runtime / roofline bound max(FLOPs/peak, bytes/bandwidth) of each side's GPU "
             f"({ours.display_name} vs {theirs.display_name})"
         )
-    for mode, table in comparison_tables(comparison).items():
-        print_frame(console, table, f"{mode}: run vs published")
+
+
+def _print_unmatched(console: Console, comparison: Comparison) -> None:
+    """The rows of either side without a counterpart, counted per kernel and reason."""
     if not comparison.measured_only.empty:
         run_only = (
             comparison.measured_only.groupby(["kernel", "mode", "status", "reason"])
@@ -138,17 +178,6 @@ def compare(
         print_frame(console, run_only, "run rows without a published counterpart")
     if not comparison.published_only.empty:
         print_frame(console, published_only_summary(comparison), "published rows without a run row")
-    console.print(f"note: {PUBLISHED_MEMORY_NOTE}", style="dim")
-    if json_out is not None:
-        with writes(str(json_out)):
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(json.dumps(comparison_json(comparison), indent=1))
-        console.print(f"wrote {json_out}")
-    if csv_out is not None:
-        with writes(str(csv_out)):
-            csv_out.parent.mkdir(parents=True, exist_ok=True)
-            comparison_frame(comparison).to_csv(csv_out, index=False)
-        console.print(f"wrote {csv_out}")
 
 
 def plot(

@@ -30,7 +30,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from tfla_bench.adapters import registry
 from tfla_bench.analyse.compare import Comparison, Run, param_columns
+from tfla_bench.analyse.headline import own_kernels
 from tfla_bench.plots.base import MAX_ASPECT, FigureContext, Plot, new_figure, run_subtitle
 from tfla_bench.plots.style import LineStyle, row_style
 
@@ -43,6 +45,11 @@ MODE_TITLES = {"fw": "forward (fw)", "fwbw": "forward + backward (fwbw)"}
 GB = 1e9
 LOG_Y_SPAN = 20.0  # a panel whose values span more than this factor gets a log y axis
 PANEL_WIDTH, LEGEND_WIDTH, PANEL_HEIGHT = 5.5, 2.5, 5.2
+# Above this many lines in one panel, over several families, a figure gets a row of panels per family.
+FACET_SERIES = 6
+FACET_HEIGHT = 2.9
+# The other families' lines in a family's panel: for scale, behind its own lines.
+CONTEXT_LINE = {"color": "#c8c8c8", "linewidth": 0.9, "zorder": 0}
 
 SHORT_NAMES = {
     "batch": "B",
@@ -225,6 +232,132 @@ def set_log2_x(ax: Axes, values: list[float]) -> None:
     ax.minorticks_off()
 
 
+@dataclass(frozen=True)
+class Draw:
+    """What every panel of one figure draws: the x and y columns, the published y column (or None),
+    the divisor of y, and whether to ring throttled points."""
+
+    x: str
+    y: str
+    published_y: str | None
+    scale: float
+    ring_throttled: bool
+
+
+def _drawable(
+    rows: pd.DataFrame, x: str, y: str, fixed: list[str], min_points: int
+) -> dict[str, list[Series]]:
+    """The series of each mode with at least `min_points` ok points, for the modes that have any."""
+    drawable = {}
+    for mode in (m for m in ("fw", "fwbw") if m in set(rows["mode"])):
+        series = make_series(rows[rows["mode"] == mode], x, fixed)
+        kept = [s for s in series if len(_ok_points(s.rows, x, y)) >= min_points]
+        if kept:
+            drawable[mode] = kept
+    return drawable
+
+
+def _family(series: Series) -> str:
+    return str(series.rows["family"].iloc[0]) if "family" in series.rows.columns else ""
+
+
+def _needs_facets(drawable: dict[str, list[Series]]) -> bool:
+    """More lines in a panel than a reader can pair with their published lines, of several families."""
+    every = [s for series in drawable.values() for s in series]
+    return (
+        len({_family(s) for s in every}) > 1
+        and max(len(series) for series in drawable.values()) > FACET_SERIES
+    )
+
+
+def family_order(families: set[str]) -> list[str]:
+    """The families of a figure, the one of our kernels first (the reader's question), then by name."""
+    ours = {_family_of(kernel) for kernel in own_kernels()}
+    return sorted(families, key=lambda family: (family not in ours, family))
+
+
+def _family_of(kernel: str) -> str:
+    adapter = registry.find(kernel)
+    return adapter.family if adapter is not None else ""
+
+
+def _family_figure(
+    drawable: dict[str, list[Series]],
+    draw: Draw,
+    xlabel: str,
+    ylabel: str,
+    log_y_span: float,
+    published_gpu: str,
+) -> Figure:
+    """One row of panels per kernel family, one column per mode: each family's lines in colour with
+    their published lines, the other families' lines thin and grey behind them for scale; the y
+    axis is shared down each column, so rows compare at a glance. Each row has its own legend."""
+    modes = list(drawable)
+    families = family_order({_family(s) for series in drawable.values() for s in series})
+    width = PANEL_WIDTH * len(modes) + LEGEND_WIDTH
+    height = max(FACET_HEIGHT * len(families) + 1.2, width / MAX_ASPECT)
+    fig = new_figure(width, height)
+    grid = fig.subplots(len(families), len(modes), squeeze=False, sharex=True, sharey="col")
+    for column, mode in enumerate(modes):
+        values: list[float] = []
+        xs: list[float] = []
+        for row, family in enumerate(families):
+            ax = grid[row][column]
+            for other in (s for s in drawable[mode] if _family(s) != family):
+                points = _ok_points(other.rows, draw.x, draw.y)
+                ax.plot(points[draw.x], points[draw.y] / draw.scale, label="_other", **CONTEXT_LINE)
+            for series in (s for s in drawable[mode] if _family(s) == family):
+                drawn_x, drawn_y, _ = _draw_series(ax, series, draw.x, draw.y, draw.published_y, draw.scale)
+                xs += drawn_x
+                values += drawn_y
+                if draw.ring_throttled:
+                    _ring_throttled(ax, series, draw.x, draw.y, draw.scale)
+            ax.set_title(f"{family}: {MODE_TITLES.get(mode, mode)}", fontsize="medium")
+            ax.set_ylabel(ylabel if column == 0 else "")
+            ax.grid(True, alpha=0.3)
+        set_log2_x(grid[-1][column], xs)
+        grid[-1][column].set_xlabel(xlabel)
+        positive = [v for v in values if v > 0]
+        if positive and max(positive) > log_y_span * min(positive):
+            grid[0][column].set_yscale("log")
+    for row in grid:
+        _row_legend(list(row), published_gpu)
+    return fig
+
+
+def _row_legend(axes: list[Axes], published_gpu: str) -> None:
+    """The legend of one family's row, right of its last panel: its lines, then the conventions."""
+    handles, labels = [], []
+    lines = [line for ax in axes for line in ax.get_lines()]
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    conventions = [
+        (
+            any(line.get_label().startswith("_published") for line in lines),
+            Line2D([], [], color="black", linestyle=PUBLISHED_LINESTYLE, marker=PUBLISHED_MARKER),
+            f"published ({published_gpu})" if published_gpu else "published",
+        ),
+        (
+            any(line.get_label() == "_other" for line in lines),
+            Line2D([], [], **CONTEXT_LINE),
+            "other families",
+        ),
+        (
+            any(line.get_label() == "_throttled" for line in lines),
+            Line2D([], [], linestyle="", **THROTTLED_RING),
+            "ring: GPU throttled (NVML)",
+        ),
+    ]
+    for present, handle, label in conventions:
+        if present:
+            handles.append(handle)
+            labels.append(label)
+    axes[-1].legend(handles, labels, loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+
+
 def series_panels(
     rows: pd.DataFrame,
     *,
@@ -241,6 +374,7 @@ def series_panels(
     min_points: int = 2,
     log_y_span: float = LOG_Y_SPAN,
     ring_throttled: bool = False,
+    by_family: bool = False,
 ) -> Figure | None:
     """A figure with one panel per mode: a line per series along `x`, published values dotted.
 
@@ -257,22 +391,24 @@ def series_panels(
             kernels a hundred times faster than the slowest stay readable (Fig. 5: attention
             against linear RNNs).
         ring_throttled: ring the points measured on a throttled GPU (for timings).
+        by_family: when a panel would hold more than `FACET_SERIES` lines of several kernel
+            families, draw one row of panels per family instead (`_family_figure`).
 
     Returns:
         The figure, or None when no series has `min_points` ok points in any mode.
     """
-    modes = [m for m in ("fw", "fwbw") if m in set(rows["mode"])]
-    drawable = {
-        mode: [
-            s
-            for s in make_series(rows[rows["mode"] == mode], x, fixed)
-            if len(_ok_points(s.rows, x, y)) >= min_points
-        ]
-        for mode in modes
-    }
-    modes = [m for m in modes if drawable[m]]
-    if not modes:
+    drawable = _drawable(rows, x, y, fixed, min_points)
+    if not drawable:
         return None
+    draw = Draw(x, y, published_y, y_scale, ring_throttled)
+    if by_family and _needs_facets(drawable):
+        fig = _family_figure(drawable, draw, xlabel, ylabel, log_y_span, published_gpu)
+        fig.suptitle(title)
+        _note_not_shown(
+            fig, rows, {(s.kernel, m) for m, series in drawable.items() for s in series}, min_points
+        )
+        return fig
+    modes = list(drawable)
     width = PANEL_WIDTH * len(modes) + LEGEND_WIDTH
     fig = new_figure(width, max(PANEL_HEIGHT, width / MAX_ASPECT))
     axes = list(fig.subplots(1, len(modes), squeeze=False)[0])
@@ -357,6 +493,7 @@ def _measure_panels(
     xlabel: str,
     what: str,
     fixed: Callable[[pd.DataFrame], list[str]],
+    by_family: bool = False,
 ) -> Figure | None:
     """`series_panels` of the run's `measure` along `x`, beside the published values when compared."""
     run, comparison = context.run, context.comparison
@@ -373,6 +510,7 @@ def _measure_panels(
         published_gpu=PUBLISHED_GPU_SHORT,
         y_scale=measure.scale,
         ring_throttled=measure.timed,
+        by_family=by_family,
     )
 
 
@@ -385,6 +523,7 @@ def runtime_vs_seq_len_figure(context: FigureContext) -> Figure | None:
         xlabel="sequence length T",
         what="runtime vs sequence length",
         fixed=_const_token_fixed,
+        by_family=True,
     )
 
 
