@@ -219,6 +219,16 @@ def test_a_shipped_spec_is_found_by_name_and_a_path_still_works(tmp_path, monkey
         specs.find_spec("smok")
 
 
+def test_the_smoke_runs_tfla_beside_mlstm_torch_at_shapes_every_kernel_takes():
+    cases = specs.expand(specs.load_spec(specs.find_spec("smoke")))
+    assert {"tfla_sig", "mlstm_torch"} <= {case.kernel for case in cases}
+    assert [case for case in cases if registry.get(case.kernel).check(case) is not None] == []
+    # The interpreter takes seconds per call: the smoke times TFLA's forward pass with few calls.
+    smoke = specs.load_spec(specs.find_spec("smoke"))
+    assert {case.mode for case in cases if case.kernel == "tfla_sig"} == {"fw"}
+    assert smoke.measurement_for(registry.get("tfla_sig")).reps <= 3
+
+
 @pytest.mark.parametrize("name", ["smoke", "sdpa_h100"])
 def test_experiment_specs_expand(name):
     spec = specs.load_spec(REPO / "experiments" / f"{name}.toml")
