@@ -32,7 +32,9 @@ def path_option(flag: str) -> Callable[[str], Path]:
     """A typer `parser=` for an output option: the text as a `Path`, refusing an empty one (which
     `Path` reads as the current folder, so the output would land among whatever is there)."""
 
-    def parse(text: str) -> Path:
+    def parse(text: str | Path) -> Path:
+        if isinstance(text, Path):  # an option's default, which click passes through the parser too
+            return text
         if not text.strip():
             raise UserError(f"{flag}: expected a path, got an empty one")
         return Path(text)
