@@ -33,7 +33,7 @@ def path_option(flag: str) -> Callable[[str], Path]:
     `Path` reads as the current folder, so the output would land among whatever is there)."""
 
     def parse(text: str | Path) -> Path:
-        if isinstance(text, Path):  # a default, already a path
+        if isinstance(text, Path):  # an option's default, which click passes through the parser too
             return text
         if not text.strip():
             raise UserError(f"{flag}: expected a path, got an empty one")
