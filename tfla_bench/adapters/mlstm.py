@@ -38,6 +38,7 @@ from tfla_bench.kernels.contract import MAX_CHUNK, MAX_HEAD_DIM, MIN_CHUNK, MIN_
 from tfla_bench.model.counts import LINEAR_RNN_BACKWARD, mlstm_bytes, mlstm_flops
 
 if TYPE_CHECKING:
+    # torch takes seconds to import; an adapter's facts (name, limits) need none of it.
     import torch
 
 FORGET_GATE_BIAS = 3.0
@@ -91,6 +92,7 @@ def mlstm_counts(
 
 def float64_inputs(inputs: dict[str, Any]) -> list[torch.Tensor]:
     """q, k, v, i, f of an mLSTM adapter's inputs, detached, in float64."""
+    # torch takes seconds to import; an adapter's facts (name, limits) need none of it.
     import torch
 
     return [inputs[name].detach().to(torch.float64) for name in ("q", "k", "v", "i", "f")]
@@ -98,6 +100,7 @@ def float64_inputs(inputs: dict[str, Any]) -> list[torch.Tensor]:
 
 def mlstm_reference(inputs: dict[str, Any], gate: str, normalize: bool = False) -> torch.Tensor:
     """`reference.mlstm_parallel` in float64 on an mLSTM adapter's inputs (eps 1e-6, as the kernels)."""
+    # our kernels import torch and Triton; only a call needs them.
     from tfla_bench.kernels.reference import mlstm_parallel
 
     h, _ = mlstm_parallel(*float64_inputs(inputs), gate=gate, normalize=normalize)
@@ -179,8 +182,10 @@ class OwnKernelAdapter(ChunkwiseMlstmAdapter):
     def state_bytes(self, case: Case) -> int:
         """Bytes per element of the chunk states in HBM: float32 or the input dtype, by the kernel's
         rule (`tfla_bench.kernels.config.float32_states`) at the config it runs on this GPU."""
+        # torch takes seconds to import; an adapter's facts (name, limits) need none of it.
         import torch
 
+        # our kernels import torch and Triton; only a call needs them.
         from tfla_bench.kernels import config as kconfig
 
         gpu = kconfig.gpu_target(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
@@ -241,6 +246,7 @@ class TflaAdapter(OwnKernelAdapter):
         return kwargs | ({"normalize": inputs["normalize"]} if self.gate == "sig" else {})
 
     def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        # our kernels import torch and Triton; only a call needs them.
         from tfla_bench.kernels.tfla import mlstm_tfla
 
         return mlstm_tfla(*(inputs[name] for name in ("q", "k", "v", "i", "f")), **self._kwargs(inputs))

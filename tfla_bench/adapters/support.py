@@ -16,6 +16,7 @@ from tfla_bench.adapters.workloads import parse_bool
 from tfla_bench.errors import exception_line
 
 if TYPE_CHECKING:
+    # torch takes seconds to import; `list` and `check` reasons need none of it.
     import torch
 
     from tfla_bench.adapters.workloads import Case
@@ -34,6 +35,7 @@ def is_installed(top_level: str) -> bool:
 
 def cuda_reason() -> str | None:
     """None if a CUDA device is usable, else why not."""
+    # torch takes seconds to import; `list` and `check` reasons need none of it.
     import torch
 
     return None if torch.cuda.is_available() else CUDA_MISSING
@@ -41,6 +43,7 @@ def cuda_reason() -> str | None:
 
 def capability() -> tuple[int, int]:
     """Compute capability (major, minor) of the current CUDA device."""
+    # torch takes seconds to import; `list` and `check` reasons need none of it.
     import torch
 
     return torch.cuda.get_device_capability()
@@ -48,6 +51,7 @@ def capability() -> tuple[int, int]:
 
 def device_label() -> str:
     """`sm90 (NVIDIA H100 80GB HBM3)` for the current CUDA device."""
+    # torch takes seconds to import; `list` and `check` reasons need none of it.
     import torch
 
     major, minor = capability()
@@ -68,6 +72,7 @@ def try_import(module_name: str) -> tuple[ModuleType | None, str | None]:
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype called `name` (`bfloat16`, `float16`, `float32`)."""
+    # torch takes seconds to import; `list` and `check` reasons need none of it.
     import torch
 
     return getattr(torch, name)
@@ -80,6 +85,7 @@ def element_bytes(dtype_name: str) -> int:
 
 def generator(case: Case, device: str) -> torch.Generator:
     """A generator on `device` seeded from `case.params["seed"]` (default 0), so inputs repeat."""
+    # torch takes seconds to import; `list` and `check` reasons need none of it.
     import torch
 
     gen = torch.Generator(device=device)
@@ -89,6 +95,7 @@ def generator(case: Case, device: str) -> torch.Generator:
 
 def randn(shape: tuple[int, ...], gen: torch.Generator, device: str, dtype: torch.dtype) -> torch.Tensor:
     """Standard-normal tensor drawn in fp32 (same values for every dtype) and cast to `dtype`."""
+    # torch takes seconds to import; `list` and `check` reasons need none of it.
     import torch
 
     return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
@@ -98,6 +105,7 @@ def uniform(
     shape: tuple[int, ...], low: float, high: float, gen: torch.Generator, device: str, dtype: torch.dtype
 ) -> torch.Tensor:
     """Uniform tensor on [low, high) drawn in fp32 and cast to `dtype`."""
+    # torch takes seconds to import; `list` and `check` reasons need none of it.
     import torch
 
     values = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)

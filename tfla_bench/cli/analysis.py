@@ -187,6 +187,7 @@ def plot(
     gpu: GpuOption = None,
 ) -> None:
     """Write the run's paper-style figures (runtime and memory vs seq_len, chunk trade-off, head dim)."""
+    # matplotlib takes a second to import; only this command draws.
     from tfla_bench.plots.catalog import plot_run
 
     default = run_dir / rundir.for_gpu(rundir.FIGURES, gpu)
@@ -207,6 +208,7 @@ def report(
     gpu: GpuOption = None,
 ) -> None:
     """Write one self-contained HTML page with the run's environment, tables and figures."""
+    # matplotlib takes a second to import; only this command draws.
     from tfla_bench.analyse.report import write_report
 
     default = run_dir / rundir.for_gpu(rundir.REPORT, gpu)

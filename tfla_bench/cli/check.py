@@ -83,6 +83,7 @@ def check(
 
 
 def _device(text: str) -> str:
+    # torch takes seconds to import; `--help` does not need it.
     import torch
 
     if text == "auto":

@@ -327,6 +327,7 @@ def _roofline_accelerators(
 
 
 def _summary_table(accelerators: list[Accelerator]) -> Table:
+    # matplotlib takes a second to import; only the figures need it.
     from tfla_bench.plots.model_figures import PAPER_7B
 
     shape = PAPER_7B
@@ -404,6 +405,7 @@ def roofline(
     if measured is not None and not measured.is_dir():
         raise UserError(f"--measured {measured} is not a directory")
     output_dir(out, "--out")
+    # matplotlib takes a second to import; only the figures need it.
     from tfla_bench.plots import catalog
 
     written = catalog.write_model_figures(out, accelerators)

@@ -25,6 +25,7 @@ the context (illegal memory access, device-side assert) retires the worker after
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import functools
 import importlib
@@ -304,21 +305,14 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         case=case,
         family=adapter.family,
         status="ok",
-        median_ms=stats.median_ms,
-        p20_ms=stats.p20_ms,
-        p80_ms=stats.p80_ms,
-        min_ms=stats.min_ms,
         first_call_s=first_call_s,
         peak_memory_bytes=peak.peak_bytes,
         peak_memory_above_inputs_bytes=peak.above_inputs_bytes,
         device=device,
         note=note,
         warmup=warmup,
-        reps=stats.reps,
-        ci_rel=stats.ci_rel,
-        stop=stats.stop,
-        host_gap_share=stats.host_gap_share,
         settle_s=settle_s,
+        **dataclasses.asdict(stats),  # median_ms ... host_gap_share: the columns of the same names
         **{key: value for key, value in gpu_state.items() if value is not None},
     )
     return Measurement(row, calls_s=calls_s)

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from tfla_bench.adapters import registry
-from tfla_bench.analyse.compare import Comparison, Run, param_columns
+from tfla_bench.analyse.compare import SHORT_NAMES, Comparison, Run, param_columns
 from tfla_bench.analyse.headline import own_kernels
 from tfla_bench.plots.base import MAX_ASPECT, FigureContext, Plot, new_figure, run_subtitle
 from tfla_bench.plots.style import LineStyle, row_style
@@ -50,15 +50,6 @@ FACET_SERIES = 6
 FACET_HEIGHT = 2.9
 # The other families' lines in a family's panel: for scale, behind its own lines.
 CONTEXT_LINE = {"color": "#c8c8c8", "linewidth": 0.9, "zorder": 0}
-
-SHORT_NAMES = {
-    "batch": "B",
-    "seq_len": "T",
-    "num_heads": "H",
-    "head_dim_qk": "Dqk",
-    "head_dim_v": "Dv",
-    "chunk_size": "L",
-}
 
 
 @dataclass(frozen=True)
