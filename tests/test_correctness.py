@@ -278,7 +278,7 @@ def test_check_command_prints_each_verdict_once(gate_adapters, capsys, monkeypat
         (["--dtype", "int8"], "--dtype must be one of"),
         (["--device", "tpu"], "--device must be"),
         (["--kernel", "no_such_kernel"], "unknown kernel 'no_such_kernel'"),
-        (["--timeout", "0"], "--timeout must be positive"),
+        (["--timeout", "0"], r"--timeout: expected a finite number in \(0, 604800\] seconds"),
     ],
 )
 def test_check_command_user_errors(args, message, capsys):
