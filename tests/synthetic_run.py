@@ -295,3 +295,19 @@ def write_cases_as_run(run_dir: Path, cases: list, published: str | None) -> Pat
         )
         rows.append(record)
     return write_run(run_dir, rows, published=published)
+
+
+# `tfla-bench run` of one tiny sdpa_math case on the CPU, shape flags only (add --dry-run or --out).
+ADHOC_RUN = [
+    "run",
+    "-k",
+    "sdpa_math",
+    "--seq-len",
+    "16",
+    "--tokens",
+    "32",
+    "--heads",
+    "1",
+    "--head-dim-qk",
+    "8",
+]

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synthetic_run import ADHOC_RUN
 
 from tfla_bench.adapters import registry
 from tfla_bench.cli.main import main
@@ -309,19 +310,7 @@ def test_read_only_directory(tmp_path, spec_file, clean_run):
     shutil.copytree(clean_run, run_dir)
     read_only = tmp_path / "read-only"
     read_only.mkdir()
-    adhoc = [
-        "run",
-        "-k",
-        "sdpa_math",
-        "--seq-len",
-        "16",
-        "--tokens",
-        "32",
-        "--heads",
-        "1",
-        "--head-dim-qk",
-        "8",
-    ]
+    adhoc = list(ADHOC_RUN)
     commands = [
         ["compare", str(run_dir), "--published", FIG5, "--json", str(read_only / "c.json")],
         ["compare", str(run_dir), "--published", FIG5, "--csv", str(read_only / "c.csv")],
@@ -529,19 +518,7 @@ NUMERIC_SPEC_KEYS = [
     "override.mlstm.warmup",
     "override.mlstm.reps",
 ]
-ADHOC_DRY = [
-    "run",
-    "-k",
-    "sdpa_math",
-    "--seq-len",
-    "16",
-    "--tokens",
-    "32",
-    "--heads",
-    "1",
-    "--head-dim-qk",
-    "8",
-]
+
 MODEL = [
     "model",
     "flops",
@@ -563,11 +540,11 @@ NUMERIC_FLAGS = [
     ),
     *((["sweep", "SPEC", "--dry-run"], flag, True) for flag in ("--timeout", "--autotune-ms")),
     *(
-        ([*ADHOC_DRY, "--dry-run"], flag, True)
+        ([*ADHOC_RUN, "--dry-run"], flag, True)
         for flag in ("--warmup", "--reps", "--timeout", "--precompile")
     ),
     *(
-        ([*ADHOC_DRY, "--dry-run"], flag, True)
+        ([*ADHOC_RUN, "--dry-run"], flag, True)
         for flag in ("--seq-len", "--tokens", "--heads", "--head-dim-qk", "--head-dim-v", "--chunk-size")
     ),
     (["check", "-k", "sdpa_math"], "--timeout", True),

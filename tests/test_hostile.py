@@ -7,7 +7,7 @@ import errno
 import os
 
 import pytest
-from synthetic_run import fig5_rows, write_run
+from synthetic_run import ADHOC_RUN, fig5_rows, write_run
 
 from tfla_bench.cli import paths
 from tfla_bench.cli.main import main
@@ -112,19 +112,7 @@ def test_shape_integers_past_the_cap_are_refused_in_a_spec(tmp_path, capsys):
 def test_nan_never_reaches_spec_json(tmp_path, capsys):
     """A refused flag leaves no run directory behind, so no NaN is ever recorded."""
     out = tmp_path / "run"
-    argv = [
-        "run",
-        "-k",
-        "sdpa_math",
-        "--seq-len",
-        "16",
-        "--tokens",
-        "32",
-        "--heads",
-        "1",
-        "--head-dim-qk",
-        "8",
-    ]
+    argv = list(ADHOC_RUN)
     for flag in ("--rel-ci", "--autotune-ms", "--budget", "--timeout"):
         assert main([*argv, flag, "nan", "--out", str(out)]) == 2
         assert f"error: {flag}: expected a finite number" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from plugin_support import registered_test_adapters
 from slurm_daemons import LocalSlurm, SlurmUnavailable
+from test_cluster import SPEC
 
 from tfla_bench.adapters import registry
 from tfla_bench.cli.main import main
@@ -28,28 +29,11 @@ pytestmark = pytest.mark.slurm
 
 TESTS = Path(__file__).resolve().parent
 SMOKE = TESTS.parent / "experiments" / "smoke.toml"
+# The smoke's two PyTorch adapters (12 cases): our Triton kernel there needs the interpreter on a CPU.
+SMOKE_KERNELS = ["--kernel", "sdpa_math,mlstm_torch"]
 REQUIRED_ENV = "TFLA_BENCH_SLURM_REQUIRED"
 WAIT_S = 240.0
 CPU = ["--gpus-per-node", "0"]
-# 12 cases of about 0.1 s each: a job that ends quickly.
-TINY_SPEC = """
-name = "tiny"
-kernels = ["sdpa_math", "mlstm_torch"]
-modes = ["fw", "fwbw"]
-dtype = "float32"
-warmup = 1
-reps = 3
-timeout_s = 120
-[shape]
-tokens = 64
-seq_len = [16, 32]
-num_heads = 2
-head_dim_qk = 8
-head_dim_v = 8
-chunk_size = 8
-[override.mlstm_torch]
-params = { gate = ["exp", "sig"] }
-"""
 
 
 def slow_spec(lengths: int) -> str:
@@ -108,7 +92,7 @@ def slurm(request):
 def local_smoke(tmp_path_factory):
     """The rows of smoke.toml swept in this process."""
     run = tmp_path_factory.mktemp("local") / "run"
-    assert main(["sweep", str(SMOKE), "--out", str(run)]) == 0
+    assert main(["sweep", str(SMOKE), *SMOKE_KERNELS, "--out", str(run)]) == 0
     return rows_of(run)
 
 
@@ -170,7 +154,23 @@ def scancel(slurm: LocalSlurm, job_id: str) -> None:
 
 def test_a_sweep_on_two_nodes_gives_the_rows_of_a_local_sweep(slurm, local_smoke, tmp_path, capfd):
     run = tmp_path / "run"
-    assert main(["sweep", str(SMOKE), "--out", str(run), "--executor", "slurm", "--nodes", "2", *CPU]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(SMOKE),
+                *SMOKE_KERNELS,
+                "--out",
+                str(run),
+                "--executor",
+                "slurm",
+                "--nodes",
+                "2",
+                *CPU,
+            ]
+        )
+        == 0
+    )
     printed = capfd.readouterr()
     assert "submitted 12 case(s) in 2 slurm job(s)" in printed.out
     assert "Bypassing sacct error" not in printed.out + printed.err
@@ -190,7 +190,7 @@ def test_a_sweep_on_two_nodes_gives_the_rows_of_a_local_sweep(slurm, local_smoke
 
 
 def test_no_wait_then_status(slurm, tmp_path, capsys):
-    spec = spec_file(tmp_path, TINY_SPEC)
+    spec = spec_file(tmp_path, SPEC)
     run = tmp_path / "run"
     assert main(["sweep", spec, "--out", str(run), "--executor", "slurm", "--no-wait", *CPU]) == 0
     assert f"`tfla-bench status {run}`" in capsys.readouterr().out
@@ -205,7 +205,7 @@ def test_no_wait_then_status(slurm, tmp_path, capsys):
 
 def test_a_gres_refusal_names_the_flag_that_avoids_it(slurm, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["sweep", spec_file(tmp_path, TINY_SPEC), "--out", str(run), "--executor", "slurm"]) == 2
+    assert main(["sweep", spec_file(tmp_path, SPEC), "--out", str(run), "--executor", "slurm"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "gres" in err.lower() and "--gpus-per-node 0" in err
 
