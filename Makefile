@@ -39,7 +39,7 @@ else
 TEST_ENV := TRITON_INTERPRET=1
 endif
 
-.PHONY: run test test-slurm lint clean wheelhouse cuda-wheels gpu
+.PHONY: run test test-slow test-slurm lint clean wheelhouse cuda-wheels gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,7 +66,12 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
-	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slurm"
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slurm and not slow"
+
+# The tests marked slow (fault injection into real sweeps, jobs killed and requeued, the interpreted
+# kernels at 16-wide tiles): a minute or more each on 2 CPU cores. CI runs them after `make test`.
+test-slow: $(VENV)/.installed-test
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "slow and not slurm"
 
 # Sweeps through a real Slurm: one node on localhost, started and stopped by the tests
 # (tests/slurm_daemons.py), once without accounting and once with slurmdbd over MariaDB. Debian's

@@ -174,6 +174,7 @@ def test_local_jobs_give_the_cases_of_the_in_process_sweep(tmp_path, capsys):
     assert "12 row(s) merged into" in printed and printed.count("COMPLETED") == 2
 
 
+@pytest.mark.slow  # jobs killed or requeued and waited for: about a minute
 def test_a_killed_job_then_resume_submits_only_its_missing_cases(tmp_path, job_env):
     spec = spec_file(tmp_path, SLOW_SPEC)
     run = tmp_path / "run"
@@ -205,6 +206,7 @@ def test_a_killed_job_then_resume_submits_only_its_missing_cases(tmp_path, job_e
     assert all(row == before[row.case.key] for row in after if row.case.key in before)
 
 
+@pytest.mark.slow  # jobs killed or requeued and waited for: about a minute
 def test_a_preempted_job_is_requeued_and_keeps_its_rows(tmp_path, job_env):
     spec = spec_file(tmp_path, SLOW_SPEC)
     run = tmp_path / "run"

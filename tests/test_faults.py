@@ -37,6 +37,10 @@ from tfla_bench.measure import row as row_schema
 from tfla_bench.measure import settings as measure_settings
 from tfla_bench.run import phases, rundir, specs
 
+# Real sweeps killed, interrupted and resumed: minutes on 2 CPU cores. The README's table needs every
+# fault of one run, so the module runs whole, in `make test-slow`.
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).resolve().parent
 README = TESTS.parent / "README.md"
 WRITE_ENV = "TFLA_BENCH_WRITE_RELIABILITY"
