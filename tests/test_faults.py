@@ -535,8 +535,8 @@ MODEL = [
     "--chunk-size",
     "64",
 ]
-# Every numeric flag: (the command line it is added to, the flag, whether a huge value is refused). The
-# model's float flags take any positive finite number: its formulas hold for any accelerator or byte size.
+# Every numeric flag: (the command line it is added to, the flag, whether a huge value is refused). A
+# custom accelerator's peak and bandwidth may be huge (up to 1e18 FLOP/s and 1e16 bytes/s).
 NUMERIC_FLAGS = [
     *(
         (["sweep", "SPEC", "--dry-run"], flag, True)
@@ -554,7 +554,7 @@ NUMERIC_FLAGS = [
     (["check", "-k", "sdpa_math"], "--timeout", True),
     (["diff", "A", "B"], "--threshold", True),
     *((MODEL, flag, True) for flag in ("--seq-len", "--head-dim-qk", "--chunk-size", "--batch", "--heads")),
-    *((MODEL, flag, False) for flag in ("--causal-factor", "--qkv-bytes", "--gate-bytes", "--state-bytes")),
+    *((MODEL, flag, True) for flag in ("--causal-factor", "--qkv-bytes", "--gate-bytes", "--state-bytes")),
     *(
         ([*MODEL, "--gpu", "custom", "--peak-flops", "1e15", "--bandwidth", "1e12"], f, False)
         for f in ("--peak-flops", "--bandwidth")

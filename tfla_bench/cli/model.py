@@ -17,6 +17,7 @@ from rich.table import Table
 from tfla_bench.cli.paths import output_dir, path_option
 from tfla_bench.errors import UserError
 from tfla_bench.measure.roofs import measured_accelerator
+from tfla_bench.measure.settings import Rule
 from tfla_bench.model.counts import MlstmShape, check_chunk_size
 from tfla_bench.model.hardware import ACCELERATORS, CUSTOM, Accelerator, resolve_accelerator
 from tfla_bench.model.roofline import ChunkOptima, Estimate, chunk_optima, chunkwise_runtime_s
@@ -256,6 +257,25 @@ _DESCRIPTIONS = {
 }
 
 
+# The model's float flags and their ranges: a value past them overflows the counts to inf.
+FLOAT_RULES = {
+    "causal_factor": Rule("number", 0, 1, open_low=True),
+    "qkv_bytes": Rule("number", 0, 16, open_low=True, unit=" bytes"),
+    "gate_bytes": Rule("number", 0, 16, open_low=True, unit=" bytes"),
+    "state_bytes": Rule("number", 0, 16, open_low=True, unit=" bytes"),
+    "peak_flops": Rule("number", 0, 1e18, open_low=True, unit=" FLOP/s"),
+    "bandwidth": Rule("number", 0, 1e16, open_low=True, unit=" bytes/s"),
+}
+
+
+def _check_floats(**values: float | None) -> None:
+    """One `error:` line for the first float flag outside its range (`FLOAT_RULES`); None is unset."""
+    for name, value in values.items():
+        rule = FLOAT_RULES[name]
+        if value is not None and not rule.accepts(value):
+            raise UserError(f"--{name.replace('_', '-')}: expected {rule.expected()}, got {value!r}")
+
+
 def _make_command(kind: str) -> Callable[..., None]:
     def command(
         seq_len: SeqLenOption = FIG5.seq_len,
@@ -288,6 +308,14 @@ def _make_command(kind: str) -> Callable[..., None]:
                 raise UserError(
                     f"{flag}: expected a positive integer (at most {specs.MAX_SHAPE:,}), got {value}"
                 )
+        _check_floats(
+            causal_factor=causal_factor,
+            qkv_bytes=qkv_bytes,
+            gate_bytes=gate_bytes,
+            state_bytes=state_bytes,
+            peak_flops=peak_flops,
+            bandwidth=bandwidth,
+        )
         shape = MlstmShape(
             gate=gate.value,
             seq_len=seq_len,
@@ -401,6 +429,7 @@ def roofline(
     ] = None,
 ) -> None:
     """Write the model figures (paper Figs. 18-25) as PNG and SVG; print the optimal chunk sizes per GPU."""
+    _check_floats(peak_flops=peak_flops, bandwidth=bandwidth)
     accelerators = _roofline_accelerators(gpu, peak_flops, bandwidth)
     if measured is not None and not measured.is_dir():
         raise UserError(f"--measured {measured} is not a directory")
