@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -249,6 +250,16 @@ def _write_shard(path: Path, rows: list[ResultRow], columns: list[str]) -> None:
         writer.write(row)
         time.sleep(0.005)
     writer.close()
+
+
+def test_loading_a_shard_job_imports_no_torch():
+    # submitit unpickles the job before it installs its signal handlers: a requeue signal in that
+    # window ends the job, so the window is kept short.
+    probe = "import pickle, sys, tfla_bench.run.shard; print(sorted({'torch', 'pandas'} & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_shard_files_merge_without_duplicates_under_concurrent_writers(tmp_path):

@@ -285,19 +285,25 @@ def test_a_job_out_of_time_is_requeued_and_keeps_its_rows(slurm, tmp_path, capsy
 
     (job,) = jobs.read(run).rounds[0].jobs
     log = (run / job.stdout).read_text() + (run / job.stderr).read_text()
-    # Signalled within half a minute of its start (the requeue signal is due at once), requeued, and
-    # started again on its shard: then either done before the next signal, or stopped by it
-    # without a requeue. Either way with its rows kept.
-    # Slurm may stop the job step before submitit logs its requeue: Slurm's own line says it then.
-    assert "Requeued job" in log or "DUE TO JOB REQUEUE" in log
-    assert log.count("Starting with JobEnvironment") == 2
     rows = rows_of(run)
     assert "crashed" not in {row.status for row in rows} and len(keys(rows)) == len(set(keys(rows)))
-    if job.state == "COMPLETED":
-        assert len(rows) == 60
+    # Signalled within half a minute of its start (the requeue signal is due at once).
+    if log.count("Starting with JobEnvironment") == 1 and "Requeued job" not in log:
+        # The signal came before submitit installed its handlers (it loads the job first): the job
+        # ends without a requeue. Rare, since loading the job imports no torch.
+        assert "User defined signal 2" in log and "DUE TO JOB REQUEUE" not in log, log
+        assert job.state != "COMPLETED" and len(rows) < 60, job
     else:
-        assert (job.state, job.error.split(": ")[-1]) == ("INTERRUPTED", "timed-out too many times."), job
-        assert "not requeued because: timed-out too many times" in log and len(rows) < 60
+        # Requeued and started again on its shard: then either done before the next signal, or
+        # stopped by it (perhaps after its last row) without a requeue. Either way with its rows kept.
+        # Slurm may stop the job step before submitit logs its requeue: Slurm's own line says it then.
+        assert "Requeued job" in log or "DUE TO JOB REQUEUE" in log, log
+        assert log.count("Starting with JobEnvironment") == 2, log
+        if job.state == "COMPLETED":
+            assert len(rows) == 60
+        else:
+            assert (job.state, job.error.split(": ")[-1]) == ("INTERRUPTED", "timed-out too many times."), job
+            assert "not requeued because: timed-out too many times" in log and len(rows) <= 60
 
     assert main(["sweep", "--resume", str(run), "--time", "60"]) == 0
     left = 60 - len([row for row in rows if row.finished])

@@ -18,7 +18,9 @@ killed, the case in progress gets no row (or an `interrupted` one), and no furth
 the grace time before Slurm's SIGKILL. Both ends write `job-end.json` into the shard directory, so
 the job's end is known where the scheduler keeps no record of it (no accounting).
 
-This module runs in the job: it imports no module that submits jobs.
+This module runs in the job: it imports no module that submits jobs. Loading it is light (no torch):
+submitit unpickles the job before it installs its signal handlers, and a requeue signal that lands
+in that window ends the job instead of requeueing it.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tfla_bench.adapters.workloads import Case
-from tfla_bench.measure.envinfo import now_iso
-from tfla_bench.run import rundir, runner
+from tfla_bench.run import rundir
 from tfla_bench.run.specs import Spec
 
 # Times a job is requeued after it was preempted or ran out of time.
@@ -75,6 +76,9 @@ class ShardJob:
     def __call__(self) -> dict[str, int]:
         """Measure the shard (resuming it when a requeued job finds its rows); return the counts of
         `runner.SweepReport`."""
+        # Heavy (torch): imported once submitit's signal handlers are in place (see the module's doc).
+        from tfla_bench.run import runner
+
         directory = self.directory
         # submitit only logs a SIGTERM and goes on; the job would then start case after case until
         # Slurm's SIGKILL, each worker of them dying of it.
@@ -112,6 +116,9 @@ class ShardJob:
 
     def write_end(self, state: str) -> None:
         """Record in the shard directory that the job ended this way (`job-end.json`)."""
+        # Heavy (torch), and loaded by now: the job ends after `__call__` started.
+        from tfla_bench.measure.envinfo import now_iso
+
         self.directory.mkdir(parents=True, exist_ok=True)
         rundir.write_json(self.directory / rundir.JOB_END, {"state": state, "at": now_iso()})
 
