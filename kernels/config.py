@@ -379,6 +379,20 @@ def config_for(
     return default_config(kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
 
 
+def has_entry(
+    kernel: str,
+    head_dim_qk: int,
+    head_dim_v: int,
+    chunk_size: int,
+    dtype: torch.dtype,
+    gate: str,
+    gpu: tuple[str, str],
+) -> bool:
+    """Whether an entry was tuned at exactly this shape for this GPU's name or architecture."""
+    shape = (kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
+    return any(target and (target, *shape) in TUNED_CONFIGS for target in gpu)
+
+
 def float32_states(kernel: str, gate: str, head_dim_qk: int, config: KernelConfig) -> bool:
     """Whether the kernel keeps its chunk states in float32 in HBM; else in the 16-bit input dtype,
     which its readers cast them to anyway (`tfla_bench.kernels.common`).
@@ -456,6 +470,16 @@ def load_tuned(path: Path) -> int:
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a tuned-config file ({exc})") from None
     return len(entries)
+
+
+def save_entry(path: Path, entry: dict) -> None:
+    """Put `entry` (a `tuned_entry`) into the tuned-config file at `path`, replacing the entry of the
+    same key. Processes started afterwards load it (`tuned_files`)."""
+    entries = json.loads(path.read_text()) if path.exists() else []
+    key = [entry[name] for name in KEY_FIELDS]
+    entries = [e for e in entries if [e.get(name) for name in KEY_FIELDS] != key] + [entry]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries, indent=1) + "\n")
 
 
 def user_tuned_file() -> Path:

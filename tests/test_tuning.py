@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.cli.main import main
 from tfla_bench.kernels import config as kconfig
 from tfla_bench.measure import timing, tuning
@@ -200,14 +201,68 @@ def test_tune_needs_a_gpu(capsys):
 
 
 def test_a_new_entry_replaces_the_one_of_its_key_and_keeps_the_others(tmp_path):
-    from tfla_bench.cli.tune import add_entry
-
     base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
     path = tmp_path / "deeper" / "tuned.json"
     old = kconfig.tuned_entry(shape(128).config_key("sm90"), base, tuned_fwbw_ms=2.0)
     other = kconfig.tuned_entry(shape(256).config_key("sm90"), base, tuned_fwbw_ms=3.0)
-    add_entry(path, old)
-    add_entry(path, other)
-    add_entry(path, {**old, "tuned_fwbw_ms": 1.0})
+    kconfig.save_entry(path, old)
+    kconfig.save_entry(path, other)
+    kconfig.save_entry(path, {**old, "tuned_fwbw_ms": 1.0})
     entries = json.loads(path.read_text())
     assert [(e["chunk_size"], e["tuned_fwbw_ms"]) for e in entries] == [(256, 3.0), (128, 1.0)]
+
+
+# ---- tuning before a sweep ---------------------------------------------------------------------------
+def case(kernel="tfla_sig", dtype="bfloat16", seq_len=1024, dqk=128, dv=256, chunk=128, batch=2):
+    return Case(kernel=kernel, mode="fwbw", dtype=dtype, batch=batch, seq_len=seq_len, num_heads=4,
+                head_dim_qk=dqk, head_dim_v=dv, chunk_size=chunk)  # fmt: skip
+
+
+def test_the_tuned_shape_of_a_case_is_that_of_our_kernels_in_half_precision():
+    assert tuning.shape_of(case()) == tuning.Shape("tfla", "sig", 2, 4, 1024, 128, 256, 128, torch.bfloat16)
+    assert tuning.shape_of(case("tfla_exp", "float16")).gate == "exp"
+    assert tuning.shape_of(case("limit_chunk", chunk=64, dqk=64, dv=64)).kernel == "limit_chunk"
+    assert tuning.shape_of(case(dtype="float32")) is None
+    assert tuning.shape_of(case("mlstm_kernels_sig")) is None
+    assert tuning.shape_of(case("no_such_kernel")) is None
+
+
+def test_only_shapes_without_an_entry_for_the_gpu_are_tuned_each_once_at_its_largest_case():
+    cases = [case(seq_len=1024), case(seq_len=4096), case(dqk=64, dv=64), case(dtype="float32")]
+    # sig Dqk128 Dv256 L128 bf16 has a shipped entry for sm90: another sm90 GPU tunes only Dqk64 Dv64.
+    on_sm90 = tuning.untuned(cases, ("sm90", "NVIDIA H200"))
+    assert [(s.head_dim_qk, s.head_dim_v, s.seq_len) for s in on_sm90] == [(64, 64, 1024)]
+    elsewhere = tuning.untuned(cases, ("sm100", "NVIDIA B200"))
+    assert sorted((s.head_dim_qk, s.seq_len) for s in elsewhere) == [(64, 1024), (128, 4096)]
+    assert tuning.untuned(cases, ("", "")) == elsewhere  # no GPU name: no entry applies
+
+
+def test_tune_missing_saves_one_entry_per_untuned_shape_in_the_user_file(tmp_path, monkeypatch):
+    path = tmp_path / "user" / "tuned.json"
+    monkeypatch.setenv(kconfig.TUNED_FILE_ENV, str(path))
+    monkeypatch.setattr(tuning.kconfig, "gpu_target", lambda device: ("sm100", "NVIDIA B200"))
+    searched = []
+
+    def fake_search(shape, target, gpu, processes, on_trial=None, device="cuda"):
+        searched.append((shape.seq_len, target, gpu, device))
+        config = kconfig.default_config("tfla", shape.head_dim_qk, shape.head_dim_v, shape.chunk_size,
+                                        shape.dtype, shape.gate)  # fmt: skip
+        times = {"default_fwbw_ms": 2.0, "tuned_fwbw_ms": 1.6}
+        return kconfig.tuned_entry(shape.config_key(target), config, **times), ""
+
+    monkeypatch.setattr(tuning, "tune_entry", fake_search)
+    said = []
+    entries = tuning.tune_missing([case(seq_len=1024), case(seq_len=2048)], "cuda:1", 4, said.append)
+    assert searched == [(2048, "sm100", "NVIDIA B200", "cuda:1")]
+    saved = json.loads(path.read_text())
+    assert saved == entries and saved[0]["target"] == "sm100" and saved[0]["chunk_size"] == 128
+    assert said[0].startswith("tuning 1/1: tfla sig B2 NH4 T2048") and "(1.25x)" in said[1]
+
+
+def test_a_cpu_sweep_with_tune_says_it_tunes_nothing(tmp_path, capsys):
+    shape = ["--seq-len", "64", "--batch", "1", "--heads", "1", "--head-dim-qk", "16"]
+    flags = ["--mode", "fw", "--dtype", "float32", "--warmup", "1", "--reps", "2", "--no-roofs"]
+    assert main(["run", "--kernel", "sdpa_math", *shape, *flags, "--tune", "--out", str(tmp_path / "r")]) == 0
+    assert "--tune times kernels on a GPU; this CPU run uses the configs as they are" in " ".join(
+        capsys.readouterr().err.split()
+    )

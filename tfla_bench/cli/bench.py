@@ -171,6 +171,14 @@ class _Flags:
             help="compile the kernels in N processes before measuring (autotuned configs split over them)",
         ),
     ] = 0
+    tune: Annotated[
+        bool,
+        typer.Option(
+            "--tune",
+            help="first tune our kernels at each shape without a tuned config for this GPU "
+            "(minutes a shape; saved in the user's tuned-config file for every later call)",
+        ),
+    ] = False
     roofs: Annotated[
         bool,
         typer.Option(
@@ -562,6 +570,7 @@ def _execute_here(
         failed_check=failed_check,
         precompile_processes=flags.precompile,
         roofs=flags.roofs,
+        tune=flags.tune,
         clock=clock,
     )
     stdout.print(summary_table(report.rows))
@@ -606,6 +615,7 @@ def _execute_in_jobs(
         forced=forced,
         precompile=flags.precompile,
         roofs=flags.roofs,
+        tune=flags.tune,
         console=stdout,
     )
     if rows is None:

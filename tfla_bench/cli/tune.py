@@ -10,8 +10,8 @@ Examples::
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -24,7 +24,7 @@ from tfla_bench.run.console import make_console
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from tfla_bench.measure.tuning import Shape
+    from tfla_bench.measure.tuning import Shape, Trial
 
 SHAPE_FORM = "KERNEL:GATE:B,NH,T,DQK,DV:L"
 
@@ -59,8 +59,9 @@ def tune(
     # torch and the kernels are heavy, and only this command needs them at this point.
     import torch
 
-    # imports torch, which only a tuning run needs.
+    # import torch and Triton, which only a tuning run needs.
     from tfla_bench.kernels import config as kconfig
+    from tfla_bench.measure import tuning
 
     if not torch.cuda.is_available():
         raise UserError("tune times our kernels on a GPU and needs CUDA; no CUDA device is visible")
@@ -74,8 +75,8 @@ def tune(
     for shape in parsed:
         started = time.monotonic()
         console.print(f"[bold]{shape.label()}[/] on {name} (entry for {target})")
-        entry, table = tune_one(shape, target, name, processes, console)
-        add_entry(path, entry)
+        entry, table = tuning.tune_entry(shape, target, name, processes, show_trial(console, shape))
+        kconfig.save_entry(path, entry)
         if tables is not None:
             (tables / f"tuning-{slug(shape)}.md").write_text(table)
         gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
@@ -110,49 +111,21 @@ def parse_shape(text: str) -> Shape:
     return shape
 
 
-def tune_one(shape: Shape, target: str, gpu: str, processes: int, console: Console) -> tuple[dict, str]:
-    """Search one shape; the tuned-config entry (with the default's and the winner's fw and fwbw
-    medians, measured side by side) and the markdown table of the search."""
-    # torch, triton and our kernels take seconds to import; `--help` and a bad shape need none.
-    import torch
-    import triton
-
+def show_trial(console: Console, shape: Shape) -> Callable[[Trial], None]:
+    """Print each trial of a search as one line: the fields it changes and its median (or why not)."""
     # imports torch, which only a tuning run needs.
     from tfla_bench.kernels import config as kconfig
-    from tfla_bench.measure import timing, tuning
+    from tfla_bench.measure import tuning
 
     base = kconfig.default_config(
         shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate
     )
 
-    def show(trial: tuning.Trial) -> None:
+    def show(trial: Trial) -> None:
         ms = f"{trial.median_ms:.3f} ms" if trial.median_ms is not None else trial.error[:100]
         console.print(f"  {trial.group:5s} {tuning.changed_fields(trial.config, base)}: {ms}")
 
-    inputs = tuning.make_inputs(shape, "cuda")
-    best, trials = tuning.tune(shape, processes=processes, on_trial=show, inputs=inputs)
-    rule = timing.StopRule(rel_ci=0.005, budget_s=2.0, min_reps=20)
-    facts: dict[str, object] = {}
-    for mode in ("fw", "fwbw"):
-        for label, config in (("default", base), ("tuned", best)):
-            call = tuning.make_call(shape, inputs, config, mode)
-            facts[f"{label}_{mode}_ms"] = round(tuning.time_call(call, "cuda", rule), 4)
-    facts.update(batch=shape.batch, heads=shape.heads, seq_len=shape.seq_len)
-    facts.update(torch=torch.__version__, triton=triton.__version__)
-    entry = kconfig.tuned_entry(shape.config_key(target), best, **facts)
-    return entry, tuning.markdown(shape, trials, base, gpu)
-
-
-def add_entry(path: Path, entry: dict) -> None:
-    """Put `entry` into the tuned-config file at `path`, replacing the entry of the same key."""
-    # imports torch, which only a tuning run needs.
-    from tfla_bench.kernels import config as kconfig
-
-    entries = json.loads(path.read_text()) if path.exists() else []
-    key = [entry[name] for name in kconfig.KEY_FIELDS]
-    entries = [e for e in entries if [e.get(name) for name in kconfig.KEY_FIELDS] != key] + [entry]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(entries, indent=1) + "\n")
+    return show
 
 
 def slug(shape: Shape) -> str:

@@ -1,5 +1,5 @@
-"""Tuning the `KernelConfig` of our mLSTM kernels for one GPU and shape, offline
-(`tfla-bench tune`); a sweep only looks the result up.
+"""Tuning the `KernelConfig` of our mLSTM kernels for one GPU and shape: `tfla-bench tune`, or a
+sweep with `--tune` before it measures (`tune_missing`); the timed calls only look the result up.
 
 Each kernel of the chain reads one group of the config's fields (`GROUPS`): the forward output
 kernel `fwd`, the dQ/dK/dV kernels `bwd`, the recurrent state kernels `state`. The groups are
@@ -33,7 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton
 
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
 from tfla_bench.kernels import config as kconfig
 from tfla_bench.kernels.config import KernelConfig
 from tfla_bench.measure import timing
@@ -47,6 +50,7 @@ GROUPS = {
 GROUP_MODE = {"fwd": "fw", "bwd": "fwbw", "state": "fwbw"}
 TOLERANCE = 2e-2
 SMALL_CHUNKS = 16  # chunks of the compile shape: a multiple of 16, like the tuned one's
+TUNED_DTYPES = ("bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -338,3 +342,71 @@ def markdown(shape: Shape, trials: list[Trial], base: KernelConfig, gpu: str) ->
                 f"{trial.error[:120]} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def tune_entry(
+    shape: Shape,
+    target: str,
+    gpu: str,
+    processes: int,
+    on_trial: Callable[[Trial], None] | None = None,
+    device: str = "cuda",
+) -> tuple[dict, str]:
+    """Search one shape on `device`; the tuned-config entry for `target` (with the default's and the
+    winner's fw and fwbw medians, measured side by side) and the markdown table of the search."""
+    base = kconfig.default_config(
+        shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate
+    )
+    inputs = make_inputs(shape, device)
+    best, trials = tune(shape, device=device, processes=processes, on_trial=on_trial, inputs=inputs)
+    rule = timing.StopRule(rel_ci=0.005, budget_s=2.0, min_reps=20)
+    facts: dict[str, object] = {}
+    for mode in ("fw", "fwbw"):
+        for label, config in (("default", base), ("tuned", best)):
+            call = make_call(shape, inputs, config, mode)
+            facts[f"{label}_{mode}_ms"] = round(time_call(call, device, rule), 4)
+    facts.update(batch=shape.batch, heads=shape.heads, seq_len=shape.seq_len)
+    facts.update(torch=torch.__version__, triton=triton.__version__)
+    entry = kconfig.tuned_entry(shape.config_key(target), best, **facts)
+    return entry, markdown(shape, trials, base, gpu)
+
+
+def shape_of(case: Case) -> Shape | None:
+    """The shape to tune for a case of our kernels in bf16 or fp16; None for any other case."""
+    adapter = registry.find(case.kernel)
+    kernel = getattr(adapter, "config_kernel", None)
+    if adapter is None or kernel not in KERNELS or case.dtype not in TUNED_DTYPES:
+        return None
+    dims = (case.batch, case.num_heads, case.seq_len, case.head_dim_qk, case.head_dim_v)
+    return Shape(kernel, adapter.gate, *dims, adapter.chunk(case), getattr(torch, case.dtype))
+
+
+def untuned(cases: list[Case], gpu: tuple[str, str]) -> list[Shape]:
+    """The shapes to tune before measuring `cases` on a GPU (`config.gpu_target`): one per config key
+    without an entry for the GPU's name or architecture, at the key's largest case (B*NH*T)."""
+    largest: dict[tuple, Shape] = {}
+    for shape in filter(None, map(shape_of, cases)):
+        key = shape.config_key("")[1:]
+        if kconfig.has_entry(*key, gpu):
+            continue
+        size = shape.batch * shape.heads * shape.seq_len
+        if key not in largest or size > largest[key].batch * largest[key].heads * largest[key].seq_len:
+            largest[key] = shape
+    return list(largest.values())
+
+
+def tune_missing(cases: list[Case], device: str, processes: int, say: Callable[[str], None]) -> list[dict]:
+    """Tune every shape of `cases` without an entry for this GPU (`untuned`), on its architecture,
+    into the user's tuned-config file, which the workers started afterwards load; the new entries."""
+    gpu = kconfig.gpu_target(torch.device(device))
+    shapes = untuned(cases, gpu)
+    path = kconfig.user_tuned_file()
+    entries = []
+    for number, shape in enumerate(shapes, 1):
+        say(f"tuning {number}/{len(shapes)}: {shape.label()} on {gpu[1]}")
+        entry, _ = tune_entry(shape, gpu[0], gpu[1], processes, device=device)
+        kconfig.save_entry(path, entry)
+        entries.append(entry)
+        gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
+        say(f"  fwbw {entry['default_fwbw_ms']:.3f} -> {entry['tuned_fwbw_ms']:.3f} ms ({gain:.2f}x)")
+    return entries

@@ -333,6 +333,7 @@ def sweep(
     forced: str | None = None,
     precompile: int = 0,
     roofs: bool = True,
+    tune: bool = False,
     console: Console,
 ) -> list[ResultRow] | None:
     """Submit the cases and, unless `options.wait` is off, follow the jobs to the end.
@@ -349,6 +350,7 @@ def sweep(
         forced: the spec difference a forced resume accepted.
         precompile: `--precompile N`, run in each job before it measures.
         roofs: record each node's measured roofs.
+        tune: each job tunes our kernels first at its shapes without a tuned config for its GPU.
         console: where the submission, the jobs' states and the progress go.
 
     Returns:
@@ -368,6 +370,7 @@ def sweep(
         forced=forced,
         precompile=precompile,
         roofs=roofs,
+        tune=tune,
         console=console,
     )
     if submitted is None:
@@ -406,6 +409,7 @@ def submit(
     precompile: int,
     roofs: bool,
     console: Console,
+    tune: bool = False,
 ) -> tuple[JobsRecord, Round | None, list[Any]]:
     """Write the run's `spec.json` and `results.csv` (the rows a resume keeps), submit one job per
     shard of the cases to run, and record them in `jobs.json`. The arguments are those of `sweep`.
@@ -440,9 +444,10 @@ def submit(
     number = len(record.rounds) + 1
     executor = _executor(submitit, options, run_dir / rundir.submitit_dir(number), f"tfla-bench-{spec.name}")
     count = min(options.nodes, len(todo))
+    shards = [tuple(todo[index::count]) for index in range(count)]
     work = [
-        ShardJob(run_dir.resolve(), number, index, spec, tuple(todo[index::count]), precompile, roofs, forced)
-        for index in range(count)
+        ShardJob(run_dir.resolve(), number, index, spec, shard, precompile, roofs, forced, tune=tune)
+        for index, shard in enumerate(shards)
     ]
     handles = _submit_all(submitit, executor, options, work)
     submitted = Round(

@@ -397,6 +397,7 @@ def run_sweep(
     failed_check: dict[str, str] | None = None,
     precompile_processes: int = 0,
     roofs: bool = False,
+    tune: bool = False,
     console: Console | None = None,
     clock: PhaseClock | None = None,
 ) -> SweepReport:
@@ -418,6 +419,8 @@ def run_sweep(
         roofs: on CUDA, record the GPU's measured roofs in `env.json` under `roofs`, loaded, or
             measured when none are saved, by a child process that runs beside the plan
             (`tfla_bench.measure.roofs`).
+        tune: on CUDA, first tune our kernels at every shape to run that has no tuned config for
+            this GPU (`tfla_bench.measure.tuning.tune_missing`, into the user's tuned-config file).
         console: where progress goes (default: stderr).
         clock: the command's `PhaseClock` (a gate before the sweep is in it); default one started
             here. Written as `timings.json` when the sweep ends, interrupted or not.
@@ -448,7 +451,7 @@ def run_sweep(
     )
     sweep = _Sweep(spec, run_dir, devices, writer, console, clock, socket.gethostname(), forced)
     try:
-        report.worker_starts = sweep.run(decided, to_run, len(kept), roofs_child, precompile_processes)
+        report.worker_starts = sweep.run(decided, to_run, len(kept), roofs_child, precompile_processes, tune)
     except OSError as exc:
         raise RunFailed(
             f"writing to {run_dir} failed ({exc.strerror}); the {len(kept) + writer.written} row(s) "
@@ -513,6 +516,7 @@ class _Sweep:
         kept: int,
         roofs_child: subprocess.Popen | None,
         precompile_processes: int,
+        tune: bool = False,
     ) -> int:
         """Write the decided rows, then measure `to_run`; the worker processes started."""
         console, clock, devices = self.console, self.clock, self.devices
@@ -528,13 +532,20 @@ class _Sweep:
                 measured_roofs = _roofs(devices[0], roofs_child, console)
         elif roofs_child is not None:
             roofs_module.cancel(roofs_child)
+        cuda = devices[0] != "cpu"
+        if tune and not cuda:
+            console.print(
+                "[bold]note:[/] --tune times kernels on a GPU; this CPU run uses the configs as they are"
+            )
+        elif tune and to_run:
+            with clock.phase("tune"):
+                _tune([planned.case for planned in to_run], devices[0], precompile_processes, console)
         precompiled = None
         if precompile_processes > 0 and to_run:
             with clock.phase("precompile"):
                 precompiled = _precompile(
                     to_run, precompile_processes, devices, self.run_dir, self.spec, console, clock
                 )
-        cuda = devices[0] != "cpu"
         with clock.phase("workers"):
             workers = _start_workers(
                 devices,
@@ -554,6 +565,18 @@ class _Sweep:
             for worker in workers:
                 worker.stop()
         return sum(worker.starts for worker in workers)
+
+
+def _tune(cases: list[Case], device: str, processes: int, console: Console) -> None:
+    """The `tune` phase: our kernels tuned at the shapes without a config for this GPU."""
+    # imports torch and Triton, which only a sweep that tunes needs in this process.
+    from tfla_bench.measure import tuning
+
+    entries = tuning.tune_missing(cases, device, processes or 8, console.print)
+    if entries:
+        console.print(f"{len(entries)} tuned config(s) added to {kernel_config.user_tuned_file()}")
+    else:
+        console.print("every shape of our kernels has a tuned config for this GPU")
 
 
 def _precompile(

@@ -56,6 +56,7 @@ class ShardJob:
         roofs: record the node's measured roofs in its `env.json`.
         forced: the spec difference a forced resume accepted (kept in the shard's `env.json`).
         requeued: how many times the job was requeued already.
+        tune: tune our kernels first at the shard's shapes without a tuned config for the GPU.
     """
 
     run_dir: Path
@@ -67,6 +68,7 @@ class ShardJob:
     roofs: bool = True
     forced: str | None = None
     requeued: int = 0
+    tune: bool = False
 
     @property
     def directory(self) -> Path:
@@ -93,6 +95,7 @@ class ShardJob:
                 devices=runner.select_devices(None),
                 precompile_processes=self.precompile,
                 roofs=self.roofs,
+                tune=self.tune,
             )
         finally:
             signal.signal(signal.SIGTERM, previous)
