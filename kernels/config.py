@@ -379,17 +379,9 @@ def config_for(
     return default_config(kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
 
 
-def has_entry(
-    kernel: str,
-    head_dim_qk: int,
-    head_dim_v: int,
-    chunk_size: int,
-    dtype: torch.dtype,
-    gate: str,
-    gpu: tuple[str, str],
-) -> bool:
-    """Whether an entry was tuned at exactly this shape for this GPU's name or architecture."""
-    shape = (kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
+def has_entry(shape: tuple, gpu: tuple[str, str]) -> bool:
+    """Whether an entry was tuned at exactly `shape` (a key of `TUNED_CONFIGS` without its target:
+    kernel, head dims, chunk, dtype, gate) for this GPU's name or architecture (`gpu_target`)."""
     return any(target and (target, *shape) in TUNED_CONFIGS for target in gpu)
 
 

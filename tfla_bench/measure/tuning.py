@@ -387,7 +387,7 @@ def untuned(cases: list[Case], gpu: tuple[str, str]) -> list[Shape]:
     largest: dict[tuple, Shape] = {}
     for shape in filter(None, map(shape_of, cases)):
         key = shape.config_key("")[1:]
-        if kconfig.has_entry(*key, gpu):
+        if kconfig.has_entry(key, gpu):
             continue
         size = shape.batch * shape.heads * shape.seq_len
         if key not in largest or size > largest[key].batch * largest[key].heads * largest[key].seq_len:
