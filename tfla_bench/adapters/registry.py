@@ -40,7 +40,7 @@ from importlib import metadata
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapters.workloads import DTYPES, MODES, Case
+from tfla_bench.adapters.workloads import DTYPES, MODES, Case, Shape
 from tfla_bench.errors import UserError, exception_line
 
 if TYPE_CHECKING:
@@ -51,20 +51,13 @@ PLUGINS_ENV = "TFLA_BENCH_PLUGINS"
 BUILT_IN_PACKAGES = ("tfla_bench.kernels.adapters", "tfla_bench.baselines")
 
 
-@dataclass(frozen=True)
-class GateShape:
-    """The small forward case the correctness gate runs (chunk_size None: the adapter's default).
+class GateShape(Shape):
+    """The shape of the small forward case the correctness gate runs (chunk_size None: the adapter's
+    default).
 
     Sequences should span several chunks so that the inter-chunk state passing is checked, with
     Dqk != Dv wherever the kernel allows it.
     """
-
-    batch: int
-    seq_len: int
-    num_heads: int
-    head_dim_qk: int
-    head_dim_v: int
-    chunk_size: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""A benchmark case (one kernel at one shape, mode and dtype), the modes and dtypes a case may take,
-and the one reading of true/false text (`parse_bool`) for params, CSV cells and flags."""
+"""A benchmark case (one kernel at one shape, mode and dtype), its shape, the modes and dtypes a case may
+take, and the one reading of true/false text (`parse_bool`) for params, CSV cells and flags."""
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -9,22 +9,37 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 
 @dataclass(frozen=True)
-class Case:
-    """One measurement: which kernel, in which mode and dtype, at which shape.
+class Shape:
+    """The sizes of a case: batch, sequence length, heads, head dims and the chunk size (None: the
+    kernel's default, or a kernel that takes none)."""
 
-    `params` holds kernel-specific settings (e.g. `causal`, `state_dim`); its keys become
-    `param_<key>` columns in result rows.
-    """
-
-    kernel: str
-    mode: str
-    dtype: str
     batch: int
     seq_len: int
     num_heads: int
     head_dim_qk: int
     head_dim_v: int
     chunk_size: int | None = None
+
+
+@dataclass(frozen=True)
+class _Call:
+    """Which kernel a case runs, in which mode and dtype."""
+
+    kernel: str
+    mode: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Case(Shape, _Call):
+    """One measurement: which kernel, in which mode and dtype, at which shape.
+
+    Its fields, in this order (also as positional arguments): kernel, mode, dtype, the `Shape` fields,
+    params; a dataclass takes its bases' fields from the last base to the first, so `_Call`'s lead.
+    `params` holds kernel-specific settings (e.g. `causal`, `state_dim`); its keys become
+    `param_<key>` columns in result rows.
+    """
+
     params: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def param(self, name: str, default: Any = None) -> Any:

@@ -483,10 +483,11 @@ def _execute(
             cluster.settle(run_dir)
         else:
             rundir.write_selection(run_dir, only, seq_lens)
+        plan = _Plan(spec, cases, run_dir, resuming, retry, forced, flags, clock, stdout)
         if options is not None:
-            _execute_in_jobs(spec, cases, run_dir, options, resuming, retry, forced, flags, clock, stdout)
+            _execute_in_jobs(plan, options)
         else:
-            _execute_here(spec, cases, run_dir, devices, resuming, retry, forced, flags, clock, stdout)
+            _execute_here(plan, devices)
 
 
 def _with_measurement_flags(spec: Spec, flags: _Flags) -> Spec:
@@ -541,31 +542,36 @@ def _recorded_spec(run_dir: Path) -> Spec:
         ) from None
 
 
-def _execute_here(
-    spec: Spec,
-    cases: list[Case],
-    run_dir: Path,
-    devices: list[str],
-    resuming: bool,
-    retry: frozenset[str],
-    forced: str | None,
-    flags: _Flags,
-    clock: phases.PhaseClock,
-    stdout: Console,
-) -> None:
+@dataclass(frozen=True)
+class _Plan:
+    """A sweep as `_execute` settled it, for running its cases here or in jobs."""
+
+    spec: Spec
+    cases: list[Case]
+    run_dir: Path
+    resuming: bool
+    retry: frozenset[str]
+    forced: str | None
+    flags: _Flags
+    clock: phases.PhaseClock
+    stdout: Console
+
+
+def _execute_here(plan: _Plan, devices: list[str]) -> None:
     """Run the cases in this process's workers (after the correctness gate of `--check`, and before
     the profiles of `--ncu`) and print the summary and the time per phase."""
+    run_dir, flags, clock, stdout = plan.run_dir, plan.flags, plan.clock, plan.stdout
     failed_check = {}
     if flags.check:
         with clock.phase("gate"):
-            failed_check = _gate(sorted({case.kernel for case in cases}), devices[0], run_dir, stdout)
+            failed_check = _gate(sorted({case.kernel for case in plan.cases}), devices[0], run_dir, stdout)
     report = runner.run_sweep(
-        spec,
-        cases,
+        plan.spec,
+        plan.cases,
         run_dir,
-        resume=resuming,
-        retry=retry,
-        forced=forced,
+        resume=plan.resuming,
+        retry=plan.retry,
+        forced=plan.forced,
         devices=devices,
         failed_check=failed_check,
         precompile_processes=flags.precompile,
@@ -588,42 +594,31 @@ def _execute_here(
         from tfla_bench.cli.profile import profile_run  # the profile command, used with --ncu only
 
         with clock.phase("profile"):
-            profile_run(run_dir, ok_rows, spec, flags.ncu_path, stdout)
+            profile_run(run_dir, ok_rows, plan.spec, flags.ncu_path, stdout)
         clock.write(run_dir)
 
 
-def _execute_in_jobs(
-    spec: Spec,
-    cases: list[Case],
-    run_dir: Path,
-    options: cluster.ClusterOptions,
-    resuming: bool,
-    retry: frozenset[str],
-    forced: str | None,
-    flags: _Flags,
-    clock: phases.PhaseClock,
-    stdout: Console,
-) -> None:
+def _execute_in_jobs(plan: _Plan, options: cluster.ClusterOptions) -> None:
     """Submit the cases as jobs (`tfla_bench.run.cluster`) and, when it follows them, print the summary."""
     rows = cluster.sweep(
-        spec,
-        cases,
-        run_dir,
+        plan.spec,
+        plan.cases,
+        plan.run_dir,
         options,
-        resume=resuming,
-        retry=retry,
-        forced=forced,
-        precompile=flags.precompile,
-        roofs=flags.roofs,
-        tune=flags.tune,
-        console=stdout,
+        resume=plan.resuming,
+        retry=plan.retry,
+        forced=plan.forced,
+        precompile=plan.flags.precompile,
+        roofs=plan.flags.roofs,
+        tune=plan.flags.tune,
+        console=plan.stdout,
     )
     if rows is None:
         return
-    stdout.print(summary_table(rows))
-    stdout.print(
-        f"{len(rows)} row(s) of {len(cases)} case(s); {clock.to_dict()['wall_s']:.1f} s; "
-        f"results in {run_dir / rundir.RESULTS}"
+    plan.stdout.print(summary_table(rows))
+    plan.stdout.print(
+        f"{len(rows)} row(s) of {len(plan.cases)} case(s); {plan.clock.to_dict()['wall_s']:.1f} s; "
+        f"results in {plan.run_dir / rundir.RESULTS}"
     )
 
 

@@ -14,6 +14,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from tfla_bench.cli.options import JsonOption
 from tfla_bench.cli.paths import output_dir, path_option
 from tfla_bench.errors import UserError
 from tfla_bench.measure.roofs import measured_accelerator
@@ -79,7 +80,6 @@ BandwidthOption = Annotated[
         "--bandwidth", help="memory bandwidth in bytes/s; overrides the GPU's or defines --gpu custom"
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON object instead of a table")]
 
 
 def _si(value: float, unit: str) -> str:

@@ -1,8 +1,15 @@
-"""Parsers of list-valued command-line options shared by the command groups."""
+"""What the command groups share of their options: the option that more than one command declares
+alike, and the parsers of list-valued options."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from tfla_bench.errors import UserError
+
+JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON object instead of a table")]
 
 
 def _names(values: list[str] | None) -> list[str]:

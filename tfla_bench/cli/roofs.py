@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from tfla_bench.cli.options import JsonOption
 from tfla_bench.cli.paths import output_file
 from tfla_bench.errors import UserError
 from tfla_bench.measure import roofs as measured_roofs
@@ -29,7 +30,7 @@ def register(app: typer.Typer) -> None:
 
 def roofs(
     device: Annotated[str, typer.Option("--device", help="the CUDA device to measure")] = "cuda:0",
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object instead of a table")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Measure dense bf16 matmul, HBM and L2 bandwidth of the GPU; save them per GPU and driver."""
     # torch takes seconds to import; `--help` does not need it.

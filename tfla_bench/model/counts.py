@@ -11,6 +11,23 @@ kernel family whose chunkwise cost has that form.
 
 The chunk size L is a float here on purpose: the optimal-chunk search evaluates the counts
 as a continuous function of L. `check_chunk_size` adds the integer rules a kernel needs.
+
+An argument means the same in every count that takes it, here and in `tfla_bench.model.families`:
+
+- gate: the mLSTM input gate, `"exp"` (mLSTMexp) or `"sig"` (mLSTMsig).
+- formulation: `"chunkwise"`, `"parallel"` or `"recurrent"`.
+- seq_len: sequence length T.
+- chunk_size: chunk size L in (0, T]; the chunkwise formulation needs it, the others take None.
+- head_dim_qk: query/key head dim d_qk.
+- head_dim_v: value head dim d_hv (the mLSTM's hidden head dim).
+- causal_factor: fraction Fc of the quadratic (L x L, or T x T) matrices computed: 0.5 ideal causal,
+  about 0.66 with causal tiles, 1.0 non-causal.
+- qkv_bytes: bytes per element of q, k, v and of the output (mLSTM: h; attention and GLA: o).
+- gate_bytes: bytes per element of the gates (mLSTM: i and f; GLA: g).
+- state_bytes: bytes per element of the states the kernels store (mLSTM: C, n and m).
+
+A size that is missing, not finite or not positive, a causal factor outside (0, 1], or an unknown
+gate or formulation is a `UserError` that names it.
 """
 
 from __future__ import annotations
@@ -113,6 +130,15 @@ def _check_chunk_in_range(seq_len: float, chunk_size: float | None) -> float:
     return chunk_size
 
 
+def _checked_seq_len(gate: str, formulation: str, seq_len: float, **sizes: float) -> float:
+    """T as a float, after the checks `mlstm_flops` and `mlstm_bytes` share: a known gate and
+    formulation, a positive `seq_len` and positive `sizes`."""
+    _check_gate(gate)
+    _check_formulation(formulation)
+    check_positive(seq_len=seq_len, **sizes)
+    return float(seq_len)
+
+
 def check_chunk_size(seq_len: int, chunk_size: int) -> None:
     """Raise a `UserError` unless `chunk_size` is a positive integer that divides `seq_len`.
 
@@ -131,14 +157,8 @@ def check_chunk_size(seq_len: int, chunk_size: int) -> None:
 def mlstm_flop_terms(
     gate: str, *, head_dim_qk: float, head_dim_v: float, causal_factor: float = 0.5
 ) -> ChunkTerms:
-    """Per-chunk FLOP terms of the chunkwise mLSTM forward (paper table 17, one head).
-
-    Args:
-        gate: input gate, `"exp"` (mLSTMexp) or `"sig"` (mLSTMsig).
-        head_dim_qk: query/key head dim d_qk.
-        head_dim_v: value/hidden head dim d_hv.
-        causal_factor: fraction of the L x L intra-chunk matrices computed (0.5 ideal causal).
-    """
+    """Per-chunk FLOP terms of the chunkwise mLSTM forward (paper table 17, one head); the arguments
+    are those of the module docstring."""
     _check_gate(gate)
     check_positive(head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
     check_causal_factor(causal_factor)
@@ -165,16 +185,8 @@ def mlstm_byte_terms(
     gate_bytes: float = 2,
     state_bytes: float = 4,
 ) -> ChunkTerms:
-    """Per-chunk memory-byte terms (loads + stores) of the chunkwise mLSTM forward (one head).
-
-    Args:
-        gate: input gate, `"exp"` or `"sig"`.
-        head_dim_qk: query/key head dim d_qk.
-        head_dim_v: value/hidden head dim d_hv.
-        qkv_bytes: bytes per element of q, k, v (and of the output h).
-        gate_bytes: bytes per element of the gates i, f.
-        state_bytes: bytes per element of the chunk states C, n, m.
-    """
+    """Per-chunk memory-byte terms (loads + stores) of the chunkwise mLSTM forward (one head); the
+    arguments are those of the module docstring."""
     _check_gate(gate)
     check_positive(
         head_dim_qk=head_dim_qk,
@@ -204,31 +216,20 @@ def mlstm_flops(
     head_dim_v: float,
     causal_factor: float = 0.5,
 ) -> float:
-    """Forward FLOPs of one mLSTM head over one sequence.
-
-    Args:
-        gate: input gate, `"exp"` (mLSTMexp) or `"sig"` (mLSTMsig).
-        formulation: `"chunkwise"`, `"parallel"` or `"recurrent"`.
-        seq_len: sequence length T.
-        chunk_size: chunk size L in (0, T]; used by the chunkwise formulation only (may be None otherwise).
-        head_dim_qk: query/key head dim d_qk.
-        head_dim_v: value/hidden head dim d_hv.
-        causal_factor: fraction of the quadratic matrices computed (0.5 ideal causal, ~0.66 tiled).
+    """Forward FLOPs of one mLSTM head over one sequence; the arguments are those of the module docstring.
 
     Examples::
 
         >>> mlstm_flops("sig", "recurrent", seq_len=2, chunk_size=None, head_dim_qk=1, head_dim_v=1)
         18.0
     """
-    _check_gate(gate)
-    _check_formulation(formulation)
-    check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
+    dims = {"head_dim_qk": head_dim_qk, "head_dim_v": head_dim_v}
+    t = _checked_seq_len(gate, formulation, seq_len, **dims)
     check_causal_factor(causal_factor)
-    t, dqk, dhv, fc = float(seq_len), head_dim_qk, head_dim_v, causal_factor
     if formulation == "chunkwise":
-        chunk = _check_chunk_in_range(t, chunk_size)
-        terms = mlstm_flop_terms(gate, head_dim_qk=dqk, head_dim_v=dhv, causal_factor=fc)
-        return terms.total(t, chunk)
+        terms = mlstm_flop_terms(gate, causal_factor=causal_factor, **dims)
+        return terms.total(t, _check_chunk_in_range(t, chunk_size))
+    dqk, dhv, fc = head_dim_qk, head_dim_v, causal_factor
     if formulation == "parallel":
         quadratic = t**2 * (2 * fc * dhv + fc * (2 * dqk + 2) + 6)
         if gate == "exp":
@@ -251,48 +252,23 @@ def mlstm_bytes(
     gate_bytes: float = 2,
     state_bytes: float = 4,
 ) -> float:
-    """Forward memory bytes (loads + stores) of one mLSTM head over one sequence.
+    """Forward memory bytes (loads + stores) of one mLSTM head over one sequence; the arguments are
+    those of the module docstring.
 
     The recurrent count materializes the state after every step (the text-generation setting).
-
-    Args:
-        gate: input gate, `"exp"` or `"sig"`.
-        formulation: `"chunkwise"`, `"parallel"` or `"recurrent"`.
-        seq_len: sequence length T.
-        chunk_size: chunk size L in (0, T]; used by the chunkwise formulation only (may be None otherwise).
-        head_dim_qk: query/key head dim d_qk.
-        head_dim_v: value/hidden head dim d_hv.
-        qkv_bytes: bytes per element of q, k, v (and of the output h).
-        gate_bytes: bytes per element of the gates i, f.
-        state_bytes: bytes per element of the states C, n, m.
 
     Examples::
 
         >>> mlstm_bytes("sig", "parallel", seq_len=4, chunk_size=None, head_dim_qk=1, head_dim_v=1)
         48.0
     """
-    _check_gate(gate)
-    _check_formulation(formulation)
-    check_positive(
-        seq_len=seq_len,
-        head_dim_qk=head_dim_qk,
-        head_dim_v=head_dim_v,
-        qkv_bytes=qkv_bytes,
-        gate_bytes=gate_bytes,
-        state_bytes=state_bytes,
-    )
-    t, dqk, dhv = float(seq_len), head_dim_qk, head_dim_v
+    dims = {"head_dim_qk": head_dim_qk, "head_dim_v": head_dim_v}
+    element_bytes = {"qkv_bytes": qkv_bytes, "gate_bytes": gate_bytes, "state_bytes": state_bytes}
+    t = _checked_seq_len(gate, formulation, seq_len, **dims, **element_bytes)
     if formulation == "chunkwise":
-        chunk = _check_chunk_in_range(t, chunk_size)
-        terms = mlstm_byte_terms(
-            gate,
-            head_dim_qk=dqk,
-            head_dim_v=dhv,
-            qkv_bytes=qkv_bytes,
-            gate_bytes=gate_bytes,
-            state_bytes=state_bytes,
-        )
-        return terms.total(t, chunk)
+        terms = mlstm_byte_terms(gate, **dims, **element_bytes)
+        return terms.total(t, _check_chunk_in_range(t, chunk_size))
+    dqk, dhv = head_dim_qk, head_dim_v
     io_per_token = 2 * gate_bytes + 2 * qkv_bytes * (dhv + dqk)
     if formulation == "parallel":
         return t * (io_per_token + (2 * state_bytes if gate == "exp" else 0))
@@ -308,13 +284,7 @@ def attention_flops(
 
     Two matmuls, S = Q K^T (2*T^2*Dqk) and O = P V (2*T^2*Dv), of which the causal factor is
     computed; 4*T^2*D*causal_factor when Dqk = Dv = D. Softmax FLOPs are not counted
-    (the usual FlashAttention convention).
-
-    Args:
-        seq_len: sequence length T.
-        head_dim_qk: query/key head dim.
-        head_dim_v: value head dim.
-        causal_factor: 0.5 for causal attention, 1.0 for non-causal.
+    (the usual FlashAttention convention). The arguments are those of the module docstring.
     """
     check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v)
     check_causal_factor(causal_factor)
@@ -322,14 +292,8 @@ def attention_flops(
 
 
 def attention_bytes(*, seq_len: float, head_dim_qk: float, head_dim_v: float, qkv_bytes: float = 2) -> float:
-    """Forward memory bytes of fused (flash) attention for one head: read q, k, v and write o once.
-
-    Args:
-        seq_len: sequence length T.
-        head_dim_qk: query/key head dim.
-        head_dim_v: value head dim.
-        qkv_bytes: bytes per element of q, k, v, o.
-    """
+    """Forward memory bytes of fused (flash) attention for one head: read q, k, v and write o once (the
+    arguments are those of the module docstring)."""
     check_positive(seq_len=seq_len, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, qkv_bytes=qkv_bytes)
     return float(seq_len) * (2 * head_dim_qk + 2 * head_dim_v) * qkv_bytes
 

@@ -19,6 +19,17 @@ Chunkwise counts have the form `T/L * (a*L^2 + b*L + c)` and are returned as `Ch
 Notation: T sequence length, L chunk size, K = head_dim_qk (query/key dim; Mamba: the state dim N),
 V = head_dim_v (value dim; Mamba: the head dim P), Fc the causal factor.
 
+Arguments are keyword-only. Those the mLSTM counts take as well (seq_len, head_dim_qk, head_dim_v,
+causal_factor, qkv_bytes, gate_bytes, state_bytes) mean what `tfla_bench.model.counts` says of them
+and are checked the same way; the others:
+
+- state_dim: the SSM state dim N (Mamba2: a Case's head_dim_qk).
+- head_dim: Mamba2's head dim P (a Case's head_dim_v).
+- groups_per_head: r = ngroups / nheads; the heads of a group share B and C.
+- channels: the channels a kernel runs over.
+- io_bytes: bytes per element of the tensors a kernel reads and writes in the input dtype (each
+  function names them).
+
 Where the per-channel GLA gate differs from Simple GLA's scalar gate (see `gla_flop_terms`):
 
 - GLA's log gates are `[T, K]` per head, Simple GLA's `[T]`: the in-chunk cumulative sum, the
@@ -70,11 +81,6 @@ def simple_gla_flop_terms(*, head_dim_qk: float, head_dim_v: float, causal_facto
     Q K^T (2 Fc L^2 K), the decay mask exp(G_i - G_j) and its product (3 Fc L^2), A V (2 Fc L^2 V),
     sum and scale (2LV).
 
-    Args:
-        head_dim_qk: query/key head dim K.
-        head_dim_v: value head dim V.
-        causal_factor: fraction Fc of the L x L matrices computed.
-
     Examples::
 
         >>> simple_gla_flop_terms(head_dim_qk=1, head_dim_v=1, causal_factor=1.0)
@@ -101,9 +107,7 @@ def gla_flop_terms(
     Simple GLA.
 
     Args:
-        head_dim_qk: query/key head dim K (also the gate dim).
-        head_dim_v: value head dim V.
-        causal_factor: fraction Fc of the L x L matrices computed.
+        head_dim_qk: K, also the gate dim.
         sub_chunk: fla's sub-chunk size c of the intra-chunk scores.
 
     Examples::
@@ -132,13 +136,6 @@ def simple_gla_byte_terms(
     q read once, k and v twice (state and output kernels), o written once; g read once, its fp32
     cumsum written once and read twice; the chunk state written and read once (fla keeps it in the
     input dtype in the forward).
-
-    Args:
-        head_dim_qk: query/key head dim K.
-        head_dim_v: value head dim V.
-        qkv_bytes: bytes per element of q, k, v, o.
-        gate_bytes: bytes per element of the gate input g.
-        state_bytes: bytes per element of the materialized chunk states.
     """
     k, v = _byte_dims(
         head_dim_qk, head_dim_v, qkv_bytes=qkv_bytes, gate_bytes=gate_bytes, state_bytes=state_bytes
@@ -163,13 +160,6 @@ def gla_byte_terms(
     q and k read twice, v read twice, o written once; g (`[T, K]`) read once, its fp32 cumsum
     written once and read three times; the fp32 intra-chunk score matrix A (`L` per token) written
     and read once; the chunk state written and read once.
-
-    Args:
-        head_dim_qk: query/key head dim K (also the gate dim).
-        head_dim_v: value head dim V.
-        qkv_bytes: bytes per element of q, k, v, o.
-        gate_bytes: bytes per element of the gate input g.
-        state_bytes: bytes per element of the materialized chunk states.
     """
     k, v = _byte_dims(
         head_dim_qk, head_dim_v, qkv_bytes=qkv_bytes, gate_bytes=gate_bytes, state_bytes=state_bytes
@@ -193,12 +183,6 @@ def mamba2_flop_terms(
     exp, times CB, times dt: 5 Fc L^2), its product with x (2 Fc L^2 P), the sum (LP).
     The library computes CB for the full L x L block and skips the upper triangle only in the scan;
     pass `causal_factor=1.0` to count that executed work.
-
-    Args:
-        state_dim: SSM state dim N (the Case's head_dim_qk).
-        head_dim: head dim P (the Case's head_dim_v).
-        causal_factor: fraction Fc of the L x L matrices computed.
-        groups_per_head: r = ngroups / nheads (B and C are shared by the heads of a group).
 
     Examples::
 
@@ -231,11 +215,8 @@ def mamba2_byte_terms(
     back in the input dtype by the state passing, read by the scan.
 
     Args:
-        state_dim: SSM state dim N.
-        head_dim: head dim P.
         io_bytes: bytes per element of x, dt, B, C, out.
         state_bytes: bytes per element of the passed states (the dtype of C in mamba_ssm).
-        groups_per_head: r = ngroups / nheads.
     """
     check_positive(
         state_dim=state_dim,
@@ -262,11 +243,6 @@ def lightning_flop_terms(*, head_dim_qk: float, head_dim_v: float, causal_factor
     computes full 64 x 64 tiles (`causal_factor=1.0` counts that) and recomputes Q K^T in every
     program over a 32-column slice of V (not counted: algorithmic work only).
 
-    Args:
-        head_dim_qk: query/key head dim K.
-        head_dim_v: value head dim V.
-        causal_factor: fraction Fc of the L x L matrices computed.
-
     Examples::
 
         >>> lightning_flop_terms(head_dim_qk=1, head_dim_v=1, causal_factor=1.0)
@@ -285,11 +261,6 @@ def lightning_byte_terms(*, head_dim_qk: float, head_dim_v: float, qkv_bytes: fl
 
     Each of the ceil(V / 32) programs of a head loads all of q and k and its slice of v and writes
     its slice of o.
-
-    Args:
-        head_dim_qk: query/key head dim K.
-        head_dim_v: value head dim V.
-        qkv_bytes: bytes per element of q, k, v, o.
     """
     k, v = _byte_dims(head_dim_qk, head_dim_v, qkv_bytes=qkv_bytes)
     value_programs = math.ceil(v / LIGHTNING_VALUE_BLOCK)
@@ -303,9 +274,7 @@ def selective_scan_flops(*, seq_len: float, channels: float, state_dim: float) -
     Per token and channel: dt * u, the D skip (2), the z gate silu(z) * y (5): 8.
 
     Args:
-        seq_len: sequence length T.
         channels: inner channels D (num_heads * head_dim_v).
-        state_dim: state dim N.
 
     Examples::
 
@@ -321,9 +290,6 @@ def selective_scan_bytes(*, seq_len: float, channels: float, state_dim: float, i
     channel, B and C read per token, the fp32 A (D x N) and D (D) read once; the state stays on chip.
 
     Args:
-        seq_len: sequence length T.
-        channels: inner channels D.
-        state_dim: state dim N.
         io_bytes: bytes per element of u, dt, z, B, C, out.
     """
     check_positive(seq_len=seq_len, channels=channels, state_dim=state_dim, io_bytes=io_bytes)
@@ -337,8 +303,6 @@ def causal_conv1d_flops(*, seq_len: float, channels: float, width: float) -> flo
     Per token and channel: width multiply-adds (2 * width), the bias (1) and SiLU (4).
 
     Args:
-        seq_len: sequence length T.
-        channels: conv channels.
         width: conv width (taps).
     """
     check_positive(seq_len=seq_len, channels=channels, width=width)
@@ -346,12 +310,6 @@ def causal_conv1d_flops(*, seq_len: float, channels: float, width: float) -> flo
 
 
 def causal_conv1d_bytes(*, seq_len: float, channels: float, io_bytes: float = 2) -> float:
-    """Forward bytes of the causal depthwise conv: input read and output written once per element.
-
-    Args:
-        seq_len: sequence length T.
-        channels: conv channels.
-        io_bytes: bytes per element of input and output.
-    """
+    """Forward bytes of the causal depthwise conv: input read and output written once per element."""
     check_positive(seq_len=seq_len, channels=channels, io_bytes=io_bytes)
     return 2 * float(seq_len) * channels * io_bytes

@@ -118,18 +118,10 @@ def gate_dtype(adapter: Adapter) -> str:
 
 def gate_case(adapter: Adapter, dtype: str | None = None) -> Case:
     """The small forward case the gate runs for `adapter` (its `gate_shape`)."""
-    shape = adapter.gate_shape
-    return Case(
-        kernel=adapter.name,
-        mode="fw",
-        dtype=dtype or gate_dtype(adapter),
-        batch=shape.batch,
-        seq_len=shape.seq_len,
-        num_heads=shape.num_heads,
-        head_dim_qk=shape.head_dim_qk,
-        head_dim_v=shape.head_dim_v,
-        chunk_size=shape.chunk_size if adapter.uses_chunk_size else None,
-    )
+    sizes = dataclasses.asdict(adapter.gate_shape)
+    if not adapter.uses_chunk_size:
+        sizes["chunk_size"] = None
+    return Case(kernel=adapter.name, mode="fw", dtype=dtype or gate_dtype(adapter), **sizes)
 
 
 def _skipped(name: str, status: str, reason: str | None) -> GateResult:
