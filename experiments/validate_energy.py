@@ -95,23 +95,27 @@ def power_readers(uuid: str) -> dict[str, Callable[[], float | None]]:
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-    readers: dict[str, Callable[[], float | None]] = {
-        "average": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3
-    }
     field = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", None)
 
-    def instant() -> float | None:
-        (value,) = pynvml.nvmlDeviceGetFieldValues(handle, [field])
-        if value.nvmlReturn != pynvml.NVML_SUCCESS:
-            return None
-        kinds = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal")
-        return getattr(value.value, kinds[value.valueType]) / 1e3
+    def average() -> float | None:
+        try:
+            return pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3
+        except pynvml.NVMLError:
+            return None  # a reading NVML refused is left out, not a stopped sampler
 
-    try:
-        if field is not None and instant() is not None:
-            readers["instant"] = instant
-    except (pynvml.NVMLError, IndexError):
-        pass  # no such field on this driver: the instant columns stay empty
+    def instant() -> float | None:
+        try:
+            (value,) = pynvml.nvmlDeviceGetFieldValues(handle, [field])
+            if value.nvmlReturn != pynvml.NVML_SUCCESS:
+                return None
+            kinds = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal")
+            return getattr(value.value, kinds[value.valueType]) / 1e3
+        except (pynvml.NVMLError, IndexError, AttributeError):
+            return None  # no such field on this driver: the instant columns stay empty
+
+    readers: dict[str, Callable[[], float | None]] = {"average": average}
+    if field is not None and instant() is not None:
+        readers["instant"] = instant
     return readers
 
 
@@ -158,7 +162,10 @@ def series_row(
     if spent.counted_mj is None:
         raise UserError(f"the energy counter gave no energy: {spent.missing}")
     window = (spent.started_s, spent.ended_s)
-    integrated = {name: energy.integrate_mj(s.samples, *window) for name, s in samplers.items()}
+    try:
+        integrated = {name: energy.integrate_mj(s.samples, *window) for name, s in samplers.items()}
+    except ValueError as exc:
+        raise UserError(f"NVML's power readings around the {seconds:g} s series: {exc}") from None
     instant = integrated.get("instant")
     return {
         "calls": spent.calls,

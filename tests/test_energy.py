@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 from energy_stand_in import ENERGY_ENV, CounterNvml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from tfla_bench.adapters.workloads import Case
 from tfla_bench.analyse import report
 from tfla_bench.analyse.compare import load_run
 from tfla_bench.errors import UserError
-from tfla_bench.measure import energy, gpustate, worker
+from tfla_bench.measure import energy, gpustate, timing, worker
 from tfla_bench.measure.settings import MeasureSettings
 from tfla_bench.plots.base import render
 from tfla_bench.plots.catalog import run_context
@@ -346,12 +347,7 @@ def test_power_samples_integrate_to_energy():
 
 @pytest.mark.gpu
 def test_on_a_gpu_the_counter_agrees_with_power_times_time_within_a_loose_factor():
-    # torch's CUDA and NVML are only here on a GPU machine.
-    import torch
-
     pytest.importorskip("pynvml")
-    from tfla_bench.measure import timing
-
     monitor = gpustate.device_monitor("cuda:0")
     reason = energy.unavailable(monitor)
     if reason:
