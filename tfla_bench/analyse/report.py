@@ -79,7 +79,11 @@ RESULT_COLUMNS = (
     "peak_memory_gb",
     "tflops",
     "gbps",
+    "energy_mj",
+    "tokens_per_joule",
 )
+# Result columns shown only where some row has a value: a run without NVML's energy counter has none.
+WHEN_PRESENT = ("energy_mj", "tokens_per_joule")
 
 REPORT_DPI = 100
 SORTABLE_ROWS = 10  # tables longer than this sort by a click on a column head
@@ -269,10 +273,15 @@ def status_summary(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def results_table(results: pd.DataFrame) -> pd.DataFrame:
-    """The result rows with the report's columns (peak memory in GB, params kept)."""
+    """The result rows with the report's columns (peak memory in GB, params kept; the energy columns
+    where some row has energy)."""
     table = results.assign(peak_memory_gb=results["peak_memory_bytes"] / 1e9)
+    for column in (c for c in WHEN_PRESENT if c in table.columns):
+        table[column] = pd.to_numeric(table[column], errors="coerce").astype(float)
     params = [c for c in table.columns if c.startswith("param_")]
-    columns = [c for c in RESULT_COLUMNS if c in table.columns]
+    columns = [
+        c for c in RESULT_COLUMNS if c in table.columns and (c not in WHEN_PRESENT or table[c].notna().any())
+    ]
     return table[[*columns[:9], *params, *columns[9:]]]
 
 

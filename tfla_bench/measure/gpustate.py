@@ -4,7 +4,8 @@ Before and after each case the worker reads the SM and memory clocks, the temper
 draw and the clock-event (throttle) reasons. A row measured while a reason other than idling or
 the application clock setting held (power cap, thermal or hardware slowdown) is flagged
 `throttled`. Only reads: clocks and power limits are never changed. Without the package or a
-driver every reading is None and `env.json` carries one note saying why.
+driver every reading is None and `env.json` carries one note saying why. The monitor also reads
+NVML's total-energy counter for `tfla_bench.measure.energy` (`Monitor.energy_mj`).
 
 Before each case the worker first waits for the GPU to settle (`Monitor.settle`): a kernel that
 draws the GPU's full power leaves it at its power cap, with lowered clocks, for a while after it
@@ -52,6 +53,10 @@ SETTLE_MAX_S = 1.0
 SETTLE_POLL_S = 0.005
 
 
+class NoEnergyCounter(Exception):
+    """NVML's total-energy counter cannot be read; the message says why."""
+
+
 @dataclass(frozen=True)
 class Reading:
     """One NVML reading of one GPU."""
@@ -77,7 +82,8 @@ def reason_names(mask: int) -> str:
 
 
 class Monitor:
-    """NVML handle of one CUDA device; every method returns None when NVML cannot be used.
+    """NVML handle of one CUDA device; every reading returns None when NVML cannot be used (the energy
+    counter, `energy_mj`, raises and says why).
 
     Args:
         uuid: the device's UUID as torch reports it (`torch.cuda.get_device_properties(d).uuid`),
@@ -86,20 +92,23 @@ class Monitor:
 
     def __init__(self, uuid: str) -> None:
         self.note: str | None = None
+        self._unusable = ""  # why NVML cannot be used, for the note and the energy counter
         self._nvml: Any = None
         self._handle: Any = None
         try:
             # NVML is optional (nvidia-ml-py).
             import pynvml
         except ImportError:
-            self.note = "nvidia-ml-py is not installed: no clocks, temperature, power or throttle per row"
-            return
-        try:
-            pynvml.nvmlInit()
-            name = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-            self._handle = pynvml.nvmlDeviceGetHandleByUUID(name)
-        except pynvml.NVMLError as exc:
-            self.note = f"NVML unusable ({exc}): no clocks, temperature, power or throttle per row"
+            self._unusable = "nvidia-ml-py is not installed"
+        else:
+            try:
+                pynvml.nvmlInit()
+                name = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+                self._handle = pynvml.nvmlDeviceGetHandleByUUID(name)
+            except pynvml.NVMLError as exc:
+                self._unusable = f"NVML unusable ({exc})"
+        if self._unusable:
+            self.note = f"{self._unusable}: no clocks, temperature, power or throttle per row"
             return
         self._nvml = pynvml
         first = self.read()
@@ -144,6 +153,21 @@ class Monitor:
             )
         except nvml.NVMLError:
             return None
+
+    def energy_mj(self) -> int:
+        """NVML's total-energy counter (`nvmlDeviceGetTotalEnergyConsumption`): the GPU's energy in
+        millijoules since the driver was loaded.
+
+        Raises:
+            NoEnergyCounter: NVML is not usable here, or gives no counter for this GPU (its error,
+                e.g. `Not Supported`, in the message).
+        """
+        if self._nvml is None:
+            raise NoEnergyCounter(self._unusable)
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+        except self._nvml.NVMLError as exc:
+            raise NoEnergyCounter(f"NVML gives no energy counter for this GPU ({exc})") from None
 
     def limits(self) -> dict[str, Any]:
         """For env.json: the clocks' maxima and the power limit, or the note saying why there are none."""

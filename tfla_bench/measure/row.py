@@ -75,6 +75,10 @@ class ResultRow:
         settle_s: seconds the worker waited before the case for the GPU to leave a power cap or
             slowdown and regain its clock (`gpustate.Monitor.settle`).
         sm_mhz_before ... throttle_after, throttled: the GPU's state (`tfla_bench.measure.gpustate`).
+        energy_mj: the GPU's energy per call in millijoules, from NVML's energy counter over a
+            series of back-to-back calls after the timed ones (`tfla_bench.measure.energy`); empty
+            where there is none (`env.json`'s `measurement.energy` says why).
+        tokens_per_joule: batch x seq_len tokens of one call / (energy_mj / 1000).
         library: the installed versions of the adapter's packages, e.g. `fla-core 0.6.0`.
         host: the node that ran or decided the case.
         gpu_name: the name of the GPU that measured it (empty on CPU and for a case not run).
@@ -114,6 +118,8 @@ class ResultRow:
     power_w_after: float | None = None
     throttle_after: str = ""
     throttled: bool | None = None
+    energy_mj: float | None = None
+    tokens_per_joule: float | None = None
     library: str = ""
     host: str = ""
     gpu_name: str = ""

@@ -47,6 +47,9 @@ class MeasureSettings:
         timeout_s: wall-clock limit per case, first call (compile/autotune) included.
         autotune_ms: timed milliseconds per config when a library's Triton autotuner tunes in the
             first call (`tfla_bench.measure.timing.autotuning_budget`); Triton's own is 100.
+        energy: after the timed calls, read NVML's energy counter around a series of back-to-back
+            calls for the row's `energy_mj` and `tokens_per_joule` (GPU only, about 0.5 s a case;
+            `tfla_bench.measure.energy`).
     """
 
     warmup: int | None = None
@@ -64,6 +67,7 @@ class MeasureSettings:
     grad: str = "fixed"
     timeout_s: float = 900.0
     autotune_ms: float = 20.0
+    energy: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ RULES: dict[str, Rule] = {
     "grad": Rule("choice", choices=GRAD_MODES),
     "timeout_s": Rule("number", 0, MAX_TIMEOUT_S, open_low=True, unit=" seconds"),
     "autotune_ms": Rule("number", 0, 60_000, open_low=True, unit=" ms"),
+    "energy": Rule("bool"),
 }
 
 

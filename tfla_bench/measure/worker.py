@@ -46,7 +46,7 @@ from typing import Any, Protocol
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import UserError, exception_line
-from tfla_bench.measure import gpustate
+from tfla_bench.measure import energy, gpustate
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.measure.settings import MeasureSettings
 
@@ -177,19 +177,22 @@ class Failure:
 class Measurement:
     """A worker's answer for one case: its result row as far as the worker knows it (the parent adds
     the counts, the library, the node and the GPU's name), whether the worker's CUDA context is lost
-    (`fatal`), and `calls_s`, the wall time from the end of the first call to the last timed call
-    (warm-up, the memory call, the timed calls with their flushes and spins).
+    (`fatal`), `calls_s`, the wall time from the end of the first call to the end of the energy
+    series (warm-up, the memory call, the timed calls with their flushes and spins, the energy
+    series), and `energy_missing`, why an energy series gave no energy (empty when it did, or when
+    none ran).
 
     In the row, `warmup` and `reps` are the calls made (a case timed again because its power cap set
     in counts its first series in `warmup`, `gpustate.set_in`), `stop` why timing stopped
     (`tfla_bench.measure.timing`), `settle_s` the wait for the GPU to settle before the case
-    (`gpustate.Monitor.settle`), and the GPU-state columns the NVML cells of `gpustate.row_cells`
-    (empty on CPU).
+    (`gpustate.Monitor.settle`), the GPU-state columns the NVML cells of `gpustate.row_cells`
+    (empty on CPU), and `energy_mj` and `tokens_per_joule` those of `energy.row_cells`.
     """
 
     row: ResultRow
     fatal: bool = False
     calls_s: float | None = None
+    energy_missing: str = ""
 
     @classmethod
     def failed(cls, case: Case, family: str, failure: Failure, device: str) -> Measurement:
@@ -200,7 +203,8 @@ class Measurement:
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What a worker found about its device (None fields on CPU)."""
+    """What a worker found about its device (None fields on CPU; `no_energy`: why the device has no
+    energy counter, None when it has one)."""
 
     device: str
     name: str
@@ -212,6 +216,7 @@ class DeviceInfo:
     flush_bytes: int | None = None
     cudnn: int | None = None
     nvml: dict[str, Any] | None = None
+    no_energy: str | None = None
 
 
 def measure_case(adapter: Any, case: Case, settings: MeasureSettings, device: str) -> Measurement:
@@ -279,28 +284,28 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
             flush()
 
     timed = timing.capture_cuda_graph(step, before_each) if settings.cuda_graph and cuda else step
-    rule = timing.StopRule(
-        reps=settings.reps,
-        rel_ci=settings.rel_ci,
-        budget_s=settings.budget_s,
-        min_time_s=settings.min_time_s,
-        min_reps=settings.min_reps,
-        max_reps=settings.max_reps,
-    )
     spin = timing.Spin(device, queue_s) if cuda else None
     clock = settings.clock if cuda else "events"
     host_clock = "; timed by the host clock (the kernels clock needs CUDA)" if clock != settings.clock else ""
     series = functools.partial(
-        timing.time_calls, timed, rule=rule, device=device, before_each=before_each, spin=spin, clock=clock
+        timing.time_calls,
+        timed,
+        rule=_stop_rule(settings),
+        device=device,
+        before_each=before_each,
+        spin=spin,
+        clock=clock,
     )
     capped = gpustate.retime(series, series(), monitor, before, settings.power_cap)
     stats, after, warmup = capped.stats, capped.after, warmup + capped.warmup
+    spent = _energy(timed, reset_grads, monitor, device, stats.min_ms) if settings.energy else None
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
     if capped.note:
         note, settle_s = capped.note, (settle_s or 0.0) + capped.settle_s
     note = "; ".join(part for part in (adapter.row_note(), note) if part)
     calls_s = time.perf_counter() - calls_began
-    gpu_state = gpustate.row_cells(before, after) if monitor is not None else {}
+    cells = gpustate.row_cells(before, after) if monitor is not None else {}
+    cells |= energy.row_cells(case.batch * case.seq_len, spent) if spent is not None else {}
     row = ResultRow(
         case=case,
         family=adapter.family,
@@ -313,9 +318,46 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         warmup=warmup,
         settle_s=settle_s,
         **dataclasses.asdict(stats),  # median_ms ... host_gap_share: the columns of the same names
-        **{key: value for key, value in gpu_state.items() if value is not None},
+        **{key: value for key, value in cells.items() if value is not None},
     )
-    return Measurement(row, calls_s=calls_s)
+    return Measurement(row, calls_s=calls_s, energy_missing=spent.missing if spent is not None else "")
+
+
+def _stop_rule(settings: MeasureSettings) -> Any:
+    """The `timing.StopRule` of the settings."""
+    # imports torch at import time, which only this path needs.
+    from tfla_bench.measure import timing
+
+    return timing.StopRule(
+        reps=settings.reps,
+        rel_ci=settings.rel_ci,
+        budget_s=settings.budget_s,
+        min_time_s=settings.min_time_s,
+        min_reps=settings.min_reps,
+        max_reps=settings.max_reps,
+    )
+
+
+def _energy(
+    timed: Callable[[], Any],
+    reset_grads: Callable[[], None],
+    monitor: gpustate.Monitor | None,
+    device: str,
+    fastest_ms: float,
+) -> energy.Energy | None:
+    """The case's energy series (`energy.measure_energy`), None without a GPU monitor (the CPU)."""
+    if monitor is None:
+        return None
+    # imports torch at import time, which only this path needs.
+    from tfla_bench.measure import timing
+
+    return energy.measure_energy(
+        timed,
+        counter=monitor.energy_mj,
+        sync=functools.partial(timing.synchronize, device),
+        per_call_s=fastest_ms / 1e3,
+        before_each=reset_grads,
+    )
 
 
 # One NVML monitor per process and device.
@@ -403,7 +445,8 @@ def _device_info(device: str) -> DeviceInfo:
     from tfla_bench.measure import timing
 
     if not timing.is_cuda(device):
-        return DeviceInfo(device=device, name=platform.processor() or platform.machine() or "cpu")
+        name = platform.processor() or platform.machine() or "cpu"
+        return DeviceInfo(device=device, name=name, no_energy=energy.unavailable(None))
     props = torch.cuda.get_device_properties(device)
     return DeviceInfo(
         device=device,
@@ -416,6 +459,7 @@ def _device_info(device: str) -> DeviceInfo:
         flush_bytes=max(2 * props.L2_cache_size, timing.MIN_FLUSH_BYTES),
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         nvml=_monitor(device).limits(),
+        no_energy=energy.unavailable(_monitor(device)),
     )
 
 

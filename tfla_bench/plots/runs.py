@@ -2,6 +2,8 @@
 
 - `runtime_vs_seq_len.png`: median runtime per kernel over the sequence length, fw and fwbw
   panels (the paper's Fig. 5, 15 and 16 left);
+- `energy_vs_seq_len.png`: the GPU's energy per token (uJ) the same way, beside it, for a run whose
+  rows have energy (`energy_mj`, `tfla_bench.measure.energy`);
 - `memory_vs_seq_len.png`: peak memory the same way (Fig. 15 and 16 right);
 - `chunk_tradeoff_<shape>.png`: runtime and peak memory over the chunk size at one shape (Fig. 6);
 - `runtime_vs_head_dim.png`: runtime over the head dim at a fixed sequence length (Fig. 17).
@@ -54,18 +56,28 @@ CONTEXT_LINE = {"color": "#c8c8c8", "linewidth": 0.9, "zorder": 0}
 
 @dataclass(frozen=True)
 class Measure:
-    """What a panel draws on y: the measured column, its published column, the axis label and the
-    divisor from the column's unit to the axis's; `timed` when throttling can move it (a timing)."""
+    """What a panel draws on y: the measured column, its published column (None: the paper has
+    none), the axis label and the divisor from the column's unit to the axis's; `timed` when
+    throttling can move it (a timing); `derive` makes the column from the rows when the run has no
+    such column of its own."""
 
     column: str
-    published: str
+    published: str | None
     label: str
     scale: float = 1.0
     timed: bool = False
+    derive: Callable[[pd.DataFrame], pd.Series] | None = None
+
+
+def energy_uj_per_token(rows: pd.DataFrame) -> pd.Series:
+    """The GPU's energy per token of each row in uJ: `energy_mj` over the call's batch x seq_len tokens."""
+    energy_mj = pd.to_numeric(rows["energy_mj"], errors="coerce").astype(float)
+    return energy_mj * 1e3 / (rows["batch"] * rows["seq_len"]).astype(float)
 
 
 RUNTIME = Measure("median_ms", "published_ms", "median runtime [ms]", timed=True)
 MEMORY = Measure("peak_memory_bytes", "published_peak_memory_bytes", "peak memory [GB]", GB)
+ENERGY = Measure("energy_uj_per_token", None, "GPU energy per token [µJ]", derive=energy_uj_per_token)
 
 
 @dataclass
@@ -489,6 +501,8 @@ def _measure_panels(
     """`series_panels` of the run's `measure` along `x`, beside the published values when compared."""
     run, comparison = context.run, context.comparison
     rows = with_published(run, comparison)
+    if measure.derive is not None:
+        rows[measure.column] = measure.derive(rows)
     return series_panels(
         rows,
         x=x,
@@ -513,6 +527,20 @@ def runtime_vs_seq_len_figure(context: FigureContext) -> Figure | None:
         x="seq_len",
         xlabel="sequence length T",
         what="runtime vs sequence length",
+        fixed=_const_token_fixed,
+        by_family=True,
+    )
+
+
+def energy_vs_seq_len_figure(context: FigureContext) -> Figure | None:
+    """The GPU's energy per token over the sequence length, fw and fwbw panels, drawn as the runtime
+    figure is (the same lines, looks and rows of panels); None when no row has energy."""
+    return _measure_panels(
+        context,
+        ENERGY,
+        x="seq_len",
+        xlabel="sequence length T",
+        what="energy per token vs sequence length",
         fixed=_const_token_fixed,
         by_family=True,
     )
@@ -614,6 +642,14 @@ def run_plots(context: FigureContext) -> list[Plot]:
             f"forward and forward + backward (paper Fig. 5).{published} A grey ring marks a case "
             "measured while the GPU was throttled (power cap or slowdown, from NVML).",
             runtime_vs_seq_len_figure,
+        ),
+        Plot(
+            "energy_vs_seq_len",
+            "The GPU's energy per token of each kernel over the sequence length, beside the runtime "
+            "figure (same kernels and lines): NVML's energy counter over at least half a second of "
+            "back-to-back calls, the GPU's idle power included, divided by the calls and by batch x "
+            "sequence length (docs/energy.md). Drawn when the run has energy.",
+            energy_vs_seq_len_figure,
         ),
         Plot(
             "memory_vs_seq_len",

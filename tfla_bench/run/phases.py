@@ -6,9 +6,10 @@
 `workers`: starting the workers and writing env.json; `measuring`: every case, first calls
 included; `profile`: Nsight Compute after the sweep) and, within measuring, each
 adapter's seconds and cases, the part of them spent in first calls (`first_call_s`: compiling
-and autotuning), the part from there to the last timed call (`calls_s`: warm-up, the memory call,
-the timed calls with their L2 flushes and spins; the rest is making inputs, reading NVML, freeing
-memory and passing the row), its precompile runs' seconds (`precompile_s`, summed over the
+and autotuning), the part from there to the end of the energy series (`calls_s`: warm-up, the
+memory call, the timed calls with their L2 flushes and spins, the energy series of
+`tfla_bench.measure.energy`; the rest is making inputs, reading NVML, freeing memory and passing
+the row), its precompile runs' seconds (`precompile_s`, summed over the
 processes, which run side by side) and its share of the plan (`plan_s`: asking it whether it runs
 here, which imports its library, and checking its cases; an adapter whose cases were all decided
 without running has this alone). With several GPUs the per-adapter seconds add up over the

@@ -54,8 +54,9 @@ no longer alive (a killed sweep) is taken over with a warning. The lock file is 
 Schema version
 --------------
 `SCHEMA_VERSION` is written into `env.json` as `results_schema`. Run directories without it are
-version 1 (the same columns as 2); version 3 adds `settle_s`, empty when read from an older run. A
-version above `SCHEMA_VERSION` is refused with one line.
+version 1 (the same columns as 2); version 3 adds `settle_s`, version 4 `energy_mj` and
+`tokens_per_joule`, each empty when read from an older run. A version above `SCHEMA_VERSION` is
+refused with one line.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ from tfla_bench.errors import UserError
 from tfla_bench.measure.row import CASE_COLUMNS, METRIC_COLUMNS, REQUIRED_COLUMNS, ResultRow
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 RESULTS = "results.csv"
 ENV = "env.json"
 SPEC = "spec.json"
@@ -482,6 +483,16 @@ def read_env(run_dir: Path) -> dict[str, Any]:
             f"version {SCHEMA_VERSION} (upgrade tfla-bench)"
         )
     return env
+
+
+def update_env(run_dir: Path, change: Callable[[dict[str, Any]], bool]) -> None:
+    """Apply `change` to the record of the run's latest attempt in `env.json` (the last one under
+    `resumed`, else the top one), and write the file when `change` says it changed it."""
+    env = read_env(run_dir)
+    resumed = env.get("resumed")
+    latest = resumed[-1] if isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict) else env
+    if change(latest):
+        write_json(run_dir / ENV, env)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,12 @@ Each case runs in a worker process that owns one device (`tfla_bench.measure.wor
    timed call (`tfla_bench.measure.gpustate`); `throttled` flags a row measured under a power, thermal or
    hardware slowdown. A case whose power cap sets in while it is timed is timed again
    (`power_cap`: with an idle gap after each call, or back to back).
+7. Energy (CUDA, with nvidia-ml-py; `energy = false` turns it off): after the timed calls, NVML's
+   energy counter is read, after one of its updates, around at least 0.5 s of back-to-back calls
+   without flush or spin, the device synchronized at both ends; `energy_mj` is its rise over the
+   calls (the GPU's idle power included) and `tokens_per_joule` batch x seq_len over it in joules
+   (`tfla_bench.measure.energy`). Where a row has none, `env.json`'s `measurement.energy.missing`
+   says why.
 
 A call is, in `fw`, the forward under `torch.no_grad()`; in `fwbw`, the forward and then the
 backward from a fixed upstream gradient (`grad = "fixed"`: one `randn_like(out)` made on the
@@ -113,7 +119,7 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.kernels import config as kernel_config
-from tfla_bench.measure import envinfo
+from tfla_bench.measure import energy, envinfo
 from tfla_bench.measure import roofs as roofs_module
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
@@ -713,6 +719,10 @@ def _start_workers(
         "flush_bytes": info.flush_bytes if info and spec.measurement.l2_flush else None,
         "autotune_cache": autotune_cache_setting(),
         "kernel_configs": kernel_config.tuned_source(),
+        # The setting's value, the method and why there is no energy, where a device says so already.
+        "energy": energy.env_record(
+            spec.measurement.energy, next((i.no_energy for i in infos if i.no_energy), None)
+        ),
     }
     env = envinfo.collect(spec, devices, infos, measurement)
     if precompiled is not None:
@@ -764,6 +774,7 @@ class _Dispatch:
     ) -> None:
         self.spec, self.writer, self.console, self.clock, self.host = spec, writer, console, clock, host
         self.crashes = crashes
+        self.energy_told = False
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
@@ -846,6 +857,8 @@ class _Dispatch:
             return None
         row = _row(planned, measurement, self.host, _gpu_name(worker))
         with self.lock:
+            if measurement.energy_missing:
+                self.tell_energy_missing(f"{measurement.energy_missing} (first: {row.case.key})")
             self.crashes.record(row.case.kernel, row.status, row.error)
             self.clock.add_case(
                 planned.case.kernel,
@@ -854,6 +867,15 @@ class _Dispatch:
                 measurement.calls_s,
             )
         return row
+
+    def tell_energy_missing(self, reason: str) -> None:
+        """Say in `env.json` why a row has no energy, once: the first reason stays (the lock is held)."""
+        if self.energy_told:
+            return
+        self.energy_told = True
+        # env.json is secondary to the rows: failing to write it must not stop the sweep.
+        with contextlib.suppress(OSError):
+            rundir.update_env(self.writer.path.parent, lambda env: energy.tell_missing(env, reason))
 
     def write(self, row: ResultRow) -> None:
         with self.lock:

@@ -73,6 +73,7 @@ TOP_KEYS = (
     "grad",
     "timeout_s",
     "autotune_ms",
+    "energy",
     "params",
     "shape",
     "override",

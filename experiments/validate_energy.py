@@ -1,0 +1,220 @@
+"""Check the energy per call (`tfla_bench.measure.energy`) against NVML's power integrated over time.
+
+python experiments/validate_energy.py OUT [--kernel tfla_sig] [--mode fwbw] [--seconds 0.5,2,10]
+    [--sample-ms 5]      (OUT: the CSV table; docs/energy.md, "Validation", has the H200's)
+
+On one CUDA GPU with nvidia-ml-py: the kernel at the Fig. 5 shape of its family (bf16, B8, 16 heads,
+Dqk 128, Dv 256, T 8192, chunk 128 where it takes one), its first call and `WARMUP_S` of calls
+made, then, for each series length in `--seconds`, one energy series as the sweep's worker runs it
+(`energy.measure_energy`, with that length as its minimum) while a background thread reads NVML's
+power every `--sample-ms` ms (`energy.PowerSampler`). The readings are integrated with the trapezoid
+rule over the series' own window, from the counter's read that opened it to the one that closed it
+(`energy.integrate_mj`). Two readings where the driver has both: `nvmlDeviceGetPowerUsage`, which
+NVML documents as the average over the last second on Ampere and later GPUs (GA100 aside), so its
+integral trails the calls by up to a second and the longer series show how much that moves the
+ratio; and the instantaneous power field (`NVML_FI_DEV_POWER_INSTANT`). The GPU idles `IDLE_S`
+between series.
+
+Columns: kernel, mode, calls, seconds (the window), counter_mj (the counter's rise), integrated_mj
+(nvmlDeviceGetPowerUsage), ratio (counter / integrated), instant_mj and instant_ratio (empty
+without the field), samples (readings inside the window), mean_power_w (counter_mj / seconds / 1000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.errors import UserError
+from tfla_bench.measure import energy, gpustate, timing
+from tfla_bench.measure.worker import clear_grads, grad_leaves, make_step
+
+WARMUP_S = 2.0  # calls before the first series: compiled, autotuned, the GPU at its working clock
+IDLE_S = 2.0  # idle before each series, so each starts from the same state
+PAD_S = 1.5  # readings before and after each series, so they cover its window
+COLUMNS = (
+    "kernel",
+    "mode",
+    "calls",
+    "seconds",
+    "counter_mj",
+    "integrated_mj",
+    "ratio",
+    "instant_mj",
+    "instant_ratio",
+    "samples",
+    "mean_power_w",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit code 2, as every command of the suite
+        self.exit(2, f"error: {message}\n")
+
+
+def seconds_list(text: str) -> list[float]:
+    """`0.5,2,10` as positive, finite seconds."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds such as 0.5,2,10, got {text!r}") from None
+    if not values or not all(0 < value < 3600 for value in values):
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 3600), got {text!r}")
+    return values
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="the CSV file to write")
+    parser.add_argument("--kernel", default="tfla_sig", help="an adapter of the suite (tfla-bench list)")
+    parser.add_argument("--mode", choices=("fw", "fwbw"), default="fwbw")
+    parser.add_argument("--seconds", type=seconds_list, default=[0.5, 2.0, 10.0], help="series lengths")
+    parser.add_argument("--sample-ms", type=float, default=5.0, help="the pause between power readings")
+    args = parser.parse_args(argv)
+    if not 0.1 <= args.sample_ms <= 1000:
+        parser.error(f"argument --sample-ms: expected milliseconds in [0.1, 1000], got {args.sample_ms}")
+    return args
+
+
+def power_readers(uuid: str) -> dict[str, Callable[[], float | None]]:
+    """NVML's power readings of the GPU in watts: `average` (nvmlDeviceGetPowerUsage) and, where the
+    driver has the field, `instant` (NVML_FI_DEV_POWER_INSTANT)."""
+    # NVML is optional (nvidia-ml-py); this script needs it.
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    field = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", None)
+
+    def average() -> float | None:
+        try:
+            return pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3
+        except pynvml.NVMLError:
+            return None  # a reading NVML refused is left out, not a stopped sampler
+
+    def instant() -> float | None:
+        try:
+            (value,) = pynvml.nvmlDeviceGetFieldValues(handle, [field])
+            if value.nvmlReturn != pynvml.NVML_SUCCESS:
+                return None
+            kinds = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal")
+            return getattr(value.value, kinds[value.valueType]) / 1e3
+        except (pynvml.NVMLError, IndexError, AttributeError):
+            return None  # no such field on this driver: the instant columns stay empty
+
+    readers: dict[str, Callable[[], float | None]] = {"average": average}
+    if field is not None and instant() is not None:
+        readers["instant"] = instant
+    return readers
+
+
+def workload(kernel: str, mode: str) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """The call of `kernel` at its Fig. 5 shape, and its gradient reset; a `UserError` where it cannot run."""
+    adapter = registry.get(kernel)
+    chunk = 128 if adapter.uses_chunk_size else None
+    case = Case(kernel, mode, "bfloat16", 8, 8192, 16, 128, 256, chunk)
+    reason = adapter.available() or adapter.check(case)
+    if reason:
+        raise UserError(f"{kernel} cannot run here: {reason}")
+    torch.manual_seed(0)
+    inputs = adapter.make_inputs(case, "cuda")
+    leaves = grad_leaves(inputs)
+    return make_step(adapter, inputs, mode, "fixed"), functools.partial(clear_grads, leaves)
+
+
+def series_row(
+    step: Callable[[], Any],
+    reset: Callable[[], None],
+    monitor: gpustate.Monitor,
+    readers: dict[str, Callable[[], float | None]],
+    seconds: float,
+    per_call_s: float,
+    sample_s: float,
+) -> dict[str, Any]:
+    """One energy series of `seconds` with NVML's power read beside it: the table's numbers."""
+    time.sleep(IDLE_S)
+    with contextlib.ExitStack() as stack:
+        samplers = {
+            name: stack.enter_context(energy.PowerSampler(read, sample_s)) for name, read in readers.items()
+        }
+        time.sleep(PAD_S)
+        spent = energy.measure_energy(
+            step,
+            counter=monitor.energy_mj,
+            sync=torch.cuda.synchronize,
+            per_call_s=per_call_s,
+            before_each=reset,
+            min_s=seconds,
+            max_calls=10**9,
+        )
+        time.sleep(PAD_S)
+    if spent.counted_mj is None:
+        raise UserError(f"the energy counter gave no energy: {spent.missing}")
+    window = (spent.started_s, spent.ended_s)
+    try:
+        integrated = {name: energy.integrate_mj(s.samples, *window) for name, s in samplers.items()}
+    except ValueError as exc:
+        raise UserError(f"NVML's power readings around the {seconds:g} s series: {exc}") from None
+    instant = integrated.get("instant")
+    return {
+        "calls": spent.calls,
+        "seconds": round(spent.seconds, 4),
+        "counter_mj": spent.counted_mj,
+        "integrated_mj": round(integrated["average"], 1),
+        "ratio": round(spent.counted_mj / integrated["average"], 4),
+        "instant_mj": "" if instant is None else round(instant, 1),
+        "instant_ratio": "" if instant is None else round(spent.counted_mj / instant, 4),
+        "samples": sum(spent.started_s < t < spent.ended_s for t, _ in samplers["average"].samples),
+        "mean_power_w": round(spent.counted_mj / spent.seconds / 1e3, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if not torch.cuda.is_available():
+        print("error: the energy validation needs a CUDA GPU", file=sys.stderr)
+        return 2
+    try:
+        monitor = gpustate.device_monitor("cuda:0")
+        assert monitor is not None
+        monitor.energy_mj()
+        readers = power_readers(str(torch.cuda.get_device_properties(0).uuid))
+        step, reset = workload(args.kernel, args.mode)
+    except (UserError, gpustate.NoEnergyCounter, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    reset()
+    timing.time_first_call(step, "cuda")
+    timing.warm_up(step, "cuda", calls=None, seconds=WARMUP_S, before_each=reset)
+    fastest = timing.time_standalone(step, "cuda", warmup_calls=1, reset=reset).min_ms / 1e3
+    rows = []
+    for seconds in args.seconds:
+        try:
+            row = series_row(step, reset, monitor, readers, seconds, fastest, args.sample_ms / 1e3)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        rows.append({"kernel": args.kernel, "mode": args.mode, **row})
+        print(", ".join(f"{key} {row[key]}" for key in COLUMNS[2:]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"{torch.cuda.get_device_name()}: wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

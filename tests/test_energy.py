@@ -1,0 +1,388 @@
+"""Energy per call: the counter series against a stand-in NVML, the cells and their CSV, the reason in
+env.json when there is no energy, the setting, the figure and the report; on a GPU, the counter
+against power x time."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+import time
+
+import pytest
+import torch
+from energy_stand_in import ENERGY_ENV, CounterNvml
+from hypothesis import given
+from hypothesis import strategies as st
+from synthetic_run import SCHEMA, fig5_rows, write_run
+
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.analyse import report
+from tfla_bench.analyse.compare import load_run
+from tfla_bench.errors import UserError
+from tfla_bench.measure import energy, gpustate, timing, worker
+from tfla_bench.measure.settings import MeasureSettings
+from tfla_bench.plots.base import render
+from tfla_bench.plots.catalog import run_context
+from tfla_bench.plots.runs import energy_vs_seq_len_figure, run_plots, runtime_vs_seq_len_figure
+from tfla_bench.run import rundir, runner, specs
+
+CASE = Case("sdpa_math", "fw", "float32", 4, 128, 2, 32, 64)
+
+
+def monitor_with(monkeypatch, value) -> tuple[gpustate.Monitor, CounterNvml]:
+    """A monitor over a stand-in NVML whose counter reads `value(i)` at its i-th read."""
+    fake = CounterNvml(value)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return gpustate.Monitor("GPU-1"), fake
+
+
+def scripted(*values):
+    """A counter that reads `values` in order and then keeps the last one."""
+    return lambda read: values[min(read, len(values) - 1)]
+
+
+class Calls:
+    """A call and a reset that count themselves, and a sync that counts too."""
+
+    def __init__(self):
+        self.calls = self.resets = self.syncs = 0
+
+    def call(self):
+        self.calls += 1
+
+    def reset(self):
+        self.resets += 1
+
+    def sync(self):
+        self.syncs += 1
+
+
+def series(monitor, calls: Calls, **options) -> energy.Energy:
+    return energy.measure_energy(
+        calls.call,
+        counter=monitor.energy_mj,
+        sync=calls.sync,
+        per_call_s=options.pop("per_call_s", 0.01),
+        before_each=calls.reset,
+        min_s=options.pop("min_s", 0.05),
+        **options,
+    )
+
+
+def test_a_counter_that_rises_gives_the_energy_per_call_and_the_tokens_per_joule(monkeypatch):
+    # Two reads before an update at the start (2,000 mJ), two before one at the end (12,000 mJ).
+    monitor, fake = monitor_with(monkeypatch, scripted(1_000, 1_000, 2_000, 9_000, 9_000, 12_000))
+    calls = Calls()
+    spent = series(monitor, calls)
+    assert calls.calls == calls.resets == 5  # 0.05 s planned from 0.01 s a call
+    assert calls.syncs == 2 and fake.reads == 6
+    assert spent.counted_mj == 12_000 - 2_000 and spent.missing == ""
+    assert spent.per_call_mj == pytest.approx((12_000 - 2_000) / calls.calls)
+    assert 0 < spent.seconds < 5
+    cells = energy.row_cells(CASE.batch * CASE.seq_len, spent)
+    joules = spent.per_call_mj / 1e3
+    assert cells == {"energy_mj": spent.per_call_mj, "tokens_per_joule": pytest.approx(4 * 128 / joules)}
+
+
+def test_calls_stop_at_the_host_time_when_the_planned_count_would_take_longer():
+    calls = Calls()
+
+    def slow():
+        calls.call()
+        time.sleep(0.01)
+
+    made = energy.back_to_back(slow, None, per_call_s=1e-6, min_s=0.05, max_calls=10**6)
+    assert made == calls.calls and 3 <= made <= 6  # 0.05 s of 0.01 s calls, not a million
+    assert energy.back_to_back(calls.call, None, per_call_s=1e-9, min_s=10.0, max_calls=7) == 7
+    assert energy.back_to_back(calls.call, None, per_call_s=60.0, min_s=0.5) == 1  # at least one
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (scripted(5_000), "the counter did not move over 5 calls"),
+        (scripted(10**9, 10**9, 10**9 + 500, 7, 7, 8), "the counter went backwards (1000000500 -> 8 mJ"),
+        (scripted(10, 10, 20, 10**12), "more than a GPU draws (2000 W)"),
+    ],
+    ids=["stuck", "backwards", "too-much"],
+)
+def test_a_counter_that_does_not_rise_gives_no_energy_and_says_why(monkeypatch, value, reason):
+    monitor, _ = monitor_with(monkeypatch, value)
+    spent = series(monitor, Calls())
+    assert spent.counted_mj is None and spent.per_call_mj is None and reason in spent.missing
+    assert energy.row_cells(128, spent) == {"energy_mj": None, "tokens_per_joule": None}
+
+
+def test_a_wrap_past_two_to_the_64_is_unwrapped(monkeypatch):
+    top = energy.COUNTER_MODULUS - 1_000
+    monitor, _ = monitor_with(monkeypatch, scripted(top - 5, top, top, 4_000))
+    spent = series(monitor, Calls())
+    assert spent.counted_mj == 5_000 and spent.missing == ""
+
+
+@given(
+    start=st.integers(0, 2**64 - 1),
+    end=st.integers(0, 2**64 - 1),
+    seconds=st.floats(0.0, 1e4),
+    calls=st.integers(1, 10**6),
+)
+def test_an_energy_is_never_zero_negative_or_infinite(start, end, seconds, calls):
+    rise, missing = energy.rise_mj(start, end, seconds, calls)
+    assert (rise is None) == bool(missing)
+    cells = energy.row_cells(256, energy.Energy(calls, 0.0, seconds, rise, missing))
+    if rise is None:
+        assert cells == {"energy_mj": None, "tokens_per_joule": None}
+    else:
+        assert 0 < rise <= energy.MAX_BOARD_W * 1e3 * (seconds + energy.TICK_WAIT_S)
+        assert 0 < cells["energy_mj"] < math.inf and 0 < cells["tokens_per_joule"] < math.inf
+
+
+def test_without_nvml_or_its_counter_no_call_runs_and_the_reason_is_nvmls(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    calls = Calls()
+    spent = series(gpustate.Monitor("GPU-1"), calls)
+    assert spent.missing == "nvidia-ml-py is not installed" and calls.calls == 0
+    assert energy.unavailable(gpustate.Monitor("GPU-1")) == "nvidia-ml-py is not installed"
+
+    fake = CounterNvml(lambda read: CounterNvml.NVMLError("Not Supported"))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    spent = series(gpustate.Monitor("GPU-1"), calls)
+    assert spent.missing == "NVML gives no energy counter for this GPU (Not Supported)" and calls.calls == 0
+    assert energy.unavailable(gpustate.Monitor("GPU-1")) == spent.missing
+    assert energy.unavailable(None) == energy.NO_GPU
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_worker_puts_the_cells_in_the_row_unless_the_setting_is_off(monkeypatch, enabled):
+    monitor, fake = monitor_with(monkeypatch, lambda read: 10**6 + 1_000 * read)
+    monkeypatch.setattr(worker, "_monitor", lambda device: monitor)
+    settings = MeasureSettings(warmup=1, reps=3, energy=enabled)
+    result = worker.measure_case(registry.get("sdpa_math"), CASE, settings, "cpu")
+    row = result.row
+    assert row.status == "ok", row.error
+    if enabled:
+        assert row.energy_mj > 0 and result.energy_missing == ""
+        assert row.tokens_per_joule == pytest.approx(CASE.batch * CASE.seq_len / (row.energy_mj / 1e3))
+    else:
+        assert row.energy_mj is None and row.tokens_per_joule is None and fake.reads == 0
+
+
+def test_the_setting_goes_through_the_one_checker():
+    assert specs.parse_spec({**_spec_table(), "energy": False}, "test").measurement.energy is False
+    assert specs.parse_spec(_spec_table(), "test").measurement.energy is True
+    with pytest.raises(UserError, match=r"^spec.toml: key 'energy': expected true or false, got 'no'$"):
+        specs.parse_spec({**_spec_table(), "energy": "no"}, "spec.toml")
+
+
+def test_env_json_keeps_the_first_reason_of_the_latest_attempt(tmp_path):
+    first = {"measurement": {"energy": energy.env_record(True, None)}}
+    rundir.write_json(tmp_path / rundir.ENV, {**first, "resumed": [json.loads(json.dumps(first))]})
+    rundir.update_env(tmp_path, lambda env: energy.tell_missing(env, "the counter did not move"))
+    rundir.update_env(tmp_path, lambda env: energy.tell_missing(env, "a later reason"))
+    env = rundir.read_env(tmp_path)
+    assert env["resumed"][-1]["measurement"]["energy"]["missing"] == "the counter did not move"
+    assert env["measurement"]["energy"]["missing"] is None
+    assert energy.env_record(False, "anything")["missing"] == energy.OFF
+
+
+def _spec_table(seq_len=(16,)) -> dict:
+    return {
+        "name": "energy-test",
+        "kernels": ["sdpa_math"],
+        "modes": ["fw"],
+        "dtype": "float32",
+        "warmup": 1,
+        "reps": 2,
+        "shape": {"batch": 2, "seq_len": list(seq_len), "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
+    }
+
+
+def _sweep(tmp_path, monkeypatch, counter: str, *, resume=False, seq_len=(16,)):
+    """A CPU sweep whose workers read the stand-in counter `counter` (`energy_stand_in`)."""
+    monkeypatch.setenv(registry.PLUGINS_ENV, "energy_stand_in")
+    monkeypatch.setenv(ENERGY_ENV, counter)
+    spec = specs.parse_spec(_spec_table(seq_len), "test")
+    return runner.run_sweep(spec, specs.expand(spec), tmp_path / "run", resume=resume, devices=["cpu"])
+
+
+def test_a_sweep_writes_the_cells_which_survive_the_csv_and_a_resume(tmp_path, monkeypatch):
+    report = _sweep(tmp_path, monkeypatch, "rises", seq_len=(16, 32))
+    first, second = sorted(report.rows, key=lambda row: row.case.seq_len)
+    for row in (first, second):
+        assert row.status == "ok" and row.energy_mj > 0
+        tokens = row.case.batch * row.case.seq_len
+        assert row.tokens_per_joule == pytest.approx(tokens / (row.energy_mj / 1e3))
+    env = json.loads((tmp_path / "run" / rundir.ENV).read_text())
+    assert env["measurement"]["energy"] == energy.env_record(True, None)
+    csv_path = tmp_path / "run" / rundir.RESULTS
+    with csv_path.open() as handle:
+        cells = list(csv.DictReader(handle))
+    assert {cell["energy_mj"] for cell in cells} == {str(first.energy_mj), str(second.energy_mj)}
+    # A sweep stopped after its first row, then resumed: the kept row keeps its cells to the digit.
+    lines = csv_path.read_text().splitlines(keepends=True)
+    kept = next(line for line in lines[1:] if line.startswith("sdpa_math,fw,float32,2,16,"))
+    csv_path.write_text(lines[0] + kept)
+    resumed = _sweep(tmp_path, monkeypatch, "rises", resume=True, seq_len=(16, 32))
+    again = {row.case.seq_len: row for row in resumed.rows}
+    assert again[16].energy_mj == first.energy_mj and again[16].tokens_per_joule == first.tokens_per_joule
+    assert again[32].energy_mj > 0 and kept in csv_path.read_text()
+
+
+def test_a_sweep_whose_counter_does_not_move_says_why_in_env_json(tmp_path, monkeypatch):
+    (row,) = _sweep(tmp_path, monkeypatch, "stuck").rows
+    assert row.status == "ok" and row.energy_mj is None and row.tokens_per_joule is None
+    missing = json.loads((tmp_path / "run" / rundir.ENV).read_text())["measurement"]["energy"]["missing"]
+    assert missing.startswith("the counter did not move over ") and f"(first: {row.case.key})" in missing
+
+
+def test_a_cpu_sweep_says_there_is_no_gpu_counter(tmp_path):
+    spec = specs.parse_spec(_spec_table(), "test")
+    (row,) = runner.run_sweep(spec, specs.expand(spec), tmp_path / "run", devices=["cpu"]).rows
+    assert row.status == "ok" and row.energy_mj is None
+    env = json.loads((tmp_path / "run" / rundir.ENV).read_text())
+    assert env["measurement"]["energy"]["missing"] == energy.NO_GPU and env["device_info"]["no_energy"]
+
+
+def test_an_older_results_csv_without_the_columns_loads_and_resumes_with_them(tmp_path):
+    old_columns = [c for c in SCHEMA if c not in ("energy_mj", "tokens_per_joule")]
+    run_dir = write_run(tmp_path / "fig5_consttoken-20250101-000000", fig5_rows())
+    frame = [dict(zip(old_columns, [r.get(c, "") for c in old_columns], strict=True)) for r in _read(run_dir)]
+    with (run_dir / rundir.RESULTS).open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=old_columns)
+        writer.writeheader()
+        writer.writerows(frame)
+    read = rundir.read_results(run_dir / rundir.RESULTS)
+    assert read.rows and all(row.energy_mj is None and row.tokens_per_joule is None for row in read.rows)
+    context = run_context(load_run(run_dir))
+    assert "energy_vs_seq_len" not in {plot.name for plot, _ in render(run_plots(context), context)}
+    cases = [row.case for row in read.rows]
+    _, kept, columns = runner.resume_plan(cases, run_dir / rundir.RESULTS, (), _Quiet())
+    assert {"energy_mj", "tokens_per_joule"} <= set(columns)
+    assert len(kept) == sum(row.finished for row in read.rows) > 0
+
+
+class _Quiet:
+    def print(self, *args, **kwargs):
+        pass
+
+
+def _read(run_dir):
+    with (run_dir / rundir.RESULTS).open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _with_energy(rows, watts=500.0):
+    """The rows with the energy of `watts` drawn for each ok row's median (mJ = ms x W)."""
+    for row in rows:
+        if row["status"] == "ok":
+            row["energy_mj"] = row["median_ms"] * watts
+            row["tokens_per_joule"] = row["batch"] * row["seq_len"] / (row["energy_mj"] / 1e3)
+    return rows
+
+
+def _lines(fig):
+    """Per panel title, the drawn lines' label, colour, style and marker."""
+    return {
+        ax.get_title(): sorted(
+            (line.get_label(), str(line.get_color()), line.get_linestyle(), str(line.get_marker()))
+            for line in ax.get_lines()
+            if not line.get_label().startswith("_")
+        )
+        for ax in fig.axes
+        if ax.get_title()
+    }
+
+
+def test_the_energy_figure_draws_the_runtime_figures_lines_per_token(tmp_path):
+    run = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000000", _with_energy(fig5_rows())))
+    context = run_context(run)
+    assert "energy_vs_seq_len" in {plot.name for plot, _ in render(run_plots(context), context)}
+    energy_fig, runtime_fig = energy_vs_seq_len_figure(context), runtime_vs_seq_len_figure(context)
+    assert _lines(energy_fig) == _lines(runtime_fig) and _lines(energy_fig)
+    assert energy_fig.axes[0].get_ylabel() == "GPU energy per token [µJ]"
+    # Every point: the runtime's point x 500 W over the run's 65,536 tokens, in uJ.
+    runtime_y = _ydata(runtime_fig)
+    for key, values in _ydata(energy_fig).items():
+        assert list(values) == pytest.approx([ms * 500.0 * 1e3 / 65536 for ms in runtime_y[key]])
+
+
+def _ydata(fig):
+    return {
+        (ax.get_title(), line.get_label()): line.get_ydata()
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
+
+
+def test_without_energy_cells_there_is_no_energy_figure_and_the_report_leaves_it_out(tmp_path, monkeypatch):
+    # The page's figures by name, without encoding each as PNG (matplotlib's layout takes seconds).
+    monkeypatch.setattr(report, "figure_html", lambda number, name, caption, fig: f'<figure id="fig-{name}">')
+    rows = [row for row in fig5_rows(seq_lens=(2048, 4096)) if row["kernel"] in ("tfla_sig", "sdpa_cudnn")]
+    plain = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000000", rows))
+    assert energy_vs_seq_len_figure(run_context(plain)) is None
+    page = report.build_report(plain, None, accelerators=[])
+    assert 'id="fig-runtime_vs_seq_len"' in page
+    assert 'id="fig-energy_vs_seq_len"' not in page and "<th>energy_mj</th>" not in page
+    with_energy = load_run(write_run(tmp_path / "fig5_consttoken-20250101-000001", _with_energy(rows)))
+    page = report.build_report(with_energy, None, accelerators=[])
+    assert 'id="fig-energy_vs_seq_len"' in page and "<th>energy_mj</th>" in page
+
+
+def test_power_samples_integrate_to_energy():
+    ramp = [(t / 10, 100.0 + 10.0 * t) for t in range(21)]  # 100 W rising to 300 W over 2 s
+    assert energy.integrate_mj(ramp, 0.0, 2.0) == pytest.approx(400_000.0)
+    assert energy.integrate_mj(ramp, 0.05, 0.15) == pytest.approx(0.1 * 110.0 * 1e3)
+    with pytest.raises(ValueError, match="do not cover"):
+        energy.integrate_mj(ramp, -1.0, 1.0)
+    with energy.PowerSampler(lambda: 250.0, interval_s=0.001) as sampler:
+        time.sleep(0.2)
+    (start, _), (end, _) = sampler.samples[1], sampler.samples[-2]
+    assert len(sampler.samples) >= 10
+    assert energy.integrate_mj(sampler.samples, start, end) == pytest.approx(250.0 * (end - start) * 1e3)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_counter_agrees_with_power_times_time_within_a_loose_factor():
+    pytest.importorskip("pynvml")
+    monitor = gpustate.device_monitor("cuda:0")
+    reason = energy.unavailable(monitor)
+    if reason:
+        pytest.skip(reason)
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+
+    def call():
+        torch.matmul(a, b)
+
+    fastest = timing.time_standalone(call, "cuda", warmup_calls=10).min_ms / 1e3
+
+    def watts():
+        reading = monitor.read()
+        return reading.power_w if reading is not None else None
+
+    with energy.PowerSampler(watts, interval_s=0.005) as sampler:
+        time.sleep(1.0)
+        spent = energy.measure_energy(
+            call, counter=monitor.energy_mj, sync=torch.cuda.synchronize, per_call_s=fastest, min_s=3.0
+        )
+        time.sleep(1.5)
+    assert spent.missing == "" and spent.counted_mj > 0 and spent.calls > 10
+    integrated = energy.integrate_mj(sampler.samples, spent.started_s, spent.ended_s)
+    assert 0.5 < spent.counted_mj / integrated < 2.0
+
+
+@pytest.mark.gpu
+def test_a_gpu_sweep_row_has_energy_or_env_json_says_why(tmp_path):
+    table = {**_spec_table(), "dtype": "bfloat16"}
+    table["shape"] = {"batch": 4, "seq_len": 1024, "num_heads": 8, "head_dim_qk": 64, "head_dim_v": 64}
+    spec = specs.parse_spec(table, "test")
+    (row,) = runner.run_sweep(spec, specs.expand(spec), tmp_path / "run", devices=["cuda:0"]).rows
+    missing = json.loads((tmp_path / "run" / rundir.ENV).read_text())["measurement"]["energy"]["missing"]
+    assert row.status == "ok"
+    if row.energy_mj is None:
+        assert missing
+    else:
+        assert missing is None and row.energy_mj > 0 and row.tokens_per_joule > 0

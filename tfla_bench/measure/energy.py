@@ -1,0 +1,288 @@
+"""Energy per call: NVML's total-energy counter read around a series of back-to-back calls.
+
+The counter (`nvmlDeviceGetTotalEnergyConsumption`, read by `gpustate.Monitor.energy_mj`) is the
+GPU board's energy in millijoules since the driver was loaded. It moves in steps: the driver
+updates it every 20-100 ms, depending on the GPU. One call is far shorter than a step, so the
+worker reads the counter around a series of calls that lasts at least `MIN_SERIES_S`, and divides.
+
+The series (`measure_energy`)
+-----------------------------
+It runs after the timed series of the case (`tfla_bench.measure.timing`), as a series of its own:
+
+1. The device is synchronized, then the counter is read every `TICK_POLL_S` until its value changes
+   (at most `TICK_WAIT_S`): the series starts right after an update of the counter, so the energy
+   it counts begins where the calls begin, not up to one step earlier.
+2. Calls back to back, each after the gradients are set to None (host work, no kernel), without
+   the L2 flush and the spin that precede every timed call: neither is charged to the kernel. The
+   calls stop once the count planned from the timed series' fastest call would last
+   `MIN_SERIES_S`, or once `MIN_SERIES_S` of the host's time has passed (a call whose launch takes
+   longer than its kernel), or at `MAX_CALLS`.
+3. The device is synchronized, and the counter is read until its next update (at most
+   `TICK_WAIT_S`), so the step that holds the end of the last call is counted.
+4. `energy_mj` = the counter's rise / calls; `tokens_per_joule` = batch x seq_len / (energy_mj / 1000).
+
+What one call's energy includes: everything the board drew while the calls ran, the GPU's idle
+(static) power and its memory's included: the GPU's energy while it runs the kernel. The L2 holds
+what the call before left in it (the timed calls start from a flushed L2). Where the host queues a
+call more slowly than the GPU runs it, the GPU idles between calls and that idle time is charged
+too, as in any loop of such calls. The series ends with less than one step of the counter (20-100
+ms) of the GPU idling after the last call, at idle power; with `MIN_SERIES_S` of calls that is a
+few percent at most. A GPU at its power cap runs the series at the capped clock, as a sustained
+workload does.
+
+When there is no energy
+-----------------------
+The cells stay empty, never zero, and `env.json` says why (`measurement.energy.missing`, one line):
+the setting is off (`energy = false`), the case ran on the CPU, nvidia-ml-py is not installed or
+NVML is unusable, NVML gives no counter for the GPU (`Not Supported`), the counter did not move
+over the series, or it went backwards (a driver reload resets it). A 64-bit counter in millijoules
+wraps after 585 million years at 1 kW; a fall is taken as a wrap only when the wrapped rise is one
+a GPU can draw in the series' time (`MAX_BOARD_W`), and so is any rise.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tfla_bench.measure.gpustate import Monitor, NoEnergyCounter
+
+# The shortest series of calls the counter is read around: with a step of 20-100 ms, the steps at
+# its ends are a small share of it.
+MIN_SERIES_S = 0.5
+# The most calls in one series (a call of microseconds whose launch is quicker still).
+MAX_CALLS = 100_000
+# How long to wait for an update of the counter at each end of the series, and how often to look.
+TICK_WAIT_S = 0.2
+TICK_POLL_S = 0.001
+# No GPU board draws more: a larger rise of the counter over a series is not energy.
+MAX_BOARD_W = 2_000.0
+# NVML's counter is an unsigned 64-bit integer.
+COUNTER_MODULUS = 2**64
+METHOD = (
+    "NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption), read after an update of it "
+    f"before and after at least {MIN_SERIES_S:g} s of back-to-back calls that follow the timed calls "
+    "(no L2 flush, no spin), the device synchronized at both ends; energy_mj = its rise / calls, idle "
+    "power during the calls included (docs/energy.md)"
+)
+OFF = "turned off by the spec (energy = false)"
+NO_GPU = "no GPU: the energy counter is NVML's, for a CUDA device"
+
+
+@dataclass(frozen=True)
+class Energy:
+    """One energy series: the calls, the host's clock (`time.perf_counter`) at the counter's reads
+    that open and close it, and the counter's rise over it in mJ; or why there is no energy.
+
+    Attributes:
+        calls: back-to-back calls made.
+        started_s, ended_s: when the reads that opened and closed the series returned.
+        counted_mj: the counter's rise, None when there is no energy.
+        missing: why there is no energy, empty when there is.
+    """
+
+    calls: int = 0
+    started_s: float = 0.0
+    ended_s: float = 0.0
+    counted_mj: int | None = None
+    missing: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.ended_s - self.started_s
+
+    @property
+    def per_call_mj(self) -> float | None:
+        """The energy of one call in mJ, or None."""
+        return self.counted_mj / self.calls if self.counted_mj is not None and self.calls else None
+
+
+def next_update(counter: Callable[[], int], wait_s: float = TICK_WAIT_S, poll_s: float = TICK_POLL_S) -> int:
+    """The counter's value once it has changed from its first read, or that value after `wait_s`."""
+    first = counter()
+    deadline = time.perf_counter() + wait_s
+    while time.perf_counter() < deadline:
+        time.sleep(poll_s)
+        value = counter()
+        if value != first:
+            return value
+    return first
+
+
+def back_to_back(
+    call: Callable[[], Any],
+    before_each: Callable[[], None] | None,
+    per_call_s: float,
+    min_s: float = MIN_SERIES_S,
+    max_calls: int = MAX_CALLS,
+) -> int:
+    """Queue calls until `per_call_s` says they last `min_s`, or `min_s` of the host's time has passed,
+    or `max_calls`; at least one. Returns the number of calls."""
+    # A time that is not a positive number (NaN, zero) plans nothing: the host's time stops the calls.
+    planned = max_calls if not per_call_s > 0 else max(1, min(max_calls, math.ceil(min_s / per_call_s)))
+    calls = 0
+    began = time.perf_counter()
+    while calls < planned and (calls == 0 or time.perf_counter() - began < min_s):
+        if before_each is not None:
+            before_each()
+        call()
+        calls += 1
+    return calls
+
+
+def rise_mj(start: int, end: int, seconds: float, calls: int) -> tuple[int | None, str]:
+    """The counter's rise from `start` to `end` over a series of `seconds` and `calls`, or None and why
+    it is not an energy (it did not move, went backwards, or rose more than a GPU can draw)."""
+    most = MAX_BOARD_W * 1e3 * (seconds + TICK_WAIT_S)
+    rise = end - start
+    if rise < 0 and rise + COUNTER_MODULUS <= most:
+        rise += COUNTER_MODULUS  # a wrap past 2**64: the only fall a GPU can make in this time
+    if rise < 0:
+        return None, (
+            f"the counter went backwards ({start} -> {end} mJ over {seconds:.2f} s): the driver was "
+            "reloaded or the counter reset"
+        )
+    if rise == 0:
+        return None, f"the counter did not move over {calls} calls in {seconds:.2f} s"
+    if rise > most:
+        most_w = f"{MAX_BOARD_W:g} W"
+        return None, f"the counter rose {rise} mJ in {seconds:.2f} s, more than a GPU draws ({most_w})"
+    return rise, ""
+
+
+def measure_energy(
+    call: Callable[[], Any],
+    *,
+    counter: Callable[[], int],
+    sync: Callable[[], None],
+    per_call_s: float,
+    before_each: Callable[[], None] | None = None,
+    min_s: float = MIN_SERIES_S,
+    max_calls: int = MAX_CALLS,
+) -> Energy:
+    """One energy series of `call` (the module docstring).
+
+    Args:
+        call: the call (a kernel launch, forward + backward, or a CUDA graph replay).
+        counter: reads the energy counter in mJ (`Monitor.energy_mj`); raises `NoEnergyCounter`.
+        sync: waits for the device (`timing.synchronize`).
+        per_call_s: the time of one call, for the number of calls (the timed series' fastest).
+        before_each: state reset before each call (gradients to None); no GPU work.
+        min_s, max_calls: `back_to_back`'s.
+    """
+    try:
+        sync()
+        start = next_update(counter)
+        started_s = time.perf_counter()
+        calls = back_to_back(call, before_each, per_call_s, min_s, max_calls)
+        sync()
+        end = next_update(counter)
+    except NoEnergyCounter as exc:
+        return Energy(missing=str(exc))
+    ended_s = time.perf_counter()
+    rise, missing = rise_mj(start, end, ended_s - started_s, calls)
+    return Energy(calls, started_s, ended_s, rise, missing)
+
+
+class PowerSampler:
+    """Power readings every `interval_s` in a background thread, each with the host's clock
+    (`time.perf_counter`): the check of the counter against power x time (`integrate_mj`,
+    `experiments/validate_energy.py`). A reading of None (NVML said no) is skipped.
+
+    Args:
+        read: one power reading in watts (e.g. NVML's `nvmlDeviceGetPowerUsage` / 1000).
+        interval_s: the pause between two readings.
+
+    Examples::
+
+        with PowerSampler(read_watts) as sampler:
+            series = measure_energy(call, counter=..., sync=..., per_call_s=...)
+        integrate_mj(sampler.samples, series.started_s, series.ended_s)
+    """
+
+    def __init__(self, read: Callable[[], float | None], interval_s: float = 0.005) -> None:
+        self.read = read
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            watts = self.read()
+            if watts is not None:
+                self.samples.append((time.perf_counter(), watts))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> PowerSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def integrate_mj(samples: list[tuple[float, float]], start_s: float, end_s: float) -> float:
+    """The energy in mJ of `(time_s, watts)` samples from `start_s` to `end_s`: the trapezoid rule,
+    power linear between samples and interpolated at both ends of the window.
+
+    Raises:
+        ValueError: the samples do not cover the window, or are not in time order.
+    """
+    times = [t for t, _ in samples]
+    if len(samples) < 2 or times[0] > start_s or times[-1] < end_s or start_s > end_s:
+        raise ValueError("the power samples do not cover the window")
+    if any(later < earlier for earlier, later in zip(times, times[1:], strict=False)):
+        raise ValueError("the power samples are not in time order")
+    inside = [(t, w) for t, w in samples if start_s < t < end_s]
+    points = [(start_s, _power_at(samples, start_s)), *inside, (end_s, _power_at(samples, end_s))]
+    joules = sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(points, points[1:], strict=False))
+    return joules * 1e3
+
+
+def _power_at(samples: list[tuple[float, float]], when: float) -> float:
+    """The power at `when`, linear between the samples around it (inside their span)."""
+    after = next(index for index, (t, _) in enumerate(samples) if t >= when)
+    (t1, w1), (t0, w0) = samples[after], samples[max(after - 1, 0)]
+    return w1 if t1 == t0 else w0 + (w1 - w0) * (when - t0) / (t1 - t0)
+
+
+def row_cells(tokens: int, energy: Energy) -> dict[str, float | None]:
+    """The row's `energy_mj` and `tokens_per_joule` cells for a call over `tokens` tokens (None when
+    there is no energy)."""
+    per_call = energy.per_call_mj
+    if per_call is None or not math.isfinite(per_call) or per_call <= 0:
+        return {"energy_mj": None, "tokens_per_joule": None}
+    return {"energy_mj": per_call, "tokens_per_joule": tokens / (per_call / 1e3)}
+
+
+def unavailable(monitor: Monitor | None) -> str | None:
+    """Why a worker's device has no energy counter (None: it has one), for `env.json`."""
+    if monitor is None:
+        return NO_GPU
+    try:
+        monitor.energy_mj()
+    except NoEnergyCounter as exc:
+        return str(exc)
+    return None
+
+
+def env_record(enabled: bool, missing: str | None) -> dict[str, Any]:
+    """`env.json`'s `measurement.energy`: whether it is on, the method, and why the cells are empty
+    (None while nothing says so; a sweep sets it at the first row without energy)."""
+    return {"enabled": enabled, "method": METHOD, "missing": OFF if not enabled else missing}
+
+
+def tell_missing(env: dict[str, Any], reason: str) -> bool:
+    """Set `measurement.energy.missing` of an `env.json` record to `reason` unless it holds a reason
+    already; whether it changed."""
+    entry = env.setdefault("measurement", {}).setdefault("energy", {})
+    if not isinstance(entry, dict) or entry.get("missing"):
+        return False
+    entry["missing"] = reason
+    return True
