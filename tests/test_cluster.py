@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from plugin_support import registered_test_adapters
@@ -243,10 +244,12 @@ def test_a_job_is_requeued_once(tmp_path):
 # Merging
 
 
-def _write_shard(path: Path, rows: list[ResultRow], columns: list[str]) -> None:
+def _write_shard(path: Path, rows: list[ResultRow], columns: list[str], halfway: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = rundir.RowWriter(path, columns)
-    for row in rows:
+    for number, row in enumerate(rows):
+        if number == len(rows) // 2:
+            halfway.wait(timeout=120)  # the merges run while every shard is half written
         writer.write(row)
         time.sleep(0.005)
     writer.close()
@@ -277,6 +280,7 @@ def test_shard_files_merge_without_duplicates_under_concurrent_writers(tmp_path)
     rundir.rewrite_results(tmp_path / rundir.RESULTS, [retried], columns)
     record = JobsRecord("local", {}, [Round(1, "now", [JobRecord(i, str(i), 25) for i in range(4)])])
     context = multiprocessing.get_context("fork")
+    halfway = context.Event()
     writers = [
         context.Process(
             target=_write_shard,
@@ -284,6 +288,7 @@ def test_shard_files_merge_without_duplicates_under_concurrent_writers(tmp_path)
                 tmp_path / rundir.shard_dir(1, index) / rundir.RESULTS,
                 [ResultRow(case=case, family="attention", status="ok", median_ms=1.0) for case in shard],
                 columns,
+                halfway,
             ),
         )
         for index, shard in enumerate(shards)
@@ -297,11 +302,13 @@ def test_shard_files_merge_without_duplicates_under_concurrent_writers(tmp_path)
         assert not read.skipped and len(keys(read.rows)) == len(set(keys(read.rows)))
         assert keys(read.rows) == keys(merged.rows)
         merges += 1
+        if merges == 3:
+            halfway.set()
     for writer in writers:
         writer.join()
         assert writer.exitcode == 0
     merged = cluster.merge(tmp_path, record)
-    assert keys(merged.rows) == sorted(case.key for case in every) and merges > 3
+    assert keys(merged.rows) == sorted(case.key for case in every) and merges >= 3
     assert {row.status for row in merged.rows} == {"ok"}
     assert merged.shard_rows == {rundir.shard_dir(1, index): 25 for index in range(4)}
 
