@@ -21,6 +21,7 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.analyse import report
 from tfla_bench.analyse.compare import load_run
+from tfla_bench.cli.main import main
 from tfla_bench.errors import UserError
 from tfla_bench.measure import energy, gpustate, timing, worker
 from tfla_bench.measure.settings import MeasureSettings
@@ -386,3 +387,16 @@ def test_a_gpu_sweep_row_has_energy_or_env_json_says_why(tmp_path):
         assert missing
     else:
         assert missing is None and row.energy_mj > 0 and row.tokens_per_joule > 0
+
+
+@pytest.mark.parametrize("flag", ["--energy", "--no-energy"])
+def test_the_run_command_turns_energy_on_and_off(tmp_path, monkeypatch, flag):
+    monkeypatch.setenv(registry.PLUGINS_ENV, "energy_stand_in")
+    monkeypatch.setenv(ENERGY_ENV, "rises")
+    shape = ["--seq-len", "16", "--batch", "2", "--heads", "2", "--head-dim-qk", "8"]
+    flags = ["--mode", "fw", "--dtype", "float32", "--warmup", "1", "--reps", "2", "--no-roofs"]
+    assert main(["run", "--kernel", "sdpa_math", *shape, *flags, flag, "--out", str(tmp_path / "r")]) == 0
+    (row,) = rundir.read_results(tmp_path / "r" / rundir.RESULTS).rows
+    env = json.loads((tmp_path / "r" / rundir.ENV).read_text())
+    assert env["measurement"]["energy"]["enabled"] is (flag == "--energy")
+    assert (row.energy_mj is not None) is (flag == "--energy")

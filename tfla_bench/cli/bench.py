@@ -138,6 +138,13 @@ class _Flags:
     cuda_graph: Annotated[
         bool | None, typer.Option("--cuda-graph/--no-cuda-graph", help="time CUDA-graph replays of one call")
     ] = None
+    energy: Annotated[
+        bool | None,
+        typer.Option(
+            "--energy/--no-energy",
+            help="energy per call: NVML's counter over a series of calls after the timed ones (0.5 s a case)",
+        ),
+    ] = None
     clock: Annotated[
         str | None,
         typer.Option(
@@ -501,6 +508,7 @@ def _with_measurement_flags(spec: Spec, flags: _Flags) -> Spec:
         "autotune_ms": flags.autotune_ms,
         "l2_flush": flags.l2_flush,
         "cuda_graph": flags.cuda_graph,
+        "energy": flags.energy,
         "clock": flags.clock,
         "power_cap": flags.power_cap,
         "grad": flags.grad,
