@@ -1,5 +1,6 @@
 """Tuning our kernels' configs: candidate grids, the search on CPU (interpreter), the tuned-config file."""
 
+import dataclasses
 import json
 
 import pytest
@@ -266,3 +267,28 @@ def test_a_cpu_sweep_with_tune_says_it_tunes_nothing(tmp_path, capsys):
     assert "--tune times kernels on a GPU; this CPU run uses the configs as they are" in " ".join(
         capsys.readouterr().err.split()
     )
+
+
+@pytest.mark.parametrize(("kernel", "gate"), [("tfla", "sig"), ("tfla", "exp"), ("limit_chunk", "exp")])
+def test_the_reference_check_of_a_config_is_small_in_float32(monkeypatch, kernel, gate):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(tuning, "CHECK_TOKENS", 32)
+    small = tuning.Shape(kernel, gate, 1, 2, 32, 16, 16, 16, torch.float32)
+    config = kconfig.default_config(kernel, 16, 16, 16, torch.float32, gate)
+    assert tuning.reference_error(small, config, "cpu") < 1e-4
+
+
+def test_a_winner_less_accurate_than_the_default_is_not_kept(monkeypatch):
+    base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
+    faster = dataclasses.replace(base, num_warps=8 if base.num_warps == 4 else 4)
+    monkeypatch.setattr(tuning, "make_inputs", lambda shape, device: [])
+    monkeypatch.setattr(tuning, "tune", lambda shape, **_: (faster, []))
+    monkeypatch.setattr(tuning, "make_call", lambda shape, inputs, config, mode: None)
+    monkeypatch.setattr(tuning, "time_call", lambda call, device, rule: 1.0)
+    for tuned_err, kept in ((1.4e-2, faster), (1.6e-2, base)):
+        errors = {base: 1e-2, faster: tuned_err}
+        monkeypatch.setattr(tuning, "reference_error", lambda shape, config, device, e=errors: e[config])
+        entry, _ = tuning.tune_entry(shape(128), "sm90", "GPU", 0, device="cpu")
+        assert entry["config"] == dataclasses.asdict(kept)
+        assert entry["default_reference_rel_err"] == 1e-2
+        assert entry["tuned_reference_rel_err"] == errors[kept]

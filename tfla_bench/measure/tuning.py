@@ -13,7 +13,9 @@ their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
 - Correctness: each candidate's fw output and fwbw gradients (q, k, v, i, f) are compared with
   those of the default config, which the GPU tests check against the float64 reference. A
   candidate whose relative RMS difference exceeds `TOLERANCE` is rejected, as is one that fails
-  (out of shared memory, an error).
+  (out of shared memory, an error). The winner is then checked against the float32 chunkwise
+  reference (`reference_error`, at a shape of `CHECK_TOKENS` tokens): an error above
+  `REFERENCE_SLACK` times the default config's keeps the default.
 - Timing: the suite's method (`timing.time_calls`): the L2 flushed before each call, a spin ahead
   of it, the median to within +-0.5% or 1 s of calls.
 
@@ -39,6 +41,7 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.kernels import config as kconfig
 from tfla_bench.kernels.config import KernelConfig
+from tfla_bench.kernels.reference import mlstm_chunkwise
 from tfla_bench.measure import timing
 
 KERNELS = ("tfla", "limit_chunk")
@@ -51,6 +54,10 @@ GROUP_MODE = {"fwd": "fw", "bwd": "fwbw", "state": "fwbw"}
 TOLERANCE = 2e-2
 SMALL_CHUNKS = 16  # chunks of the compile shape: a multiple of 16, like the tuned one's
 TUNED_DTYPES = ("bfloat16", "float16")
+CHECK_TOKENS = 1024  # tokens of the reference check's sequence (four chunks at least)
+# The winner's error against the float32 reference may exceed the default config's by this factor:
+# the two configs differ in the order of their roundings, not in what they compute.
+REFERENCE_SLACK = 1.5
 
 
 @dataclass(frozen=True)
@@ -221,6 +228,18 @@ def rel_rms(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     return worst
 
 
+def reference_error(shape: Shape, config: KernelConfig, device: str) -> float:
+    """The largest relative RMS of `config`'s fw output and fwbw gradients against the float32
+    chunkwise reference, on one sequence of two heads and `CHECK_TOKENS` tokens (four chunks at least)."""
+    small = dataclasses.replace(shape, batch=1, heads=2, seq_len=max(4 * shape.chunk_size, CHECK_TOKENS))
+    inputs = make_inputs(small, device)
+    got = outputs(small, inputs, config, "fw") + outputs(small, inputs, config, "fwbw")
+    wide = [x.detach().float().requires_grad_() for x in inputs]
+    h, _ = mlstm_chunkwise(*wide, gate=small.gate, chunk_size=min(64, small.chunk_size))
+    h.sum().backward()
+    return rel_rms(got, [h.detach(), *(x.grad for x in wide)])
+
+
 def _compile_one(args: tuple[Shape, KernelConfig, str]) -> str:
     """Worker: run `config` once at the compile shape (fw and fwbw); '' or the error's last line."""
     shape, config, device = args
@@ -359,8 +378,16 @@ def tune_entry(
     )
     inputs = make_inputs(shape, device)
     best, trials = tune(shape, device=device, processes=processes, on_trial=on_trial, inputs=inputs)
+    errors = {
+        label: reference_error(shape, config, device)
+        for label, config in (("default", base), ("tuned", best))
+    }
+    if not errors["tuned"] <= REFERENCE_SLACK * errors["default"]:
+        best, errors["tuned"] = base, errors["default"]
     rule = timing.StopRule(rel_ci=0.005, budget_s=2.0, min_reps=20)
-    facts: dict[str, object] = {}
+    facts: dict[str, object] = {
+        f"{label}_reference_rel_err": float(f"{err:.3g}") for label, err in errors.items()
+    }
     for mode in ("fw", "fwbw"):
         for label, config in (("default", base), ("tuned", best)):
             call = make_call(shape, inputs, config, mode)
