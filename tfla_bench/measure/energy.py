@@ -69,7 +69,7 @@ METHOD = (
     "(no L2 flush, no spin), the device synchronized at both ends; energy_mj = its rise / calls, idle "
     "power during the calls included (docs/energy.md)"
 )
-OFF = "turned off by the spec (energy = false)"
+OFF = "turned off (the spec's energy = false, or --no-energy)"
 NO_GPU = "no GPU: the energy counter is NVML's, for a CUDA device"
 
 
