@@ -13,17 +13,8 @@ from typing import Any
 from tfla_bench.adapters.workloads import Case, parse_bool
 from tfla_bench.measure.gpustate import COLUMNS as NVML_COLUMNS
 
-CASE_COLUMNS = (
-    "kernel",
-    "mode",
-    "dtype",
-    "batch",
-    "seq_len",
-    "num_heads",
-    "head_dim_qk",
-    "head_dim_v",
-    "chunk_size",
-)
+CASE_COLUMNS = tuple(spec.name for spec in fields(Case) if spec.name != "params")
+CASE_FIELDS = {spec.name: spec for spec in fields(Case)}
 # The GPU's state before and after the case (`tfla_bench.measure.gpustate`), then whether it throttled.
 GPU_STATE_COLUMNS = (
     *(f"{column}_{when}" for when in ("before", "after") for column in NVML_COLUMNS),
@@ -154,18 +145,7 @@ class ResultRow:
             for key, value in cells.items()
             if key.startswith("param_") and value != ""
         }
-        case = Case(
-            kernel=cells["kernel"],
-            mode=cells["mode"],
-            dtype=cells["dtype"],
-            batch=_int(cells["batch"]),
-            seq_len=_int(cells["seq_len"]),
-            num_heads=_int(cells["num_heads"]),
-            head_dim_qk=_int(cells["head_dim_qk"]),
-            head_dim_v=_int(cells["head_dim_v"]),
-            chunk_size=_int(cells["chunk_size"]) if cells["chunk_size"] else None,
-            params=params,
-        )
+        case = Case(**{name: _case_cell(name, cells[name]) for name in CASE_COLUMNS}, params=params)
         values: dict[str, Any] = {}
         for spec in fields(cls):
             if spec.name in ("case", "family", "status") or spec.name not in cells:
@@ -208,6 +188,15 @@ def parse_param(text: str) -> bool | int | float | str:
         except ValueError:
             pass
     return text
+
+
+def _case_cell(name: str, text: str) -> str | int | None:
+    """A cell of the case's columns: the text of a string field, else an integer (or None where the
+    field defaults to None and the cell is empty)."""
+    spec = CASE_FIELDS[name]
+    if spec.type in (str, "str"):
+        return text
+    return None if text == "" and spec.default is None else _int(text)
 
 
 def _int(text: str) -> int:
