@@ -113,6 +113,21 @@ def test_a_built_in_module_imported_before_load_is_still_built_in():
 
 
 @pytest.mark.parametrize("name", ["tfla_sig", "tfla_exp", "limit_chunk"])
+def test_the_interpreter_runs_our_kernels_in_float32_and_refuses_bfloat16_in_one_line(monkeypatch, name):
+    from tfla_bench.run import correctness
+
+    adapter = registry.get(name)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert correctness.gate_dtype(adapter) == "float32"
+    bf16 = correctness.gate_case(adapter, "bfloat16")
+    reason = adapter.check(bf16)
+    assert "interpreter" in reason and "bfloat16" in reason and "\n" not in reason
+    assert adapter.check(correctness.gate_case(adapter)) is None
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert correctness.gate_dtype(adapter) == "bfloat16"
+
+
+@pytest.mark.parametrize("name", ["tfla_sig", "tfla_exp", "limit_chunk"])
 def test_our_kernels_run_on_the_cpu_under_the_interpreter_and_say_it(monkeypatch, name):
     import torch  # only to tell which machine this is
 

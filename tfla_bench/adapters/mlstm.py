@@ -212,10 +212,17 @@ class OwnKernelAdapter(ChunkwiseMlstmAdapter):
     def row_note(self) -> str:
         return INTERPRETER_NOTE if contract.interpreted() else ""
 
+    def dtype_reason(self, dtype: str) -> str | None:
+        # The interpreter runs the kernels in NumPy, which has no bfloat16: Triton 3.6 either fails
+        # (`get_bf16`) or computes garbage (relative errors of 1e8), depending on the kernel.
+        if dtype == "bfloat16" and contract.interpreted():
+            return "Triton's interpreter (TRITON_INTERPRET=1) cannot run bfloat16; use float32 or float16"
+        return None
+
     def shape_reason(self, case: Case) -> str | None:
-        """Why the case's chunk size or head dims break the rules above, or None."""
+        """Why the case's dtype, chunk size or head dims break the rules above, or None."""
         chunk = self.chunk(case)
-        reason = contract.chunk_reason(chunk, self.max_chunk)
+        reason = self.dtype_reason(case.dtype) or contract.chunk_reason(chunk, self.max_chunk)
         if reason is None and chunk > case.seq_len:
             reason = f"chunk_size {chunk} is larger than seq_len {case.seq_len}"
         for name, dim in (("head_dim_qk", case.head_dim_qk), ("head_dim_v", case.head_dim_v)):

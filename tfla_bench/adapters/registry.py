@@ -166,6 +166,11 @@ class Adapter:
         """Why this case is unsupported (head-dim limits, chunk-size rules), or None."""
         return None
 
+    def dtype_reason(self, dtype: str) -> str | None:
+        """Why one of `dtypes` cannot run here (e.g. an interpreter without bfloat16), or None;
+        `check` returns it for such a case, and the correctness gate picks a dtype without one."""
+        return None
+
     def row_note(self) -> str:
         """What every row this adapter measures here must say about its timing (e.g. that an
         interpreter ran the kernel, so the time is no speed claim), or empty."""

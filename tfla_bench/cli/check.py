@@ -50,7 +50,11 @@ def check(
         str, typer.Option("--device", help="auto (CUDA if present), cuda, cuda:N or cpu")
     ] = "auto",
     dtype: Annotated[
-        str | None, typer.Option("--dtype", help="input dtype (default: bfloat16 where supported)")
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="input dtype (default: bfloat16; float32 where it cannot run, as in Triton's interpreter)",
+        ),
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", help="seconds per adapter, first-call autotuning included")

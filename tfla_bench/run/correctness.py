@@ -112,8 +112,11 @@ def max_relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def gate_dtype(adapter: Adapter) -> str:
-    """The dtype the gate runs an adapter in: bfloat16 (the benchmarks' dtype) where supported."""
-    return "bfloat16" if "bfloat16" in adapter.dtypes else adapter.dtypes[0]
+    """The dtype the gate runs an adapter in: bfloat16 (the benchmarks' dtype) where it runs here, else
+    float32 (Triton's interpreter), else the adapter's first."""
+    runnable = [dtype for dtype in adapter.dtypes if adapter.dtype_reason(dtype) is None] or adapter.dtypes
+    preferred = [dtype for dtype in ("bfloat16", "float32") if dtype in runnable]
+    return (preferred or list(runnable))[0]
 
 
 def gate_case(adapter: Adapter, dtype: str | None = None) -> Case:
@@ -252,7 +255,7 @@ def gate_adapter(
     Args:
         adapter: the adapter.
         device: `cuda`, `cuda:<i>` or `cpu`.
-        dtype: input dtype; default bfloat16 where the adapter supports it (`gate_dtype`).
+        dtype: input dtype; default bfloat16 where the adapter runs it here (`gate_dtype`).
         isolate: run the kernel in a worker process (survives aborts and hangs).
         timeout_s: with `isolate`, the time the kernel gets (first-call autotuning included).
         worker: with `isolate`, the worker to use (kept for the next adapter); default a fresh one.
@@ -284,7 +287,7 @@ def run_gate(
     Args:
         adapter_names: adapter names; an unknown name is a `UserError`.
         device: `cuda`, `cuda:<i>` or `cpu`.
-        dtype: input dtype for every adapter; default bfloat16 where supported.
+        dtype: input dtype for every adapter; default `gate_dtype` of each.
         isolate: run the kernels in one worker process, replaced after a crash or a timeout.
         timeout_s: per-adapter time limit with `isolate`.
         log_path: with `isolate`, keep the worker's output here.
