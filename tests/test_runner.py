@@ -173,7 +173,7 @@ def test_resolve_run_dir_refuses_existing_results(sweep, tmp_path):
     assert (tmp_path / "new").is_dir()
     with pytest.raises(UserError, match="not a run directory"):
         runner.resolve_run_dir("x", None, tmp_path)
-    assert runner.default_run_dir("smoke").parent == Path("results/runs")
+    assert runner.default_run_dir("smoke").parent == Path("runs")
 
 
 def counting_case(mode: str) -> Case:

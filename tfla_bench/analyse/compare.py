@@ -1,6 +1,6 @@
 """Set a measured run beside the paper's published numbers.
 
-A run directory (`results/runs/<spec>-<timestamp>/`) holds `results.csv` (one row per case) and
+A run directory (`runs/<spec>-<timestamp>/`) holds `results.csv` (one row per case) and
 `env.json`. `load_run` reads both; `compare_run` joins the rows with a published data set on
 kernel (through `tfla_bench.analyse.published.mappings`), mode, dtype, batch, seq_len, heads, head dims
 and chunk size, and gives the ratio measured / published of the median runtime and of the peak

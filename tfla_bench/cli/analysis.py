@@ -1,6 +1,6 @@
 """CLI commands `compare`, `plot` and `report`: a run beside the paper's numbers, its figures, one HTML page.
 
-Each takes a run directory (`results/runs/<spec>-<timestamp>/`). `--published NAME` picks the
+Each takes a run directory (`runs/<spec>-<timestamp>/`). `--published NAME` picks the
 published data set (a `figure` value of `results/published/*.csv`); by default the one named in
 the run's env.json, and `--published none` turns the comparison off. A run whose rows were measured
 on several GPUs (a sweep over a mixed partition) is refused unless `--gpu NAME` picks one: rows of
@@ -41,7 +41,7 @@ RunDirArgument = Annotated[
     Path,
     typer.Argument(
         metavar="RUN_DIR",
-        help="A run directory with results.csv and env.json (results/runs/SPEC-TIMESTAMP).",
+        help="A run directory with results.csv and env.json (runs/SPEC-TIMESTAMP).",
         show_default=False,
     ),
 ]

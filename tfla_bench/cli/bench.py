@@ -59,7 +59,7 @@ KernelOption = Annotated[
 OutOption = Annotated[
     Path | None,
     typer.Option(
-        "--out", parser=path_option("--out"), help="run directory (default results/runs/SPEC-TIMESTAMP)"
+        "--out", parser=path_option("--out"), help="run directory (default runs/SPEC-TIMESTAMP)"
     ),
 ]
 ExecutorOption = Annotated[

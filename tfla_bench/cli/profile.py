@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
 
 
 def profile(
-    run_dir: Annotated[Path, typer.Argument(help="a run directory (results/runs/SPEC-TIMESTAMP)")],
+    run_dir: Annotated[Path, typer.Argument(help="a run directory (runs/SPEC-TIMESTAMP)")],
     kernel: Annotated[
         list[str] | None, typer.Option("--kernel", "-k", help="kernel name; repeat or comma-separate")
     ] = None,

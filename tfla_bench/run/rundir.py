@@ -1,6 +1,6 @@
 """The run directory: the names of its files, its result rows, its lock and its schema version.
 
-A run directory (`results/runs/<spec>-<YYYYmmdd-HHMMSS>[-N]/`) holds:
+A run directory (`runs/<spec>-<YYYYmmdd-HHMMSS>[-N]/`, the committed ones in `results/runs/`) holds:
 
 - `results.csv`: one row per case (`ResultRow`), appended as cases finish;
 - `env.json`: the environment (GPU, versions, measurement settings, `results_schema`); a resumed

@@ -117,7 +117,7 @@ class Spec:
     """A parsed experiment spec.
 
     Attributes:
-        name: run directories are `results/runs/<name>-<timestamp>`.
+        name: run directories are `runs/<name>-<timestamp>` by default.
         source: where the spec came from (a file path or `command line`), used in error messages.
         kernels: adapter names, in the order their cases run.
         modes: `fw` and/or `fwbw`.
