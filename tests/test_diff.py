@@ -2,12 +2,14 @@
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from tfla_bench.adapters.workloads import Case
-from tfla_bench.analyse.diff import diff_runs, verdict
+from tfla_bench.analyse.diff import diff_runs, run_spread, verdict
 from tfla_bench.cli.main import main
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
@@ -220,3 +222,42 @@ def test_the_plot_runs_along_the_column_that_varies(tmp_path):
     b = write(tmp_path / "b", [row(head_dim_case(d), 1.1) for d in (64, 128, 256)])
     (ax,) = ratio_figure(diff_runs(a, b), "t").axes
     assert ax.get_xlabel() == "head dim v [elements]" and ax.get_title() == "forward + backward (fwbw)"
+
+
+RUNS = Path(__file__).resolve().parents[1] / "results" / "runs"
+DATA = Path(__file__).resolve().parent / "data"
+# Two back-to-back sweeps on one machine: Fig. 5 on an H100 (the second with the first's Triton
+# cache), and the smoke spec on a 2-core CPU that other processes shared.
+BACK_TO_BACK = [
+    (RUNS / "fig5_consttoken-20261126-184403", RUNS / "fig5_consttoken-20261126-185202"),
+    (RUNS / "fig5_consttoken-20261126-171127", RUNS / "fig5_consttoken-20261126-171946"),
+    (DATA / "smoke-cpu-a", DATA / "smoke-cpu-b"),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), BACK_TO_BACK, ids=["h100-gaps", "h100-again", "cpu"])
+def test_the_gate_stays_quiet_on_two_back_to_back_runs(a, b, capsys):
+    assert main(["diff", str(a), str(b), "--threshold", "5"]) == 0, capsys.readouterr().out
+
+
+def test_a_real_ten_percent_slowdown_at_a_stable_case_fails_the_gate(tmp_path, capsys):
+    a, b = BACK_TO_BACK[0]
+    slowed = tmp_path / "slowed"
+    shutil.copytree(b, slowed)
+    rows = pd.read_csv(slowed / "results.csv")
+    at = (rows["kernel"] == "tfla_sig") & (rows["mode"] == "fwbw") & (rows["seq_len"] == 8192)
+    assert at.sum() == 1 and rows.loc[at, "ci_rel"].item() < 0.01  # a stable case
+    for column in ("median_ms", "p20_ms", "p80_ms", "min_ms"):
+        rows.loc[at, column] *= 1.10
+    rows.to_csv(slowed / "results.csv", index=False)
+    assert main(["diff", str(a), str(slowed), "--threshold", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "1 case(s) slower by more than 5%" in out and "tfla_sig" in out
+
+
+def test_the_spread_between_runs_needs_enough_cases_and_leaves_throttled_ones_out():
+    ten = pd.DataFrame({"verdict": ["same"] * 10, "throttled": [False] * 10, "ratio": [1.0] * 9 + [3.0]})
+    assert run_spread(ten) == 0.0  # nine of ten cases agree exactly: no spread
+    spread = run_spread(ten.assign(ratio=[0.8, 1.2] * 5))
+    assert spread > 0.2  # every case moved by 20%: the machine, not the code
+    assert run_spread(ten.assign(throttled=[True] + [False] * 9, ratio=[0.8, 1.2] * 5)) == 0.0

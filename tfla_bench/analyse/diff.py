@@ -4,14 +4,25 @@ Rows match by case: kernel, mode, dtype, batch, seq_len, heads, head dims, chunk
 (`Case.key`). For a case that is `ok` in both runs the ratio is B / A of the medians, and its
 noise is the sum of the two runs' relative uncertainties of their medians: `ci_rel` (the
 median's 95% interval) where the row has a finite one, else half the p20..p80 spread over the
-median (runs timed with fixed reps before `ci_rel` existed). The verdict is `same` when
-|ratio - 1| is within that noise, else `faster` or `slower`. A case that is not `ok` in both runs,
-or whose median is not a finite number above 0, or whose noise is not finite, is `not comparable`,
-and its `reason` says why (its two statuses are in the row too). Per kernel and mode the summary
-is the geometric mean of the ratios. Cases in one run only are listed apart, and a different GPU,
-library version or measurement setting (spec.json: the stop rule, the L2 flush, the clock, the
-power-cap policy) between the runs is a warning. A run whose env.json names a newer results schema
-is refused, as `compare`, `plot` and `report` refuse it.
+median (runs timed with fixed reps before `ci_rel` existed), plus the spread between the two runs
+(`run_spread`). The verdict is `same` when |ratio - 1| is within that noise, else `faster` or
+`slower`.
+
+The spread between the runs is what a case's own calls cannot show: a busy CPU, or a GPU whose
+clocks differ from one run to the next, moves every case by more than its interval. It is taken
+across both runs, from the cases themselves: three robust standard deviations (1.4826 x the median
+absolute deviation) of log(B / A) over the cases ok in both and not throttled. A regression in a
+few kernels leaves the median of the other cases where it was, so it still stands out; two runs of
+one sweep on a loaded 2-core CPU differ by tens of percent everywhere, and their gate stays quiet.
+Below `MIN_SPREAD_CASES` cases the spread is 0 (too few to tell the machine from the code). The
+regression gate (`slower_than`) leaves out throttled cases: their time is the power cap's.
+
+A case that is not `ok` in both runs, or whose median is not a finite number above 0, or whose noise
+is not finite, is `not comparable`, and its `reason` says why (its two statuses are in the row too).
+Per kernel and mode the summary is the geometric mean of the ratios. Cases in one run only are
+listed apart, and a different GPU, library version or measurement setting (spec.json: the stop rule,
+the L2 flush, the clock, the power-cap policy) between the runs is a warning. A run whose env.json
+names a newer results schema is refused, as `compare`, `plot` and `report` refuse it.
 
 The agreement (the shares of cases within 2% and 5%, the largest deviation) is given over all
 cases ok in both, per pair of devices (A's, B's) when either run spread its cases over several
@@ -51,6 +62,8 @@ NOT_COMPARABLE = "not comparable"
 VERDICTS = ("faster", "slower", "same", NOT_COMPARABLE)
 # The plot's x axis: the first of these case columns that varies between the matched rows.
 X_COLUMNS = ("seq_len", "head_dim_v", "chunk_size")
+# Fewer cases than this say too little about the spread between two runs (`run_spread`).
+MIN_SPREAD_CASES = 10
 # What a hollow marker on the plot means.
 HOLLOW = "throttled in A or B"
 # Labelled ratios on the plot's log y axis.
@@ -90,9 +103,11 @@ class RunDiff:
     warnings: list[str] = field(default_factory=list)
 
     def slower_than(self, threshold_pct: float) -> pd.DataFrame:
-        """Rows judged slower (beyond their noise) by more than `threshold_pct` percent."""
+        """Rows judged slower (beyond their noise) by more than `threshold_pct` percent, but for the
+        throttled ones (a power cap's time, not the code's)."""
         rows = self.rows
-        return rows[(rows["verdict"] == "slower") & (rows["ratio"] > 1 + threshold_pct / 100)]
+        slower = (rows["verdict"] == "slower") & (rows["ratio"] > 1 + threshold_pct / 100)
+        return rows[slower & (rows["throttled"] != True)]  # noqa: E712 (None: not recorded)
 
     def changed(self, threshold_pct: float | None = None) -> pd.DataFrame:
         """Rows judged faster or slower beyond their noise, and (given `threshold_pct`) by more than
@@ -220,10 +235,30 @@ def diff_runs(run_a: Path, run_b: Path, gpu: str | None = None) -> RunDiff:
         raise UserError(f"no case of {run_b} matches a case of {run_a}")
     records = [_compare(by_key_a[key], by_key_b[key]) for key in common]
     table = pd.DataFrame(records, columns=list(ROW_COLUMNS))
+    compared = table["verdict"] != NOT_COMPARABLE
+    if compared.any():
+        noise_rel = table.loc[compared, "noise"] + run_spread(table)
+        table.loc[compared, "noise"] = noise_rel
+        table.loc[compared, "verdict"] = [
+            verdict(ratio, spread)
+            for ratio, spread in zip(table.loc[compared, "ratio"], noise_rel, strict=True)
+        ]
     only_a = _cases([row for key, row in by_key_a.items() if key not in by_key_b])
     only_b = _cases([row for key, row in by_key_b.items() if key not in by_key_a])
     warnings = env_warnings(env_a, env_b) + settings_warnings(run_a, run_b)
     return RunDiff(table, summarize(table), only_a, only_b, warnings)
+
+
+def run_spread(table: pd.DataFrame) -> float:
+    """The relative change between two runs that every case may show (module docstring): three
+    robust standard deviations of log(B / A) over the cases ok in both and not throttled; 0 below
+    `MIN_SPREAD_CASES` of them."""
+    steady = table[(table["verdict"] != NOT_COMPARABLE) & (table["throttled"] != True)]  # noqa: E712
+    if len(steady) < MIN_SPREAD_CASES:
+        return 0.0
+    logs = steady["ratio"].astype(float).map(math.log)
+    deviation = (logs - logs.median()).abs().median()
+    return math.expm1(3 * 1.4826 * deviation)
 
 
 def _compare(a: ResultRow, b: ResultRow) -> dict[str, Any]:
