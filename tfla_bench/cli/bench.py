@@ -58,9 +58,7 @@ KernelOption = Annotated[
 ]
 OutOption = Annotated[
     Path | None,
-    typer.Option(
-        "--out", parser=path_option("--out"), help="run directory (default runs/SPEC-TIMESTAMP)"
-    ),
+    typer.Option("--out", parser=path_option("--out"), help="run directory (default runs/SPEC-TIMESTAMP)"),
 ]
 ExecutorOption = Annotated[
     str | None,

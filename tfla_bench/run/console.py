@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
+import textwrap
 from collections.abc import Iterable, Mapping
 
 import pandas as pd
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,6 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
@@ -34,6 +37,10 @@ from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
 # per line at these widths.
 LOG_WIDTH = 160
 TABLE_WIDTH = 250
+# A table in a log or a pipe fits a reader's window (`table_width`).
+LOG_TABLE_WIDTH = 80
+# The columns a part of a table split to fit leaves to values besides the repeated key columns.
+KEYS_LEAVE = 18
 STATUS_STYLE = {
     "ok": "green",
     "oom": "yellow",
@@ -129,7 +136,7 @@ def timing_notes(kernels: Iterable[str]) -> list[str]:
     return [f"{', '.join(names)}: {note}" for note, names in by_note.items()]
 
 
-def summary_table(rows: Iterable[ResultRow]) -> Table:
+def summary_table(rows: Iterable[ResultRow]) -> FittedTable:
     """Median ms per kernel configuration (rows) and seq_len (columns); the status where not ok."""
     rows = list(rows)
     seq_lens = sorted({row.case.seq_len for row in rows})
@@ -147,30 +154,26 @@ def summary_table(rows: Iterable[ResultRow]) -> Table:
             tuple(sorted(case.params.items())),
         )
         groups.setdefault(key, {})[case.seq_len] = row
-    table = Table(title="median runtime (ms) by seq_len; the status where not ok")
-    for column in ("kernel", "mode", "dtype", "config"):
-        table.add_column(column)
-    for seq_len in seq_lens:
-        table.add_column(str(seq_len), justify="right")
+    records = []
     for key in sorted(groups, key=str):
         by_len = groups[key]
         kernel, mode, dtype, heads, dqk, dv, chunk, params = key
         config = f"H{heads} Dqk{dqk} Dv{dv}" + (f" L{chunk}" if chunk else "")
         config += "".join(f" {k}={v}" for k, v in params)
-        cells = []
+        record = {"kernel": kernel, "mode": mode, "dtype": dtype, "config": config}
         for seq_len in seq_lens:
             row = by_len.get(seq_len)
             if row is None:
-                cells.append("")
+                record[str(seq_len)] = ""
             elif row.status == "ok" and row.median_ms is not None:
-                cells.append(f"{row.median_ms:.3f}")
+                record[str(seq_len)] = f"{row.median_ms:.3f}"
             else:
-                cells.append(styled_status(row.status))
-        table.add_row(kernel, mode, dtype, config, *cells)
+                record[str(seq_len)] = row.status
+        records.append(record)
+    frame = pd.DataFrame(records, columns=["kernel", "mode", "dtype", "config", *map(str, seq_lens)])
     notes = timing_notes(row.case.kernel for row in rows if row.status == "ok")
-    if notes:
-        table.caption, table.caption_justify = "\n".join(notes), "left"
-    return table
+    title = "median runtime (ms) by seq_len; the status where not ok"
+    return FittedTable(frame, title, "\n".join(notes), keys=4)
 
 
 def _cell(value: object) -> str:
@@ -181,15 +184,85 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def table_width(console: Console) -> int:
+    """How wide a table may be: the terminal's width; in a log or a pipe `LOG_TABLE_WIDTH`, unless
+    the user set `COLUMNS`."""
+    if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        return console.width
+    return min(console.width, LOG_TABLE_WIDTH)
+
+
 def print_frame(console: Console, df: pd.DataFrame, title: str) -> None:
-    """Print a DataFrame as a rich table (numbers to 4 significant digits, empty cells for NaN)."""
-    table = Table(title=title, title_justify="left", show_lines=False)
-    for column in df.columns:
-        numeric = pd.api.types.is_numeric_dtype(df[column])
-        table.add_column(str(column), justify="right" if numeric else "left")
-    for row in df.itertuples(index=False):
-        table.add_row(*(_cell(v) for v in row))
-    console.print(table)
+    """Print a DataFrame as rich tables that fit the console (`FittedTable`)."""
+    console.print(FittedTable(df, title))
+
+
+class FittedTable:
+    """A DataFrame as rich tables no wider than `table_width` (numbers to 4 significant digits, empty
+    cells for NaN).
+
+    Columns without a value are left out. A frame wider than that gives its columns of one value to
+    a line under it (`every row has dtype: bfloat16`), then is printed in parts, each repeating the
+    leading text columns (kernel, mode, shape, ...) so that every row stays readable and no cell is
+    cut short; a last line says how to see it whole.
+
+    Args:
+        df: the frame.
+        title: the table's title.
+        caption: lines printed under the table.
+        keys: how many leading columns each part repeats; default the leading text columns.
+    """
+
+    def __init__(self, df: pd.DataFrame, title: str, caption: str = "", keys: int | None = None) -> None:
+        self.df, self.title, self.caption, self.keys = df, title, caption, keys
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        df = self.df
+        cells = {column: [_cell(value) for value in df[column]] for column in df.columns}
+        columns = [column for column in df.columns if any(cells[column]) or df.empty]
+        # A column takes its widest cell, a space each side and one border.
+        widths = {column: max(map(len, [str(column), *cells[column]])) + 3 for column in columns}
+        room = min(options.max_width, table_width(console)) - 1
+        legend = []
+        if sum(widths.values()) > room and len(df) > 1:
+            for column in [c for c in columns if len(set(cells[c])) == 1]:
+                legend.append(f"{column}: {cells[column][0]}")
+                columns.remove(column)
+        keys: list = []
+        for column in columns[: self.keys]:
+            text = self.keys is not None or not _numeric(cells[column])
+            if not text or sum(widths[key] for key in [*keys, column]) > room - KEYS_LEAVE:
+                break
+            keys.append(column)
+        parts: list[list] = []
+        for column in columns[len(keys) :]:
+            if parts and sum(widths[c] for c in [*keys, *parts[-1], column]) <= room:
+                parts[-1].append(column)
+            else:
+                parts.append([column])
+        parts = parts or [[]]
+        for number, part in enumerate(parts, 1):
+            suffix = f" ({number}/{len(parts)})" if len(parts) > 1 else ""
+            table = Table(title=self.title + suffix, title_justify="left")
+            for column in [*keys, *part]:
+                justify = "right" if _numeric(cells[column]) else "left"
+                table.add_column(str(column), justify=justify, overflow="fold")
+            for index in range(len(df)):
+                table.add_row(*(cells[column][index] for column in [*keys, *part]))
+            yield table
+        if legend:
+            yield Text(textwrap.fill(f"every row has {'; '.join(legend)}", room + 1))
+        if len(parts) > 1:
+            yield Text(
+                f"({len(parts)} parts to fit {room + 1} columns; COLUMNS=250 shows it whole)", style="dim"
+            )
+        if self.caption:
+            yield Text(self.caption)
+
+
+def _numeric(cells: list[str]) -> bool:
+    """Whether a column holds numbers (a status may stand among them): right-aligned."""
+    return any(re.fullmatch(r"-?[\d.]+(e[-+]?\d+)?%?", cell) for cell in cells)
 
 
 def job_line(one: Round, job: JobRecord) -> str:
