@@ -50,7 +50,14 @@ def test_list_reads_at_the_terminals_width(capsys, monkeypatch, columns):
     monkeypatch.setenv("COLUMNS", str(columns))
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert max(len(line) for line in lines) <= columns
+    hints = lines.index("how to install:") if "how to install:" in lines else len(lines)
+    assert max(len(line) for line in lines[:hints]) <= columns
+    # Each install hint is one line, however long, so that its command pastes whole.
+    for adapter in registry.adapters():
+        reason = adapter.available() or ""
+        if "pip install" in reason:
+            command = reason[reason.index("pip install") :].rstrip(")")
+            assert any(line.startswith("  ") and adapter.name in line and command in line for line in lines)
     names = {adapter.name for adapter in registry.adapters()}
     by_name = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in names}
     assert set(by_name) == names

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.measure.row import ResultRow
-from tfla_bench.run.console import FittedTable, print_frame, summary_table
+from tfla_bench.run.console import FittedTable, print_frame, print_install_hints, split_reason, summary_table
 
 
 def wide_frame() -> pd.DataFrame:
@@ -73,3 +73,23 @@ def test_the_sweeps_closing_table_fits_80_columns_in_a_log(monkeypatch, seq_lens
     text = printed(summary_table(rows))
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "…" not in text and all(str(t) in text for t in seq_lens)
+
+
+def test_an_install_hint_is_split_from_its_reason_only_when_the_parentheses_hold_it_whole():
+    assert split_reason("fla-core not installed (pip install fla-core==0.6.0)") == (
+        "fla-core not installed",
+        "pip install fla-core==0.6.0",
+    )
+    tfla = "CUDA not available (no GPU visible); TRITON_INTERPRET=1 runs it on the CPU (slow)"
+    assert split_reason(tfla) == (tfla, "")
+    assert split_reason("needs CUDA") == ("needs CUDA", "")
+
+
+def test_install_hints_are_one_unwrapped_line_per_command():
+    out = io.StringIO()
+    command = (
+        "MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip install --no-build-isolation mamba-ssm==2.3.2"
+    )
+    reasons = {name: f"mamba-ssm not installed ({command})" for name in ("mamba", "mamba2")}
+    print_install_hints(Console(file=out, width=80), {**reasons, "sdpa_cudnn": "needs CUDA"})
+    assert out.getvalue().splitlines() == ["how to install:", f"  mamba, mamba2: {command}"]

@@ -43,7 +43,13 @@ from tfla_bench.measure import row as row_schema
 from tfla_bench.measure import settings
 from tfla_bench.run import cluster, correctness, jobs, phases, rundir, runner, specs
 from tfla_bench.run.cluster import ClusterFlags
-from tfla_bench.run.console import cases_table, make_console, summary_table
+from tfla_bench.run.console import (
+    cases_table,
+    make_console,
+    print_install_hints,
+    split_reason,
+    summary_table,
+)
 from tfla_bench.run.specs import Spec
 
 # The most compile processes: each holds a GPU context and a compiler, so more than this would only
@@ -259,11 +265,12 @@ def list_adapters(
     table.add_column("kernel", no_wrap=True)
     table.add_column("family", no_wrap=True)
     table.add_column("here", no_wrap=True)
-    table.add_column("why not / how to install", overflow="fold")
+    table.add_column("why not", overflow="fold")
     for entry in entries:
         here = "[green]yes[/]" if entry["available"] else "[red]no[/]"
-        table.add_row(entry["name"], entry["family"], here, entry["reason"] or "")
+        table.add_row(entry["name"], entry["family"], here, split_reason(entry["reason"] or "")[0])
     console.print(table)
+    print_install_hints(console, {entry["name"]: entry["reason"] or "" for entry in entries})
 
 
 def _list_entry(adapter: registry.Adapter) -> dict[str, Any]:

@@ -25,13 +25,14 @@ from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import DTYPES
 from tfla_bench.errors import UserError
 from tfla_bench.measure import settings
-from tfla_bench.run.console import STATUS_STYLE, make_console, progress_bar
+from tfla_bench.run.console import STATUS_STYLE, make_console, print_install_hints, progress_bar, split_reason
 from tfla_bench.run.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, json_row, run_gate
 
 
@@ -81,7 +82,9 @@ def check(
     if as_json:
         typer.echo(json.dumps([json_row(result) for result in results], indent=2))
     else:
-        make_console().print(gate_table(results))
+        console = make_console()
+        console.print(gate_table(results))
+        print_install_hints(console, {r.name: r.reason or "" for r in results if r.status == "unavailable"})
     if failed_names(results):
         raise typer.Exit(code=1)
 
@@ -147,22 +150,29 @@ def _seconds(result: GateResult) -> str:
 
 
 def gate_table(results: list[GateResult]) -> Table:
+    """The verdicts, narrow enough for 80 columns; an unavailable adapter's install hint is left to
+    `print_install_hints`, one unwrapped line each."""
     failed = failed_names(results)
     title = f"correctness gate: {len(results)} adapter(s), {len(failed)} failed"
-    table = Table(title=title)
-    for column in ("adapter", "status", "max rel err", "tolerance", "pass", "time"):
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in ("adapter", "status", "max rel err (tol)"):
         table.add_column(column, no_wrap=True)
+    table.add_column("time", justify="right", no_wrap=True)
     table.add_column("reason", overflow="fold")
     for result in results:
         style = STATUS_STYLE.get(result.status, "red")
-        passed = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[result.passed]
+        status = {True: "[green]passed[/]", False: "[red]FAILED[/]"}.get(
+            result.passed, f"[{style}]{result.status}[/]"
+        )
+        error = "-"
+        if result.max_rel_error is not None:
+            error = f"{result.max_rel_error:.2e} ({result.tolerance:.0e})"
+        reason = result.reason or ""
         table.add_row(
             result.name,
-            f"[{style}]{result.status}[/]",
-            "-" if result.max_rel_error is None else f"{result.max_rel_error:.2e}",
-            "-" if result.tolerance is None else f"{result.tolerance:.0e}",
-            passed,
-            _seconds(result),
-            result.reason or "",
+            status,
+            error,
+            _seconds(result) if result.status not in ("unavailable", "unsupported") else "",
+            split_reason(reason)[0] if result.status == "unavailable" else reason,
         )
     return table

@@ -265,6 +265,33 @@ def _numeric(cells: list[str]) -> bool:
     return any(re.fullmatch(r"-?[\d.]+(e[-+]?\d+)?%?", cell) for cell in cells)
 
 
+def split_reason(reason: str) -> tuple[str, str]:
+    """An unavailable adapter's reason as (why, how to install): `fla-core not installed (pip install
+    fla-core==0.6.0)` gives the words before the parentheses and what they hold ("" without)."""
+    why, bracket, rest = reason.partition(" (")
+    depth = 0
+    for char in rest[:-1]:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:  # the parentheses close before the end: not one hint
+            return reason, ""
+    if not bracket or not rest.endswith(")") or depth:
+        return reason, ""
+    return why, rest[:-1]
+
+
+def print_install_hints(console: Console, reasons: Mapping[str, str]) -> None:
+    """One line per adapter with an install hint in its reason, never wrapped, so that a command
+    pastes whole."""
+    names: dict[str, list[str]] = {}
+    for name, reason in reasons.items():
+        if hint := split_reason(reason)[1]:
+            names.setdefault(hint, []).append(name)
+    if names:
+        console.print("how to install:")
+    for hint, same in names.items():
+        console.print(f"  {', '.join(same)}: {hint}", soft_wrap=True, highlight=False, markup=False)
+
+
 def job_line(one: Round, job: JobRecord) -> str:
     """One line for a job: its id, shard and cases, its state, its node, and the error of a failure."""
     where = f" on {job.host}" if job.host else ""
