@@ -163,6 +163,17 @@ def test_run_ad_hoc_dry_run(capsys, tmp_path):
     assert "B4 T64 H4 Dqk32 Dv32" in out and "B2 T128 H4 Dqk32 Dv32" in out and "causal=False" in out
 
 
+def test_run_names_a_misspelt_kernel_first_then_every_missing_flag_and_takes_the_papers_defaults(capsys):
+    assert main(["run", "-k", "tfla_sgi"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown kernel 'tfla_sgi' (closest: tfla_sig" in err and err.count("\n") == 1
+    assert main(["run", "-k", "tfla_sig"]) == 2
+    err = capsys.readouterr().err
+    assert "--seq-len T" in err and "--head-dim-qk D" in err and err.count("\n") == 1
+    assert main(["run", "-k", "sdpa_math", "--seq-len", "8192", "--head-dim-qk", "128", "--dry-run"]) == 0
+    assert "B8 T8192 H32 Dqk128 Dv128" in capsys.readouterr().out  # 65,536 tokens, embedding 4096
+
+
 def test_sweep_dry_run_writes_nothing(capsys, spec_file, tmp_path, plugins):
     assert main(["sweep", str(spec_file), "--dry-run", "--kernel", "test_unavailable"]) == 0
     out = capsys.readouterr().out
@@ -173,10 +184,8 @@ def test_sweep_dry_run_writes_nothing(capsys, spec_file, tmp_path, plugins):
 SHAPE = ["--seq-len", "64", "--batch", "1", "--heads", "1", "--head-dim-qk", "8"]
 BAD_RUNS = [
     (["run", "-k", "nope", *SHAPE], "known kernels"),
-    (
-        ["run", "-k", "sdpa_math", "--seq-len", "64", "--heads", "1", "--head-dim-qk", "8"],
-        "--tokens and --batch",
-    ),
+    (["run", "-k", "sdpa_math", *SHAPE, "--tokens", "64"], "one of --tokens and --batch, not both"),
+    (["run", "--seq-len", "64"], "run needs --kernel NAME (see tfla-bench list), --head-dim-qk D"),
     (["run", "-k", "sdpa_math", *SHAPE, "--seq-len", "6x"], "--seq-len"),
     (["run", "-k", "sdpa_math", *SHAPE, "--mode", "bw"], "key 'modes'"),
     (["run", "-k", "sdpa_math", *SHAPE, "--param", "causal"], "--param: expected key=value"),
@@ -205,7 +214,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, expected):
     [
         (("num_heads = 2", "num_heads = 2\nnum_head = 2"), "unknown key 'num_head' in [shape]"),
         (("reps = 2", 'reps = "two"'), "key 'reps': expected an integer in [1, 1000000], got 'two'"),
-        (('"test_unavailable"', '"test_unavailabel"'), "unknown kernel 'test_unavailabel'; known kernels:"),
+        (('"test_unavailable"', '"test_unavailabel"'), "unknown kernel 'test_unavailabel' (closest: "),
     ],
 )
 def test_bad_spec_exit_2(capsys, spec_file, replace, expected):
@@ -225,7 +234,7 @@ def test_sweep_seq_len_filter(capsys, spec_file, plugins):
 
 def test_unknown_kernel_filter_exit_2(capsys, spec_file):
     assert main(["sweep", str(spec_file), "--kernel", "sdpa_mat", "--dry-run"]) == 2
-    assert "unknown kernel 'sdpa_mat'; known kernels: " in capsys.readouterr().err
+    assert "unknown kernel 'sdpa_mat' (closest: sdpa_math" in capsys.readouterr().err
 
 
 def test_sweep_check_marks_failing_kernel_without_running_it(

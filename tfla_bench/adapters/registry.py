@@ -30,6 +30,7 @@ returns the reason it cannot run, so a missing package is a row with a reason, n
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import pkgutil
@@ -335,9 +336,11 @@ def find(name: str) -> Adapter | None:
 
 
 def get(name: str) -> Adapter:
-    """The adapter called `name`; a `UserError` listing the known names otherwise."""
+    """The adapter called `name`; a `UserError` naming the closest and the known names otherwise."""
     load()
     if name not in _ADAPTERS:
+        closest = difflib.get_close_matches(name, list(_ADAPTERS), n=3, cutoff=0.6)
+        hint = f" (closest: {', '.join(closest)})" if closest else ""
         known = ", ".join(sorted(_ADAPTERS))
-        raise UserError(f"unknown kernel {name!r}; known kernels: {known}")
+        raise UserError(f"unknown kernel {name!r}{hint}; known kernels: {known}")
     return _ADAPTERS[name]

@@ -312,23 +312,43 @@ def _long_entry(entry: dict[str, Any]) -> Table:
     return table
 
 
+# The paper's Fig. 5 setting: a constant 65,536 tokens per batch and embedding dim 4096 for every kernel.
+PAPER_TOKENS = 65536
+PAPER_EMBEDDING_DIM = 4096
+
+
 def run(
     kernel: KernelOption = None,
     seq_len: Annotated[
-        str | None, typer.Option("--seq-len", help="sequence length(s), e.g. 2048,8192")
+        str | None, typer.Option("--seq-len", help="sequence length(s), e.g. 2048,8192 (required)")
     ] = None,
     tokens: Annotated[
-        str | None, typer.Option("--tokens", help="tokens per batch: batch = tokens/seq_len")
+        str | None,
+        typer.Option(
+            "--tokens",
+            help=f"tokens per batch: batch = tokens/seq_len (default {PAPER_TOKENS}, as the paper's Fig. 5)",
+        ),
     ] = None,
     batch: Annotated[str | None, typer.Option("--batch", help="batch size(s), instead of --tokens")] = None,
-    heads: Annotated[str | None, typer.Option("--heads", help="number of heads")] = None,
+    heads: Annotated[
+        str | None, typer.Option("--heads", help="number of heads, instead of --embedding-dim")
+    ] = None,
     embedding_dim: Annotated[
         str | None,
-        typer.Option("--embedding-dim", help="heads = embedding_dim / head_dim_v, instead of --heads"),
+        typer.Option(
+            "--embedding-dim",
+            help=f"heads = embedding_dim / head_dim_v (default {PAPER_EMBEDDING_DIM}, as the paper's Fig. 5)",
+        ),
     ] = None,
-    head_dim_qk: Annotated[str | None, typer.Option("--head-dim-qk", help="query/key head dim(s)")] = None,
+    head_dim_qk: Annotated[
+        str | None,
+        typer.Option("--head-dim-qk", help="query/key head dim(s) (required; the paper's mLSTM: 128)"),
+    ] = None,
     head_dim_v: Annotated[
-        str | None, typer.Option("--head-dim-v", help="value head dim(s) (default: --head-dim-qk)")
+        str | None,
+        typer.Option(
+            "--head-dim-v", help="value head dim(s) (default: --head-dim-qk; the paper's mLSTM: 256)"
+        ),
     ] = None,
     chunk_size: Annotated[
         str | None, typer.Option("--chunk-size", help="chunk size(s), for kernels that take one")
@@ -345,17 +365,33 @@ def run(
     out: OutOption = None,
     flags: _Flags = _Flags(),
 ) -> None:
-    """Measure kernels at shapes given as flags (the same spec a TOML file would give)."""
+    """Measure kernels at shapes given as flags (the same spec a TOML file would give). --kernel,
+    --seq-len and --head-dim-qk are required; the batch and heads follow the paper's Fig. 5 (65,536
+    tokens, embedding dim 4096) unless given."""
     kernels = _names(kernel)
-    if not kernels:
-        raise UserError("run needs --kernel NAME (see tfla-bench list)")
-    for flag, value in (("--seq-len", seq_len), ("--head-dim-qk", head_dim_qk)):
-        if value is None:
-            raise UserError(f"run needs {flag}")
-    if (tokens is None) == (batch is None):
-        raise UserError("run needs exactly one of --tokens and --batch")
-    if (heads is None) == (embedding_dim is None):
-        raise UserError("run needs exactly one of --heads and --embedding-dim")
+    for name_ in kernels:  # a misspelt kernel first: the shape flags are of no use without it
+        registry.get(name_)
+    missing = [
+        text
+        for text, value in (
+            ("--kernel NAME (see tfla-bench list)", kernels),
+            ("--seq-len T (e.g. 8192)", seq_len),
+            ("--head-dim-qk D (e.g. 128, with --head-dim-v 256 as the paper's mLSTM)", head_dim_qk),
+        )
+        if not value
+    ]
+    if missing:
+        raise UserError(f"run needs {', '.join(missing)}")
+    for pair in (
+        ("--tokens", tokens, "--batch", batch),
+        ("--heads", heads, "--embedding-dim", embedding_dim),
+    ):
+        if pair[1] is not None and pair[3] is not None:
+            raise UserError(f"run takes one of {pair[0]} and {pair[2]}, not both")
+    if batch is None and tokens is None:
+        tokens = str(PAPER_TOKENS)
+    if heads is None and embedding_dim is None:
+        embedding_dim = str(PAPER_EMBEDDING_DIM)
     shape: dict[str, Any] = {}
     for key, flag, value in (
         ("seq_len", "--seq-len", seq_len),

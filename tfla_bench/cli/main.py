@@ -6,6 +6,7 @@ traceback. A command or group given without arguments prints its help.
 """
 
 import functools
+import inspect
 import sys
 from typing import Annotated, Any
 
@@ -76,9 +77,18 @@ def _plain_help(command: Any) -> Any:
         elif param.metavar is None:
             label = param.display_type(ctx).strip("<>").removeprefix("list[").removesuffix("]")
             param.metavar = label if "|" in label else label.upper()
+    if command.help:
+        command.help = _unwrapped(command.help)
     for sub in getattr(command, "commands", {}).values():
         _plain_help(sub)
     return command
+
+
+def _unwrapped(text: str) -> str:
+    """A docstring's paragraphs each on one line, so that help rewraps them at the terminal's width:
+    typer's list of commands shows the source's line ends as written, mid-sentence."""
+    paragraphs = [" ".join(part.split()) for part in inspect.cleandoc(text).split("\n\n")]
+    return "\n\n".join(paragraphs)
 
 
 @functools.cache
