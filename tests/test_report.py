@@ -7,6 +7,7 @@ import html
 import json
 import re
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -260,11 +261,26 @@ def test_failures_at_different_addresses_are_one_group():
     assert len(table) == 1 and table["rows"].iloc[0] == 2 and table["kernels"].iloc[0] == "k fw ×1, k fwbw ×1"
 
 
-def test_report_of_a_cpu_run_names_cpu_and_no_roof(tmp_path):
+def test_report_of_a_cpu_run_names_cpu_and_leaves_out_roofs_and_throttling(tmp_path):
     run_dir = write_run(tmp_path / "run", small_rows(), gpu_name=None)
     page = build_report(load_run(run_dir), None)
-    assert "on CPU" in page and "CPU run: no GPU roof bounds it" in page
-    assert "roofline_fraction.png" not in page
+    assert "on CPU" in page and "A run on a CPU" in page
+    gpu_only = ("roofline_fraction.png", "measured_roofline_", 'id="roofs"', 'id="roofline"', "--no-roofs")
+    for text in (*gpu_only, "grey ring", "no throttling"):
+        assert text not in page, text
+
+
+def test_a_cpu_smoke_report_says_which_times_are_no_speed_claim():
+    # A real smoke sweep on a 2-core CPU, our tfla_sig in Triton's interpreter.
+    run = load_run(Path(__file__).parent / "data" / "smoke-cpu-a")
+    page = build_report(run, None)
+    headline = page.split('id="headline"')[1].split("</section>")[0]
+    assert "2 row(s) carry no speed claim" in headline and "tfla_sig fw ×2" in headline
+    fastest = parse(page).tables["fastest"]
+    assert not any("tfla_sig" in cell for row in fastest["rows"] for cell in row)
+    shares = parse(page).tables["timings"]
+    column = shares["header"].index("share")
+    assert all(row[column].endswith("%") for row in shares["rows"] if row[column])
 
 
 def section_order(page):

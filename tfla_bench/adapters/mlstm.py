@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfla_bench.adapters.registry import Adapter, GateShape, PublishedSeries
+from tfla_bench.adapters.registry import NO_SPEED_CLAIM, Adapter, GateShape, PublishedSeries
 from tfla_bench.adapters.support import (
     bool_param,
     cuda_reason,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import torch
 
 FORGET_GATE_BIAS = 3.0
-INTERPRETER_NOTE = "timed in Triton's interpreter (TRITON_INTERPRET=1): no speed claim"
+INTERPRETER_NOTE = f"timed in Triton's interpreter (TRITON_INTERPRET=1): {NO_SPEED_CLAIM}"
 TFLA_DEFAULT_CHUNK = 128
 
 # The paper's series of the TFLA kernels: ours rank first, the official peers (rank 1) next.

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     import torch
 
 ENTRY_POINT_GROUP = "tfla_bench.adapters"
+# The words every `row_note` of a timing that is no speed claim carries, which the report looks for.
+NO_SPEED_CLAIM = "no speed claim"
 PLUGINS_ENV = "TFLA_BENCH_PLUGINS"
 BUILT_IN_PACKAGES = ("tfla_bench.kernels.adapters", "tfla_bench.baselines")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from tfla_bench.adapters.registry import NO_SPEED_CLAIM
 from tfla_bench.analyse.compare import SHORT_NAMES, Run
 from tfla_bench.analyse.published import mappings
 from tfla_bench.measure import row as row_schema
@@ -34,6 +35,19 @@ class Finding:
 
 def _ok(results: pd.DataFrame) -> pd.DataFrame:
     return results[(results["status"] == "ok") & (results["median_ms"] > 0)]
+
+
+def _no_speed_claim(results: pd.DataFrame) -> pd.Series:
+    """The rows whose note says their time is no speed claim (a kernel run in Triton's interpreter)."""
+    if "note" not in results:
+        return pd.Series(False, index=results.index)
+    return results["note"].fillna("").astype(str).str.contains(NO_SPEED_CLAIM, regex=False)
+
+
+def _timed(results: pd.DataFrame) -> pd.DataFrame:
+    """The ok rows whose times may be set against each other: not those that are no speed claim."""
+    ok = _ok(results)
+    return ok[~_no_speed_claim(ok)]
 
 
 def _span(values: pd.Series) -> str:
@@ -77,7 +91,7 @@ def fastest_per_length(results: pd.DataFrame) -> pd.DataFrame:
         `<mode>: ms` and `<mode>: next` (`fa4 ×1.15`: the runner-up takes 1.15 times as long).
         Empty when no row ran.
     """
-    ok = _ok(results)
+    ok = _timed(results)
     if ok.empty:
         return pd.DataFrame()
     shape = _shape_columns(ok)
@@ -116,7 +130,7 @@ def ours_against_official(results: pd.DataFrame) -> pd.DataFrame:
         `max` (< 1: ours is faster) and `note` (the statuses of a side that did not run).
     """
     columns = ["ours", "official", "mode", "shapes", "median ours / official", "min", "max", "note"]
-    ok = _ok(results)
+    ok = _timed(results)
     shape = _shape_columns(ok) if not ok.empty else SHAPE
     best = _best_per_kernel(ok, shape)
     present = set(results["kernel"])
@@ -198,6 +212,18 @@ def _throttled(run: Run) -> Finding | None:
     )
 
 
+def _interpreted(run: Run) -> Finding | None:
+    rows = _ok(run.results)
+    rows = rows[_no_speed_claim(rows)]
+    if rows.empty:
+        return None
+    note = str(rows["note"].iloc[0])
+    return Finding(
+        f"{len(rows)} row(s) carry no speed claim ({note}): {_kernels_modes(rows)}.",
+        "They are left out of the fastest kernels above; a run on a GPU measures their speed.",
+    )
+
+
 def _model_off(table: pd.DataFrame) -> Finding | None:
     summary = bytes_by_kernel(table)
     off = summary[summary["model_off"]] if not summary.empty else summary
@@ -220,7 +246,8 @@ def findings(run: Run, roof_table: pd.DataFrame) -> list[Finding]:
         run: from `load_run`.
         roof_table: `roof_check` of the run's rows and its measured roofs.
     """
-    found = [_not_run(run), above_roof(run, roof_table), _throttled(run), _model_off(roof_table)]
+    found = [_not_run(run), _interpreted(run), above_roof(run, roof_table), _throttled(run)]
+    found.append(_model_off(roof_table))
     if run.skipped:
         found.append(
             Finding(

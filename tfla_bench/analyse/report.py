@@ -481,6 +481,11 @@ def headline_html(run: Run, comparison: Comparison | None, check: pd.DataFrame) 
     ours = own_kernels()
     gpu = f"<b>{html.escape(device_name(run))}</b>"
     parts = [f'<p class="lead">{html.escape(what_ran(run, "GPU")).replace("GPU", gpu, 1)}</p>']
+    if is_cpu_run(run):
+        parts.append(
+            '<p class="note">A run on a CPU: its times are this CPU\'s, and no GPU roof, clock or '
+            "throttling applies, so this page leaves those out.</p>"
+        )
     fastest = fastest_per_length(run.results)
     parts.append("<h3>Fastest kernel per sequence length</h3>")
     if not fastest.empty:
@@ -509,6 +514,8 @@ def headline_html(run: Run, comparison: Comparison | None, check: pd.DataFrame) 
     if found:
         items = "".join(f"<li><b>{html.escape(f.what)}</b> {_code(f.todo)}</li>" for f in found)
         parts.append(f'<ul class="findings">{items}</ul>')
+    elif is_cpu_run(run):
+        parts.append("<p>Nothing: every row ran.</p>")
     else:
         parts.append("<p>Nothing: every row ran, none above the roof, no throttling.</p>")
     return "\n".join(parts)
@@ -533,15 +540,18 @@ def _table_sections(
     if comparison is not None:
         heading = f"Comparison with {comparison.published_name}"
         sections.append(("comparison", heading, lambda: _comparison_section(run, comparison)))
-    fractions = fraction_summary(roofline_fractions(run, context.accelerators))
-    sections += [
-        (
-            "roofline",
-            "Fraction of the roofline bound",
-            lambda: _fraction_intro(run, context.accelerators) + frame_html(fractions, "roofline-fraction"),
-        ),
-        ("roofs", "Measured roofs", lambda: _roofs_section(run, check)),
-    ]
+    if not is_cpu_run(run):
+        fractions = fraction_summary(roofline_fractions(run, context.accelerators))
+        sections += [
+            (
+                "roofline",
+                "Fraction of the roofline bound",
+                lambda: (
+                    _fraction_intro(run, context.accelerators) + frame_html(fractions, "roofline-fraction")
+                ),
+            ),
+            ("roofs", "Measured roofs", lambda: _roofs_section(run, check)),
+        ]
     if "profile_status" in run.results:
         sections.append(("bytes", "Model vs measured bytes", lambda: _bytes_section(run)))
     gate = gate_table(run.run_dir)
@@ -551,6 +561,7 @@ def _table_sections(
     timings = phases.read(run.run_dir)
     if timings is not None:
         table = pd.DataFrame(phases.rows(timings))
+        table["share"] = table["share"].map(lambda share: "" if pd.isna(share) else f"{share:.1%}")
         sections.append(("timings", "Where the time went", lambda: frame_html(table, "timings")))
     record = jobs.read(run.run_dir)
     if record is not None:

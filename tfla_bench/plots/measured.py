@@ -234,7 +234,7 @@ def measured_roofline_figure(context: FigureContext, mode: str) -> Figure | None
     with the profiled rows' measured intensities where the run has them."""
     rows = chunkwise_mlstm_rows(context.run.results)
     rows = rows[rows["mode"] == mode]
-    if rows.empty:
+    if rows.empty or not context.roofs:  # a roofline without a roof (a CPU run) says nothing
         return None
     check = roof_check(rows, from_env(context.run.env))
     fig = new_figure(10, 6)

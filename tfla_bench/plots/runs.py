@@ -35,7 +35,7 @@ from matplotlib.lines import Line2D
 from tfla_bench.adapters import registry
 from tfla_bench.analyse.compare import SHORT_NAMES, Comparison, Run, param_columns
 from tfla_bench.analyse.headline import own_kernels
-from tfla_bench.plots.base import MAX_ASPECT, FigureContext, Plot, new_figure, run_subtitle
+from tfla_bench.plots.base import MAX_ASPECT, FigureContext, Plot, is_cpu_run, new_figure, run_subtitle
 from tfla_bench.plots.style import LineStyle, row_style
 
 PUBLISHED_GPU_SHORT = "H100"
@@ -635,12 +635,15 @@ def chunk_tradeoff_figure(context: FigureContext, shape: dict[str, Any]) -> Figu
 def run_plots(context: FigureContext) -> list[Plot]:
     """The figures of a run: one per swept axis, and one chunk trade-off per shape with a chunk sweep."""
     published = " Published values are dotted with crosses." if context.comparison is not None else ""
+    throttled = (
+        " A grey ring marks a case measured while the GPU was throttled (power cap or slowdown, from NVML)."
+    )
+    throttled = "" if is_cpu_run(context.run) else throttled
     plots = [
         Plot(
             "runtime_vs_seq_len",
             "Median runtime of each kernel over the sequence length at a constant number of tokens, "
-            f"forward and forward + backward (paper Fig. 5).{published} A grey ring marks a case "
-            "measured while the GPU was throttled (power cap or slowdown, from NVML).",
+            f"forward and forward + backward (paper Fig. 5).{published}{throttled}",
             runtime_vs_seq_len_figure,
         ),
         Plot(
