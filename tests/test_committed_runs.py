@@ -90,3 +90,22 @@ def test_the_readme_names_runs_by_a_path_that_exists():
     readme = (ROOT / "README.md").read_text()
     for path in re.findall(r"results/runs/[\w.-]+", readme):
         assert (ROOT / path).exists(), path
+
+
+def test_the_readme_headline_carries_the_caveats_of_its_run():
+    import pandas as pd
+
+    rows = pd.read_csv(RUNS / HEADLINE / "results.csv")
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    ok = rows[rows["status"] == "ok"]
+    throttled = ok[ok["throttled"].astype(str).str.lower() == "true"]
+    fa3 = rows[rows["kernel"] == "fa3"]
+    fa3_throttled = int((fa3["throttled"].astype(str).str.lower() == "true").sum())
+    assert f"{fa3_throttled} of `fa3`'s {len(fa3)} rows" in readme
+    assert f"{len(throttled)} of the run's {len(ok)} ok rows" in readme
+    assert sorted(throttled["kernel"].unique()) == ["fa3", "fa4", "sdpa_cudnn", "sdpa_flash"]
+    exp = rows[rows["kernel"] == "mlstm_kernels_exp"]
+    assert set(exp["status"]) == {"crashed"} and f"crashed on all {len(exp)} of its rows" in readme
+    headline_fa3 = fa3[(fa3["mode"] == "fwbw") & (fa3["seq_len"] == 8192)]
+    assert headline_fa3["throttled"].astype(str).str.lower().item() == "true"
+    assert f"| {headline_fa3['median_ms'].item():.2f}\\* |" in readme
