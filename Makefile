@@ -39,7 +39,7 @@ else
 TEST_ENV := TRITON_INTERPRET=1
 endif
 
-.PHONY: run test test-slow test-slurm lint clean wheelhouse cuda-wheels gpu
+.PHONY: run test test-quick test-slow test-slurm lint clean wheelhouse cuda-wheels gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,8 +65,18 @@ run: $(VENV)/.installed
 	$(BIN)/tfla-bench roofline --out $(OUT)
 
 test: $(VENV)/.installed-test
+	@echo "make test: ruff, then pytest, about 12 minutes on 2 CPU cores (make test-quick: about a minute)"
 	$(BIN)/ruff check .
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slurm and not slow"
+
+# The edit-test loop: the analysis, tables, figures, specs, registry and docs, about a minute on 2 CPU
+# cores; no sweep, no worker process and no kernel in the interpreter. `make test` runs them all.
+QUICK_TESTS := $(addprefix tests/test_,architecture cli_main cli_model cli_paths committed_runs compare \
+	compare_gpus console diff docs families figures gpustate model_counts model_roofline plots_runs \
+	published registry report roofs specs)
+test-quick: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slurm and not slow" $(addsuffix .py,$(QUICK_TESTS))
 
 # The tests marked slow (fault injection into real sweeps, jobs killed and requeued, the interpreted
 # kernels at 16-wide tiles): a minute or more each on 2 CPU cores. CI runs them after `make test`.

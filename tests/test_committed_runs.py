@@ -109,3 +109,55 @@ def test_the_readme_headline_carries_the_caveats_of_its_run():
     headline_fa3 = fa3[(fa3["mode"] == "fwbw") & (fa3["seq_len"] == 8192)]
     assert headline_fa3["throttled"].astype(str).str.lower().item() == "true"
     assert f"| {headline_fa3['median_ms'].item():.2f}\\* |" in readme
+
+
+def readme_block(starting: str) -> list[str]:
+    """The lines of the README's code block whose first line is `starting`."""
+    text = (ROOT / "README.md").read_text()
+    return text.split(f"```\n{starting}\n")[1].split("\n```")[0].splitlines()
+
+
+def test_the_readme_compare_sample_is_what_compare_prints(tmp_path, capsys, monkeypatch):
+    from tfla_bench.cli.main import main
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    sample = readme_block(f"$ tfla-bench compare results/runs/{HEADLINE}")
+    monkeypatch.chdir(ROOT)
+    assert main(["compare", f"results/runs/{HEADLINE}", "--csv", str(tmp_path / "c.csv")]) == 0
+    printed = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    shown = [line for line in sample if line != "..."]
+    assert len(shown) > 8 and [line for line in printed if line in shown] == shown  # in order
+
+
+def test_the_readme_smoke_sample_has_the_shape_the_sweep_prints(capsys):
+    from tfla_bench.measure.row import ResultRow
+    from tfla_bench.run import specs
+    from tfla_bench.run.console import make_console, summary_table
+
+    sample = readme_block("$ export TRITON_INTERPRET=1 PATH=$PWD/.venv/bin:$PATH")
+    cases = specs.expand(specs.load_spec(specs.find_spec(Path("smoke"))))
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"(Two of the {len(cases)} progress lines shown." in readme
+    assert sum(line.lstrip().startswith("ok ") for line in sample) == 2
+    table = [line for line in sample if line[:1] in "┏┃┡│└"]
+    # The table the sweep prints for the sample's own numbers, row by row.
+    rows = []
+    for line in table:
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if len(cells) != 6 or line[0] != "│":
+            continue
+        kernel, mode, dtype, config, *times = cells
+        for case in cases:
+            label = f"H{case.num_heads} Dqk{case.head_dim_qk} Dv{case.head_dim_v}"
+            label += f" L{case.chunk_size}" if case.chunk_size else ""
+            label += "".join(f" {k}={v}" for k, v in sorted(case.params.items()))
+            if (case.kernel, case.mode, case.dtype, label) == (kernel, mode, dtype, config):
+                median = float(times[[128, 256].index(case.seq_len)])
+                rows.append(ResultRow(case=case, family="", status="ok", median_ms=median))
+    assert len(rows) == len(cases)
+    make_console().print(summary_table(rows))
+    printed = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    assert [line for line in printed if line[:1] in "┏┃┡│└"] == table
+    done = next(line for line in sample if "case(s) run" in line)
+    counts = rf"{len(cases)} case\(s\) run, 0 decided without running, 0 kept"
+    assert re.fullmatch(rf"{counts}; [\d.]+ s; results in runs/smoke/results.csv", done)

@@ -86,3 +86,13 @@ def test_no_text_speaks_of_how_work_is_organised():
 )
 def test_denylist(line, found):
     assert bool(DENYLIST.search(line)) is found
+
+
+def test_the_quick_test_files_exist_and_the_readme_names_the_target():
+    makefile = (ROOT / "Makefile").read_text()
+    block = makefile.split("QUICK_TESTS := $(addprefix tests/test_,")[1].split(")")[0]
+    names = block.replace("\\", " ").split()
+    assert len(names) > 10
+    assert [name for name in names if not (ROOT / "tests" / f"test_{name}.py").is_file()] == []
+    readme = (ROOT / "README.md").read_text()
+    assert "make test-quick" in readme and "about 12 minutes" in readme
