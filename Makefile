@@ -1,13 +1,17 @@
 # Two entry points on a fresh machine: `make run` (the main job) and `make test` (the test suite).
-# Both create .venv. Without a CUDA GPU they install the CPU build of PyTorch (torch==2.13.0 on
-# these machines) first, so nothing pulls CUDA wheels, and the Triton kernels run under
-# TRITON_INTERPRET=1.
+# Both create .venv. Without a CUDA GPU they install the CPU build of PyTorch (torch==2.13.0, from
+# PyTorch's CPU index where it can be reached) first, so that nothing pulls CUDA wheels, and the
+# Triton kernels run under TRITON_INTERPRET=1.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 CPU_TORCH := torch==2.13.0
+# PyTorch's own index of CPU builds: on PyPI, torch for Linux x86_64 is the CUDA build (several GB).
+# Where this index cannot be reached (a machine with a local PyPI mirror only), pip takes $(CPU_TORCH)
+# from the configured index, and says so first.
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
 CPU_TRITON := triton==3.6.0
 # Triton 3.6's CPU interpreter calls int() on 1-element arrays (runtime loop bounds), which NumPy >= 2.3
 # rejects; the interpreter is how the kernels are tested without a GPU.
@@ -33,6 +37,9 @@ CUDA_SDISTS := causal-conv1d==1.7.0 $(MAMBA_SSM) flash-attn==2.8.3.post2
 CUDA_WHEELS ?= causal-conv1d mamba-ssm flash-attn fa3
 FLASH_ATTN_SRC ?=
 
+# setuptools' editable build warns about folders named like the package, which package-dir maps on purpose.
+QUIET_BUILD := PYTHONWARNINGS="ignore:Editable installation"
+
 ifeq ($(HAS_CUDA),yes)
 TEST_ENV :=
 else
@@ -49,16 +56,24 @@ $(VENV)/.torch: $(BIN)/python
 ifeq ($(HAS_CUDA),yes)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch
 else
+	@if $(BIN)/python -c "import urllib.request as u; u.urlopen('$(CPU_TORCH_INDEX)/torch/', timeout=5)" 2>/dev/null; \
+	then \
+		echo "installing the CPU build of $(CPU_TORCH) from $(CPU_TORCH_INDEX)"; \
+		$(BIN)/python -m pip install -q --index-url $(CPU_TORCH_INDEX) "$(CPU_TORCH)+cpu"; \
+	else \
+		echo "$(CPU_TORCH_INDEX) cannot be reached: installing $(CPU_TORCH) from pip's configured index" \
+			"(a CPU build where it holds one, as a local mirror may; from plain PyPI on Linux, the CUDA build)"; \
+	fi
 	$(BIN)/python -m pip install -q $(CPU_TORCH) $(CPU_TRITON) $(CPU_NUMPY)
 endif
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(BIN)/python -m pip install -q -e .
+	$(QUIET_BUILD) $(BIN)/python -m pip install -q -e .
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.torch
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(QUIET_BUILD) $(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
 run: $(VENV)/.installed
@@ -142,6 +157,6 @@ gpu:
 ifneq ($(wildcard $(WHEELHOUSE)/*.whl),)
 	$(PYTHON) -m pip install -q --no-index --find-links $(WHEELHOUSE) --no-deps "setuptools>=77" wheel
 endif
-	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	$(QUIET_BUILD) $(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PYTHON) -m tfla_bench.gpu_setup $(if $(wildcard $(WHEELHOUSE)/*.whl),--wheelhouse $(WHEELHOUSE)) \
 		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC))

@@ -96,3 +96,14 @@ def test_the_quick_test_files_exist_and_the_readme_names_the_target():
     assert [name for name in names if not (ROOT / "tests" / f"test_{name}.py").is_file()] == []
     readme = (ROOT / "README.md").read_text()
     assert "make test-quick" in readme and "about 12 minutes" in readme
+
+
+def test_the_cpu_install_names_pytorchs_cpu_index_and_quiets_the_editable_banner():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu" in makefile
+    assert '--index-url $(CPU_TORCH_INDEX) "$(CPU_TORCH)+cpu"' in makefile
+    assert "cannot be reached: installing $(CPU_TORCH)" in makefile
+    recipes = [line for line in makefile.splitlines() if line.startswith("\t")]
+    editable = [line for line in recipes if "pip install" in line and " -e " in line]
+    assert editable and all(line.strip().startswith("$(QUIET_BUILD)") for line in editable)
+    assert "download.pytorch.org/whl/cpu" in (ROOT / "docs" / "install.md").read_text()
