@@ -154,7 +154,8 @@ def test_our_kernels_run_on_the_cpu_in_the_interpreter_and_their_rows_say_no_spe
     assert "no speed claim" in rows["tfla_sig"].note and "no speed claim" not in rows["sdpa_math"].note
 
 
-def test_run_ad_hoc_dry_run(capsys, tmp_path):
+def test_run_ad_hoc_dry_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # each case on one line; a log folds the table to 80 columns
     args = ["run", "-k", "sdpa_math,sdpa_flash", "--seq-len", "64,128", "--tokens", "256", "--heads", "4"]
     args += ["--head-dim-qk", "32", "--mode", "fwbw", "--param", "causal=false", "--dry-run"]
     assert main(args) == 0
@@ -174,7 +175,8 @@ def test_run_names_a_misspelt_kernel_first_then_every_missing_flag_and_takes_the
     assert "B8 T8192 H32 Dqk128 Dv128" in capsys.readouterr().out  # 65,536 tokens, embedding 4096
 
 
-def test_sweep_dry_run_writes_nothing(capsys, spec_file, tmp_path, plugins):
+def test_sweep_dry_run_writes_nothing(capsys, spec_file, tmp_path, plugins, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # each case on one line; a log folds the table to 80 columns
     assert main(["sweep", str(spec_file), "--dry-run", "--kernel", "test_unavailable"]) == 0
     out = capsys.readouterr().out
     assert "4 case(s)" in out and "needs the package frobnicate" in out

@@ -93,3 +93,15 @@ def test_install_hints_are_one_unwrapped_line_per_command():
     reasons = {name: f"mamba-ssm not installed ({command})" for name in ("mamba", "mamba2")}
     print_install_hints(Console(file=out, width=80), {**reasons, "sdpa_cudnn": "needs CUDA"})
     assert out.getvalue().splitlines() == ["how to install:", f"  mamba, mamba2: {command}"]
+
+
+def test_the_dry_runs_table_of_cases_folds_to_80_columns_in_a_log(monkeypatch):
+    from tfla_bench.run.console import cases_table
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    cases = [
+        Case("mlstm_kernels_limit", "fwbw", "bfloat16", 8, 8192, 16, 128, 256, 64, params={"gate": "sig"})
+    ]
+    reason = "unsupported: " + "a reason long enough to fold over several lines of the table " * 2
+    text = printed(cases_table(cases, {cases[0].key: reason}))
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text

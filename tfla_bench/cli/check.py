@@ -32,7 +32,14 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import DTYPES
 from tfla_bench.errors import UserError
 from tfla_bench.measure import settings
-from tfla_bench.run.console import STATUS_STYLE, make_console, print_install_hints, progress_bar, split_reason
+from tfla_bench.run.console import (
+    STATUS_STYLE,
+    Fitted,
+    make_console,
+    print_install_hints,
+    progress_bar,
+    split_reason,
+)
 from tfla_bench.run.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, json_row, run_gate
 
 
@@ -149,7 +156,7 @@ def _seconds(result: GateResult) -> str:
     return "" if result.seconds is None else f"{result.seconds:.1f} s"
 
 
-def gate_table(results: list[GateResult]) -> Table:
+def gate_table(results: list[GateResult]) -> Fitted:
     """The verdicts, narrow enough for 80 columns; an unavailable adapter's install hint is left to
     `print_install_hints`, one unwrapped line each."""
     failed = failed_names(results)
@@ -175,4 +182,4 @@ def gate_table(results: list[GateResult]) -> Table:
             _seconds(result) if result.status not in ("unavailable", "unsupported") else "",
             split_reason(reason)[0] if result.status == "unavailable" else reason,
         )
-    return table
+    return Fitted(table)

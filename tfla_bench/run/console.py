@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Iterable, Mapping
 
 import pandas as pd
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -112,7 +112,7 @@ def row_line(row: ResultRow) -> str:
     return f"{styled_status(row.status, width=11)} {case_label(row.case)}: {detail}"
 
 
-def cases_table(cases: list[Case], fates: Mapping[str, str]) -> Table:
+def cases_table(cases: list[Case], fates: Mapping[str, str]) -> Fitted:
     """The expanded cases of a dry run and what would happen to each: `run`, or `fates[case.key]`."""
     table = Table(title=f"{len(cases)} case(s)")
     for column in ("kernel", "mode", "dtype", "shape"):
@@ -122,7 +122,7 @@ def cases_table(cases: list[Case], fates: Mapping[str, str]) -> Table:
     for case in cases:
         fate = fates.get(case.key, "run")
         table.add_row(case.kernel, case.mode, case.dtype, case_shape(case), case_params(case), fate)
-    return table
+    return Fitted(table)
 
 
 def timing_notes(kernels: Iterable[str]) -> list[str]:
@@ -190,6 +190,19 @@ def table_width(console: Console) -> int:
     if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
         return console.width
     return min(console.width, LOG_TABLE_WIDTH)
+
+
+class Fitted:
+    """A rich renderable drawn no wider than `table_width`: a table with folding columns folds them to
+    fit 80 columns in a log, as it does in a terminal."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from console.render(
+            self.renderable, options.update(width=min(options.max_width, table_width(console)))
+        )
 
 
 def print_frame(console: Console, df: pd.DataFrame, title: str) -> None:
@@ -299,7 +312,7 @@ def job_line(one: Round, job: JobRecord) -> str:
     return f"job {job.job_id} ({one.shard(job)}, {job.cases} cases) {job.state}{where}{error}"
 
 
-def jobs_table(record: JobsRecord, shard_rows: Mapping[str, int]) -> Table:
+def jobs_table(record: JobsRecord, shard_rows: Mapping[str, int]) -> Fitted:
     """Every job of a run: round, shard, id, state, node, cases, rows written, and its error log."""
     table = Table(title=f"{record.executor} jobs")
     for column in ("shard", "job id", "state", "node"):
@@ -319,4 +332,4 @@ def jobs_table(record: JobsRecord, shard_rows: Mapping[str, int]) -> Table:
             str(shard_rows.get(one.shard(job), 0)),
             detail,
         )
-    return table
+    return Fitted(table)
