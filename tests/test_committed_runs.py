@@ -129,11 +129,12 @@ def test_the_readme_compare_sample_is_what_compare_prints(tmp_path, capsys, monk
     assert len(shown) > 8 and [line for line in printed if line in shown] == shown  # in order
 
 
-def test_the_readme_smoke_sample_has_the_shape_the_sweep_prints(capsys):
+def test_the_readme_smoke_sample_has_the_shape_the_sweep_prints(capsys, monkeypatch):
     from tfla_bench.measure.row import ResultRow
     from tfla_bench.run import specs
     from tfla_bench.run.console import make_console, summary_table
 
+    monkeypatch.delenv("COLUMNS", raising=False)
     sample = readme_block("$ export TRITON_INTERPRET=1 PATH=$PWD/.venv/bin:$PATH")
     cases = specs.expand(specs.load_spec(specs.find_spec(Path("smoke"))))
     readme = " ".join((ROOT / "README.md").read_text().split())
