@@ -11,8 +11,8 @@ import math
 import os
 import sys
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -29,6 +29,9 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Rich squeezes tables to 80 columns when the output is not a terminal: a log or pipe keeps one row
 # per line at these widths.
@@ -174,6 +177,8 @@ def summary_table(rows: Iterable[ResultRow]) -> Table:
 
 
 def _cell(value: object) -> str:
+    import pandas as pd
+
     if value is None or value is pd.NA:
         return ""
     if isinstance(value, float):
@@ -183,6 +188,8 @@ def _cell(value: object) -> str:
 
 def print_frame(console: Console, df: pd.DataFrame, title: str) -> None:
     """Print a DataFrame as a rich table (numbers to 4 significant digits, empty cells for NaN)."""
+    import pandas as pd
+
     table = Table(title=title, title_justify="left", show_lines=False)
     for column in df.columns:
         numeric = pd.api.types.is_numeric_dtype(df[column])
