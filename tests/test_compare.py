@@ -213,7 +213,7 @@ def test_comparison_tables_per_mode(comparison):
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda d: (d / "results.csv").unlink(), "has no results.csv"),
+        (lambda d: (d / "results.csv").unlink(), "no results.csv"),
         (lambda d: (d / "env.json").unlink(), "has no env.json"),
         (lambda d: (d / "results.csv").write_text(""), "is empty"),
         (lambda d: _drop_column(d, "status"), "lacks status"),
@@ -244,7 +244,7 @@ def _keep_header_only(run_dir):
 
 def test_cli_missing_run_directory_exits_2(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "nope")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "no such run directory" in capsys.readouterr().err
 
 
 def test_cli_bad_normalize_exits_2(fig5_run, capsys):

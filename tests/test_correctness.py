@@ -209,6 +209,30 @@ def test_gate_shares_one_worker_and_replaces_it_after_a_crash_or_a_lost_context(
     assert "case gate_abort" in log.read_text()
 
 
+def test_gate_workers_side_by_side_keep_the_registry_order_and_their_own_logs(gate_adapters, tmp_path):
+    names = ["gate_exact", "gate_wrong", "gate_abort", "gate_exact", "gate_noref"]
+    log = tmp_path / "check.log"
+    started = []
+    results = correctness.run_gate(
+        names, "cpu", dtype="float32", timeout_s=300, log_path=log, processes=2, on_start=started.append
+    )
+    assert [r.name for r in results] == names and sorted(started) == sorted(names)
+    assert [r.status for r in results] == ["ok", "ok", "crashed", "ok", "no_reference"]
+    assert "SIGABRT" in results[2].reason
+    logs = [log, tmp_path / "check-1.log"]
+    assert all(path.is_file() for path in logs)
+    assert sum(path.read_text().count("case gate_") for path in logs) == len(names)
+
+
+def test_gate_processes_one_on_the_cpu_and_bounded_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(correctness.os, "cpu_count", lambda: 16)
+    assert correctness.gate_processes("cpu", 20) == 1
+    assert correctness.gate_processes("cuda", 20) == correctness.MAX_GATE_PROCESSES
+    assert correctness.gate_processes("cuda", 3) == 3
+    monkeypatch.setattr(correctness.os, "cpu_count", lambda: 2)
+    assert correctness.gate_processes("cuda", 20) == 1
+
+
 def check_cli():
     app = typer.Typer()
 

@@ -206,7 +206,7 @@ def test_cli_no_matching_case_or_no_run_is_one_line_and_exit_2(runs, tmp_path, c
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: no case of") and "\n" not in err
     assert main(["diff", str(a), str(tmp_path / "missing")]) == 2
-    assert "no results.csv" in capsys.readouterr().err
+    assert "no such run directory" in capsys.readouterr().err
     assert main(["diff", str(a), str(a), "--threshold", "-1"]) == 2
     assert main(["diff", str(a), str(a), "--plot", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err

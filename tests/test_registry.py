@@ -139,3 +139,66 @@ def test_our_kernels_run_on_the_cpu_under_the_interpreter_and_say_it(monkeypatch
     assert not adapter.cpu_capable and adapter.row_note() == ""
     if not torch.cuda.is_available():
         assert "CUDA not available" in adapter.available() and "TRITON_INTERPRET=1" in adapter.available()
+
+
+PROBED = """
+from tfla_bench.adapters.registry import Adapter, register
+
+
+class _Probed(Adapter):
+    family = "test"
+
+    def flops(self, case, mode):
+        return 1.0
+
+    def bytes(self, case, mode):
+        return 1.0
+
+
+@register
+class Here(_Probed):
+    name = "test_probe_here"
+
+
+@register
+class Missing(_Probed):
+    name = "test_probe_missing"
+
+    def available(self):
+        return "needs the package frobnicate"
+
+
+@register
+class Raising(_Probed):
+    name = "test_probe_raising"
+
+    def available(self):
+        raise RuntimeError("probe broke")
+"""
+
+
+def test_availability_side_by_side_matches_asking_here(scratch_registry, monkeypatch, tmp_path):
+    (tmp_path / "probed_adapters_for_test.py").write_text(PROBED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "probed_adapters_for_test", raising=False)
+    __import__("probed_adapters_for_test")
+
+    @registry.register
+    class OnlyHere(_Linear):  # its module does not register it: a pool process cannot find it
+        name = "test_probe_only_here"
+
+        def available(self):
+            return "asked in the calling process"
+
+    chosen = [registry.get(name) for name in ("test_probe_here", "test_probe_missing", "test_probe_raising")]
+    chosen += [registry.get("test_probe_only_here"), registry.get("sdpa_math"), registry.get("fa3")]
+    expected = {
+        "test_probe_here": None,
+        "test_probe_missing": "needs the package frobnicate",
+        "test_probe_raising": "available() raised RuntimeError: probe broke",
+        "test_probe_only_here": "asked in the calling process",
+        "sdpa_math": registry.get("sdpa_math").available(),
+        "fa3": registry.get("fa3").available(),
+    }
+    assert registry.availability(chosen, processes=1) == expected
+    assert registry.availability(chosen, processes=2) == expected

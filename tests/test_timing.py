@@ -121,6 +121,43 @@ def test_the_autotuning_budget_shortens_library_autotuners_and_restores_triton()
         assert Autotuner.__dict__["do_bench"] is original
 
 
+def test_first_config_only_runs_one_config_that_survives_pruning_and_caches_nothing():
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime.autotuner import Autotuner
+
+    ran = []
+    configs = [
+        triton.Config({"BLOCK": block}, pre_hook=lambda nargs, block=block: ran.append(block))
+        for block in (8, 16, 32)
+    ]
+
+    @triton.jit
+    def body(out_ptr, BLOCK: tl.constexpr):
+        tl.store(out_ptr + tl.arange(0, BLOCK), BLOCK)
+
+    def drop_the_first(configs, named_args, **kwargs):
+        return configs[1:]
+
+    def bench_once(fn, quantiles):
+        fn()
+        return [1.0, 1.0, 1.0]
+
+    kernel = triton.autotune(
+        configs=configs, key=[], prune_configs_by={"early_config_prune": drop_the_first}, do_bench=bench_once
+    )(body)
+    out = torch.zeros(32, dtype=torch.int32)
+    original = Autotuner.run
+    with timing.first_config_only():
+        kernel[(1,)](out)
+    assert ran == [16] and out[:16].tolist() == [16] * 16 and out[16:].tolist() == [0] * 16
+    assert Autotuner.run is original and kernel.cache == {} and len(kernel.configs) == 3
+    ran.clear()
+    kernel[(1,)](out)  # outside the block the autotuner times both configs left after pruning
+    assert sorted(set(ran)) == [16, 32] and len(kernel.cache) == 1
+
+
 def test_both_flushes_run_and_touch_their_whole_buffer(monkeypatch):
     import torch
 

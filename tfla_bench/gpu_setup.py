@@ -11,9 +11,11 @@ Steps, each timed:
    (`tfla_bench.cuda_wheels`), a wheel already in the wheelhouse used as it is;
 3. those wheels installed over whatever is there: a pure-Python mamba-ssm of the same version stays
    installed otherwise, and `mamba` unavailable;
-4. `tfla-bench list` and `tfla-bench check`, then one line per adapter still unavailable, with why.
+4. `tfla-bench check`: every adapter's verdict, and for each one that cannot run here, why.
 
-A second run finds everything installed and only checks. FlashAttention 3 builds from flash-attention's
+The wheels it builds stay in the wheelhouse, and it says so: carried to the next machine with it, they
+are installed there in seconds instead of built for minutes. A second run finds everything installed
+and only checks. FlashAttention 3 builds from flash-attention's
 `hopper/` at `FLASH_ATTN_COMMIT` with its cutlass submodule: `--flash-attn-src` (or `FLASH_ATTN_SRC`),
 else a clone where the network allows. flash-attn 2 takes about 30 minutes to build and is left out
 unless `--with-fa2`.
@@ -223,13 +225,6 @@ def build_all(builds: list[CudaBuild], wheelhouse: Path, fa_src: Path | None) ->
     return outcomes
 
 
-def unavailable_lines() -> list[str]:
-    """One line per adapter that cannot run here, with the reason."""
-    from tfla_bench.adapters import registry  # imports torch and every adapter module
-
-    return [f"{a.name}: {reason}" for a in registry.adapters() if (reason := a.available()) is not None]
-
-
 class SetupError(Exception):
     """A step that cannot go on; the message is the one line the user sees."""
 
@@ -254,18 +249,15 @@ def main(argv: list[str] | None = None, runner: Runner = run) -> int:
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for command in ("list", *(() if args.skip_check else ("check",))):
+    if not args.skip_check:
         cli = [
             sys.executable,
             "-c",
             "import sys; from tfla_bench.cli.main import main; sys.exit(main())",
-            command,
+            "check",
         ]
-        step(command, lambda cli=cli: "" if runner(cli) == 0 else "it failed (its message is above)")
-    missing = unavailable_lines()
-    for line in missing:
-        print(f"unavailable: {line}")
-    print(f"set-up done in {time.perf_counter() - started:.0f} s; {len(missing)} adapter(s) unavailable")
+        step("check", lambda: "" if runner(cli) == 0 else "it failed (its message is above)")
+    print(f"set-up done in {time.perf_counter() - started:.0f} s")
     return 0
 
 
@@ -304,8 +296,13 @@ def build_and_install(args: argparse.Namespace, wheelhouse: Path, runner: Runner
     if wheels and runner(pip("--force-reinstall", "--no-index", *map(str, wheels))) != 0:
         raise SetupError(f"pip could not install {', '.join(w.name for w in wheels)}")
     failed = [f"{package}: {outcome}" for package, outcome in outcomes.items() if outcome != "built"]
+    built = [package for package, outcome in outcomes.items() if outcome == "built"]
     done = f"installed {', '.join(w.name for w in wheels)}" if wheels else "nothing installed"
-    return "; ".join([done, *(f"FAILED {line}" for line in failed)])
+    carry = (
+        f"built {', '.join(built)} into {wheelhouse}: carry that folder to the next machine and "
+        "`make gpu` installs them there instead of building them"
+    )
+    return "; ".join([done, *(f"FAILED {line}" for line in failed), *([carry] if built else [])])
 
 
 def step(name: str, action: Callable[[], str]) -> None:

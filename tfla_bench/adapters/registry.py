@@ -52,6 +52,8 @@ ENTRY_POINT_GROUP = "tfla_bench.adapters"
 NO_SPEED_CLAIM = "no speed claim"
 PLUGINS_ENV = "TFLA_BENCH_PLUGINS"
 BUILT_IN_PACKAGES = ("tfla_bench.kernels.adapters", "tfla_bench.baselines")
+# Processes that import the adapters' libraries side by side in `availability`.
+MAX_PROBE_PROCESSES = 8
 
 
 class GateShape(Shape):
@@ -335,6 +337,53 @@ def find(name: str) -> Adapter | None:
     """The adapter called `name`, or None (e.g. a kernel of an old run whose plugin is not loaded)."""
     load()
     return _ADAPTERS.get(name)
+
+
+def available_reason(adapter: Adapter) -> str | None:
+    """`adapter.available()`; a probe that raises is a reason too, not a crash of the caller."""
+    try:
+        return adapter.available()
+    except Exception as exc:  # a third-party adapter's probe must not stop a listing or a sweep
+        return f"available() raised {exception_line(exc)}"
+
+
+def availability(chosen: list[Adapter], processes: int | None = None) -> dict[str, str | None]:
+    """Each adapter's `available_reason`, by name.
+
+    Nearly all of it is importing the libraries, which one process does one after another; so the
+    adapters' modules are asked in `processes` spawned processes side by side (default: one per two
+    host cores, at most `MAX_PROBE_PROCESSES`), each importing the module that registers its
+    adapters as a worker does. With one process, or where a process is lost, they are asked here.
+    """
+    by_module: dict[str, list[Adapter]] = {}
+    for adapter in chosen:
+        by_module.setdefault(type(adapter).__module__, []).append(adapter)
+    if processes is None:
+        processes = min(len(by_module), MAX_PROBE_PROCESSES, (os.cpu_count() or 2) // 2)
+    reasons: dict[str, str | None] = {}
+    if processes > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [
+                pool.submit(_available_in, module, [a.name for a in group])
+                for module, group in by_module.items()
+            ]
+            for future in futures:
+                try:
+                    reasons |= future.result()
+                except Exception:  # a lost process: its adapters are asked here below
+                    pass
+    return {a.name: reasons[a.name] if a.name in reasons else available_reason(a) for a in chosen}
+
+
+def _available_in(module: str, names: list[str]) -> dict[str, str | None]:
+    """`available_reason` of the named adapters, in a process of `availability`'s pool."""
+    load()
+    if any(name not in _ADAPTERS for name in names):
+        importlib.import_module(module)
+    return {name: available_reason(_ADAPTERS[name]) for name in names if name in _ADAPTERS}
 
 
 def get(name: str) -> Adapter:

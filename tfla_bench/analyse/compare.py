@@ -113,13 +113,7 @@ def load_run(run_dir: Path | str, gpu: str | None = None, flag: str = "--gpu") -
             GPUs and `gpu` picks none of them.
     """
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"run directory {run_dir} does not exist")
-    results_path = run_dir / rundir.RESULTS
-    if not results_path.is_file():
-        raise UserError(
-            f"{run_dir} has no {rundir.RESULTS}: not a run directory, or the run wrote no rows yet"
-        )
+    results_path = rundir.require_results(run_dir)
     read = rundir.read_results(results_path)
     if not read.header:
         raise UserError(f"{results_path} is empty")

@@ -232,11 +232,7 @@ def load_side(
         UserError: not a run directory, a run that names no GPU, or the roofs `side_roof` refuses.
     """
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run directory")
-    path = run_dir / rundir.RESULTS
-    if not path.is_file():
-        raise UserError(f"{run_dir}: no {rundir.RESULTS} (not a run directory)")
+    path = rundir.require_results(run_dir)
     if not (run_dir / rundir.ENV).is_file():
         raise UserError(f"{run_dir}: no {rundir.ENV}, so no GPU to compare")
     read = rundir.read_results(path)

@@ -179,10 +179,7 @@ def load(run_dir: Path, gpu: str | None = None) -> tuple[list[ResultRow], dict[s
     """A run directory's rows and env.json (an empty env when it has none), as the view of one GPU
     (`rundir.on_one_gpu`: `gpu`, or the run's only one)."""
     run_dir = Path(run_dir)
-    path = run_dir / rundir.RESULTS
-    if not path.is_file():
-        raise UserError(f"{run_dir}: no {rundir.RESULTS} (not a run directory)")
-    read = rundir.read_results(path)
+    read = rundir.read_results(rundir.require_results(run_dir))
     if read.skipped:
         print(f"warning: {read.warning()}", file=sys.stderr)
     # As `compare`, `plot` and `report` do, a newer schema or an unreadable env.json is refused.

@@ -11,31 +11,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from tfla_bench.analyse.compare import (
-    MATTERS_BAND,
-    NORMALIZE_CHOICES,
-    Comparison,
-    Run,
-    compare_run,
-    comparison_frame,
-    comparison_json,
-    comparison_summary,
-    comparison_tables,
-    load_run,
-    published_only_summary,
-    resolve_published_name,
-    rows_that_matter,
-)
-from tfla_bench.analyse.published import PUBLISHED_MEMORY_NOTE, list_published
 from tfla_bench.cli.paths import output_dir, output_file, path_option, writes
 from tfla_bench.errors import UserError
 from tfla_bench.run import rundir
 from tfla_bench.run.console import TABLE_WIDTH, make_console, print_frame
+
+if TYPE_CHECKING:
+    from tfla_bench.analyse.compare import Comparison, Run
 
 RunDirArgument = Annotated[
     Path,
@@ -97,6 +84,8 @@ def _inputs(run_dir: Path) -> tuple[Path, ...]:
 
 
 def _require_published(name: str | None, given: str | None) -> str:
+    from tfla_bench.analyse.published import list_published
+
     if name is None:
         known = ", ".join(sorted(list_published()))
         why = (
@@ -119,6 +108,22 @@ def compare(
 ) -> None:
     """Compare a run with the paper's published numbers: a summary per kernel and mode, then the rows
     that stand out; every row goes to RUN_DIR/compare.csv."""
+    rundir.require_results(run_dir)
+    # pandas takes half a second to import: loaded once the run is found.
+    from tfla_bench.analyse.compare import (
+        MATTERS_BAND,
+        NORMALIZE_CHOICES,
+        compare_run,
+        comparison_frame,
+        comparison_json,
+        comparison_summary,
+        comparison_tables,
+        load_run,
+        resolve_published_name,
+        rows_that_matter,
+    )
+    from tfla_bench.analyse.published import PUBLISHED_MEMORY_NOTE
+
     if normalize not in NORMALIZE_CHOICES:
         raise UserError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {normalize!r}")
     csv_flag = "--csv" if csv_out is not None else "compare.csv"
@@ -169,6 +174,8 @@ def _print_heading(console: Console, run: Run, comparison: Comparison) -> None:
 
 def _print_unmatched(console: Console, comparison: Comparison) -> None:
     """The rows of either side without a counterpart, counted per kernel and reason."""
+    from tfla_bench.analyse.compare import published_only_summary
+
     if not comparison.measured_only.empty:
         run_only = (
             comparison.measured_only.groupby(["kernel", "mode", "status", "reason"])
@@ -187,7 +194,8 @@ def plot(
     gpu: GpuOption = None,
 ) -> None:
     """Write the run's paper-style figures (runtime and memory vs seq_len, chunk trade-off, head dim)."""
-    # matplotlib takes a second to import; only this command draws.
+    rundir.require_results(run_dir)
+    # matplotlib takes a second to import: loaded once the run is found.
     from tfla_bench.plots.catalog import plot_run
 
     default = run_dir / rundir.for_gpu(rundir.FIGURES, gpu)
@@ -208,7 +216,8 @@ def report(
     gpu: GpuOption = None,
 ) -> None:
     """Write one self-contained HTML page with the run's environment, tables and figures."""
-    # matplotlib takes a second to import; only this command draws.
+    rundir.require_results(run_dir)
+    # matplotlib takes a second to import: loaded once the run is found.
     from tfla_bench.analyse.report import write_report
 
     default = run_dir / rundir.for_gpu(rundir.REPORT, gpu)

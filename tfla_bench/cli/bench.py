@@ -27,7 +27,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
 
-import torch
 import typer
 from rich import box
 from rich.console import Console
@@ -250,7 +249,9 @@ def list_adapters(
     """List every kernel adapter: its family, whether it runs here and, where not, why (and how to
     install it). --long or --json add layout, modes, dtypes, constraints and origin (built-in module,
     entry point or TFLA_BENCH_PLUGINS module)."""
-    entries = [_list_entry(adapter) for adapter in registry.adapters()]
+    adapters = registry.adapters()
+    reasons = registry.availability(adapters)
+    entries = [_list_entry(adapter, reasons[adapter.name]) for adapter in adapters]
     if as_json:
         typer.echo(json.dumps(entries, indent=2))
         return
@@ -273,9 +274,8 @@ def list_adapters(
     print_install_hints(console, {entry["name"]: entry["reason"] or "" for entry in entries})
 
 
-def _list_entry(adapter: registry.Adapter) -> dict[str, Any]:
-    """What `list --json` says of one adapter."""
-    reason = adapter.available()
+def _list_entry(adapter: registry.Adapter, reason: str | None) -> dict[str, Any]:
+    """What `list --json` says of one adapter, `reason` its `available()`."""
     return {
         "name": adapter.name,
         "family": adapter.family,
@@ -514,6 +514,8 @@ def _execute(
         ncu.locate(flags.ncu_path)  # a bad --ncu-path is refused before anything runs
     stdout = make_console()
     if flags.dry_run:
+        import torch
+
         stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
         if options is not None:
             stdout.print(f"would submit {cluster.describe(options, len(cases))}")
@@ -677,6 +679,8 @@ def _gate(names: list[str], device: str, run_dir: Path, console: Console) -> dic
     with check_command.gate_progress(len(names)) as callbacks:
         results = correctness.run_gate(names, device, log_path=run_dir / rundir.CHECK_LOG, **callbacks)
     console.print(check_command.gate_table(results))
+    import torch
+
     gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
     try:
         correctness.write_gate(run_dir / rundir.CHECK, results, gpu)

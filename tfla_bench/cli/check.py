@@ -81,8 +81,10 @@ def check(
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     timeout = settings.check("timeout_s", timeout, "--timeout")
-    device = _device(device)
     chosen = list(dict.fromkeys(names)) or None
+    for name in chosen or []:
+        registry.get(name)  # an unknown name is the user's mistake, said before torch loads
+    device = _device(device)
     total = len(chosen) if chosen else len(registry.adapters())
     with gate_progress(total, lines=as_json) as callbacks:
         results = run_gate(chosen, device, dtype=dtype, isolate=isolate, timeout_s=timeout, **callbacks)

@@ -20,16 +20,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tfla_bench.analyse.crossgpu import AUTO, GpuComparison, compare_gpus, kernel_tables, summarize
 from tfla_bench.cli.model import JsonOption
 from tfla_bench.cli.paths import output_dir, path_option, writes
-from tfla_bench.plots.crossgpu import speedup_figure
 from tfla_bench.run import rundir
 from tfla_bench.run.console import TABLE_WIDTH, make_console, print_frame
+
+if TYPE_CHECKING:
+    from tfla_bench.analyse.crossgpu import GpuComparison
 
 CSV_NAME = "compare-gpus.csv"
 FIGURE_NAME = "compare-gpus.png"
@@ -61,7 +62,7 @@ def compare_gpus_command(
             "--roofs",
             help="auto (each run's measured roofs, else its GPU's data sheet), measured or datasheet",
         ),
-    ] = AUTO,
+    ] = "auto",
     gpu_a: Annotated[
         str | None, typer.Option("--gpu-a", help="Run A's rows of this GPU (a run that mixes GPUs).")
     ] = None,
@@ -71,6 +72,11 @@ def compare_gpus_command(
 ) -> None:
     """Set run B beside run A on another GPU: the measured speed-up B / A per case against the roofline
     model's prediction; a summary, a table per kernel, compare-gpus.csv and compare-gpus.png."""
+    for run in (run_a, run_b):
+        rundir.require_results(run)
+    # pandas and matplotlib take a second to import: loaded once the runs are found.
+    from tfla_bench.analyse.crossgpu import compare_gpus
+
     comparison = compare_gpus(run_a, run_b, roofs, gpu_a, gpu_b)
     out = output_dir(out or default_out(run_a, run_b), "--out" if out else "the output folder")
     written = _write(comparison, out)
@@ -87,6 +93,8 @@ def compare_gpus_command(
 
 def _write(comparison: GpuComparison, out: Path) -> list[Path]:
     """compare-gpus.csv, and compare-gpus.png when a case has a prediction."""
+    from tfla_bench.plots.crossgpu import speedup_figure
+
     figure = speedup_figure(comparison)
     paths = [out / CSV_NAME, *([out / FIGURE_NAME] if figure is not None else [])]
     with writes(f"the comparison in {out}", folder=out):
@@ -99,6 +107,8 @@ def _write(comparison: GpuComparison, out: Path) -> list[Path]:
 
 def _print(comparison: GpuComparison) -> None:
     """The summary first, then the warnings, then a table per kernel."""
+    from tfla_bench.analyse.crossgpu import kernel_tables, summarize
+
     console = make_console(width=TABLE_WIDTH)
     console.print(f"A: {comparison.a.run_dir}\n   {comparison.a.describe()}")
     console.print(f"B: {comparison.b.run_dir}\n   {comparison.b.describe()}")

@@ -18,17 +18,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from matplotlib.backend_bases import FigureCanvasBase
 from rich.console import Console
 
-from tfla_bench.analyse.diff import RunDiff, diff_runs, display, ratio_figure
 from tfla_bench.cli.paths import output_file, path_option, writes
 from tfla_bench.errors import UserError
 from tfla_bench.run import rundir
 from tfla_bench.run.console import make_console, print_frame
+
+if TYPE_CHECKING:
+    from tfla_bench.analyse.diff import RunDiff
 
 RunArgument = Annotated[Path, typer.Argument(help="A run directory (results.csv, env.json).")]
 # The largest --threshold: a case 1000 times slower is past any gate a user means.
@@ -80,6 +81,13 @@ def diff(
     for path, flag in ((as_json, "--json"), (as_csv, "--csv"), (plot, "--plot")):
         if path is not None:
             output_file(path, flag, keep=inputs)
+    for run in (run_a, run_b):
+        rundir.require_results(run)
+    # pandas and matplotlib take a second to import: loaded once the flags and runs are checked.
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from tfla_bench.analyse.diff import diff_runs, ratio_figure
+
     if plot is not None and plot.suffix.lstrip(".").lower() not in FigureCanvasBase.get_supported_filetypes():
         known = ", ".join(sorted(FigureCanvasBase.get_supported_filetypes()))
         raise UserError(f"--plot {plot}: expected a file name ending in one of {known}")
@@ -113,6 +121,8 @@ def _print_rows(
     console: Console, result: RunDiff, threshold: float | None, changed: bool, every: bool
 ) -> None:
     """The cases `--all`, `--changed` or the default ask for, and a line for what is left out."""
+    from tfla_bench.analyse.diff import display
+
     if every:
         print_frame(console, display(result.rows), "B / A per case")
         for name, frame in (("A", result.only_a), ("B", result.only_b)):

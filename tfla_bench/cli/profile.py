@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -22,10 +22,12 @@ from tfla_bench.cli.paths import output_dir
 from tfla_bench.errors import UserError
 from tfla_bench.measure import ncu, roofs
 from tfla_bench.measure.row import ResultRow
-from tfla_bench.run import profiling, rundir, runner
+from tfla_bench.run import rundir, runner
 from tfla_bench.run.console import make_console
-from tfla_bench.run.profiling import CaseProfile
 from tfla_bench.run.specs import Spec
+
+if TYPE_CHECKING:
+    from tfla_bench.run.profiling import CaseProfile
 
 NcuPathOption = Annotated[
     Path | None, typer.Option("--ncu-path", help="the ncu executable (default: ncu on PATH)")
@@ -58,6 +60,9 @@ def profile(
     modes = _names([mode] if mode else [])
     if bad := [m for m in modes if m not in ("fw", "fwbw")]:
         raise UserError(f"--mode: expected fw or fwbw, got {', '.join(bad)}")
+    # pandas takes half a second to import: loaded once the flags are checked.
+    from tfla_bench.run import profiling
+
     chosen = profiling.select_rows(rows, _names(kernel), seq_lens, modes)
     ncu.require(ncu_path)  # before anything is written: without ncu no row could be profiled
     console = make_console()
@@ -101,6 +106,8 @@ def profile_run(
 ) -> list[CaseProfile]:
     """Profile `rows` of the run in `run_dir` (measured with `spec`) and print one line per case; without
     ncu, one line saying so (`sweep --ncu` after its rows are written)."""
+    from tfla_bench.run import profiling
+
     executable = ncu.locate(ncu_path)
     if executable is None:
         console.print(f"{ncu.NOT_FOUND}; no case profiled")

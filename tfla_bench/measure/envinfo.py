@@ -16,8 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 import tfla_bench
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.registry import installed_version
@@ -74,6 +72,8 @@ def collect(
             top-level GPU facts are the first one's.
         measurement: the measurement settings (warmup, reps, flush, graph, grad, timeout, clock).
     """
+    import torch
+
     cuda = torch.cuda.is_available()
     first_gpu = int(devices[0].partition(":")[2] or 0) if devices and devices[0].startswith("cuda") else None
     smi = nvidia_smi(first_gpu) if first_gpu is not None else {}

@@ -484,6 +484,44 @@ def autotuning_budget(rep_ms: float | None) -> Iterator[None]:
         Autotuner.do_bench = original
 
 
+@contextmanager
+def first_config_only() -> Iterator[None]:
+    """Within the block, every Triton autotuner runs the first of its configs that survives its own
+    pruning and compiles for the call, and times none: a correctness check needs one right output,
+    not the fastest config, and a library's autotuner can spend a minute compiling all of them.
+    Nothing is kept in the autotuner's cache, in memory or on disk. Restores Triton on exit."""
+    try:
+        from triton.runtime.autotuner import Autotuner
+        from triton.runtime.errors import OutOfResources
+    except ImportError:
+        yield
+        return
+    original = Autotuner.run
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        configs = self.configs
+        if len(configs) < 2:
+            return original(self, *args, **kwargs)
+        self.nargs = dict(zip(self.arg_names, args, strict=False))
+        candidates = self.prune_configs(kwargs)
+        try:
+            for index, config in enumerate(candidates):
+                self.configs = [config]
+                try:
+                    return original(self, *args, **kwargs)
+                except OutOfResources:
+                    if index == len(candidates) - 1:
+                        raise
+        finally:
+            self.configs = configs
+
+    Autotuner.run = run
+    try:
+        yield
+    finally:
+        Autotuner.run = original
+
+
 def _mark(cuda: bool) -> Any:
     if cuda:
         event = torch.cuda.Event(enable_timing=True)

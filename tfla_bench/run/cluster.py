@@ -51,7 +51,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 
 from tfla_bench.adapters.workloads import Case
@@ -196,6 +195,8 @@ def resolve(flags: ClusterFlags, recorded: JobsRecord | None) -> ClusterOptions 
     nodes = flags.nodes if flags.nodes is not None else base.get("nodes", 1)
     if nodes < 1:
         raise UserError(f"--nodes: expected a number of jobs >= 1, got {nodes}")
+    import torch
+
     cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     default_gpus = 1 if executor == "slurm" or cuda_count else 0
     gpus = flags.gpus_per_node if flags.gpus_per_node is not None else base.get("gpus_per_node", default_gpus)

@@ -13,8 +13,8 @@ import re
 import sys
 import textwrap
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.progress import (
     BarColumn,
@@ -32,6 +32,9 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.run.jobs import JobRecord, JobsRecord, Round
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Rich squeezes tables to 80 columns when the output is not a terminal: a log or pipe keeps one row
 # per line at these widths.
@@ -170,6 +173,9 @@ def summary_table(rows: Iterable[ResultRow]) -> FittedTable:
             else:
                 record[str(seq_len)] = row.status
         records.append(record)
+    # pandas takes a second to import; only a finished sweep's table needs it.
+    import pandas as pd
+
     frame = pd.DataFrame(records, columns=["kernel", "mode", "dtype", "config", *map(str, seq_lens)])
     notes = timing_notes(row.case.kernel for row in rows if row.status == "ok")
     title = "median runtime (ms) by seq_len; the status where not ok"
@@ -177,6 +183,8 @@ def summary_table(rows: Iterable[ResultRow]) -> FittedTable:
 
 
 def _cell(value: object) -> str:
+    import pandas as pd
+
     if value is None or value is pd.NA:
         return ""
     if isinstance(value, float):

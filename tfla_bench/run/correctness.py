@@ -26,14 +26,20 @@ The kernels run in a worker process of `tfla_bench.measure.worker` with a per-ad
 (`isolate=True`, the default): one process for all adapters, replaced after a crash, a hang or a
 CUDA error that poisons its context. A kernel that aborts the process (the official mLSTMexp
 xl_chunk kernel hits an LLVM assertion on Triton 3.6) or hangs in autotuning yields a `crashed` /
-`timeout` result that quotes the worker's last output, and the gate goes on.
+`timeout` result that quotes the worker's last output, and the gate goes on. On a GPU the adapters
+are shared among several such workers (`gate_processes`), since what a gate spends is mostly
+compiling on the host; results keep the registry's order. A third party's autotuner runs only its
+first config that compiles (`timing.first_config_only`): one right output is what the gate needs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import queue
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -55,6 +61,8 @@ if TYPE_CHECKING:
 
 TOLERANCES: dict[str, float] = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 5e-3}
 DEFAULT_TIMEOUT_S = 900.0
+# Gate workers side by side on a GPU: more only crowd the host cores that compile their kernels.
+MAX_GATE_PROCESSES = 8
 
 # Statuses of a gate result. `passed` is True/False for "ok" and False for "error", "crashed" and
 # "timeout" (an available adapter that cannot produce a checked output fails the gate); None for
@@ -139,28 +147,30 @@ def _failed(name: str, status: str, reason: str) -> GateResult:
     )
 
 
-def _preflight(adapter: Adapter, device: str, dtype: str | None) -> GateResult | Case:
-    """The gate case of `adapter`, or the result that says why the gate cannot run it."""
+def _preflight(adapter: Adapter, case: Case, device: str) -> GateResult | None:
+    """The result that says why the gate cannot run `case`, or None. Asked where the kernel would
+    run (a gate worker, when isolated), so that the library is imported once, there."""
     # torch takes seconds to import; only this path needs it.
     import torch
 
-    try:
-        reason = adapter.available()
-    except Exception as exc:  # a third-party adapter's probe must not stop the gate
-        reason = f"available() raised {exception_line(exc)}"
+    reason = registry.available_reason(adapter)
     if reason is not None:
         return _skipped(adapter.name, "unavailable", reason)
     if device.startswith("cuda") and not torch.cuda.is_available():
         return _skipped(adapter.name, "unavailable", "CUDA not available")
     if device == "cpu" and not adapter.cpu_capable:
         return _skipped(adapter.name, "unavailable", "needs a CUDA GPU")
-    case = gate_case(adapter, dtype)
     if case.dtype not in adapter.dtypes:
         return _skipped(adapter.name, "unsupported", f"dtype {case.dtype} not supported")
     reason = adapter.check(case)
     if reason is not None:
         return _skipped(adapter.name, "unsupported", reason)
-    return case
+    return None
+
+
+def verdict(adapter: Adapter, case: Case, device: str) -> GateResult:
+    """Why the gate cannot run `case`, or `compare`'s verdict on it, in this process."""
+    return _preflight(adapter, case, device) or compare(adapter, case, device)
 
 
 def compare(adapter: Adapter, case: Case, device: str) -> GateResult:
@@ -206,9 +216,12 @@ class GateJob:
     adapter_module: str
 
     def run(self, adapter: Adapter, device: str) -> GateResult:
-        verdict = compare(adapter, self.case, device)
-        log_outcome(f"gate {verdict.status} {verdict.reason or ''}")
-        return verdict
+        from tfla_bench.measure.timing import first_config_only
+
+        with first_config_only():
+            result = verdict(adapter, self.case, device)
+        log_outcome(f"gate {result.status} {result.reason or ''}")
+        return result
 
 
 def _worker_device(device: str) -> str:
@@ -260,15 +273,21 @@ def gate_adapter(
         timeout_s: with `isolate`, the time the kernel gets (first-call autotuning included).
         worker: with `isolate`, the worker to use (kept for the next adapter); default a fresh one.
     """
-    prepared = _preflight(adapter, device, dtype)
-    if isinstance(prepared, GateResult):
-        return prepared
+    case = gate_case(adapter, dtype)
     if not isolate:
-        return compare(adapter, prepared, device)
+        return verdict(adapter, case, device)
     if worker is not None:
-        return _isolated(adapter, prepared, worker, timeout_s)
+        return _isolated(adapter, case, worker, timeout_s)
     with gate_worker(device) as own:
-        return _isolated(adapter, prepared, own, timeout_s)
+        return _isolated(adapter, case, own, timeout_s)
+
+
+def gate_processes(device: str, adapters: int) -> int:
+    """How many gate workers check adapters side by side: on a GPU one per two host cores, at most
+    `MAX_GATE_PROCESSES`; on the CPU one, since the kernels themselves then need the cores."""
+    if device == "cpu":
+        return 1
+    return max(1, min(adapters, MAX_GATE_PROCESSES, (os.cpu_count() or 2) // 2))
 
 
 def run_gate(
@@ -279,18 +298,22 @@ def run_gate(
     isolate: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     log_path: Path | None = None,
+    processes: int | None = None,
     on_start: Callable[[str], None] | None = None,
     on_result: Callable[[GateResult], None] | None = None,
 ) -> list[GateResult]:
-    """Run the gate for the named adapters (all registered adapters when None), in registry order.
+    """Run the gate for the named adapters (all registered adapters when None); results in registry order.
 
     Args:
         adapter_names: adapter names; an unknown name is a `UserError`.
         device: `cuda`, `cuda:<i>` or `cpu`.
         dtype: input dtype for every adapter; default `gate_dtype` of each.
-        isolate: run the kernels in one worker process, replaced after a crash or a timeout.
+        isolate: run the kernels in worker processes, each replaced after a crash or a timeout.
         timeout_s: per-adapter time limit with `isolate`.
-        log_path: with `isolate`, keep the worker's output here.
+        log_path: with `isolate`, keep the first worker's output here and the others' beside it
+            (`check-1.log`, ...).
+        processes: with `isolate`, the workers that check adapters side by side; default
+            `gate_processes`.
         on_start: called with each adapter's name before it runs (progress display).
         on_result: called with each result as soon as it is known.
 
@@ -298,20 +321,52 @@ def run_gate(
         One `GateResult` per adapter, with its `seconds`.
     """
     chosen = [registry.get(name) for name in adapter_names] if adapter_names else registry.adapters()
-    results: list[GateResult] = []
-    with gate_worker(device, log_path) if isolate else _no_worker() as worker:
-        for adapter in chosen:
-            if on_start is not None:
-                on_start(adapter.name)
-            start = time.perf_counter()
-            result = gate_adapter(
-                adapter, device, dtype=dtype, isolate=isolate, timeout_s=timeout_s, worker=worker
-            )
-            result = dataclasses.replace(result, seconds=time.perf_counter() - start)
-            if on_result is not None:
-                on_result(result)
-            results.append(result)
-    return results
+    workers = 1 if not isolate else processes or gate_processes(device, len(chosen))
+    todo: queue.SimpleQueue[tuple[int, Adapter]] = queue.SimpleQueue()
+    for item in enumerate(chosen):
+        todo.put(item)
+    results: dict[int, GateResult] = {}
+    raised: list[BaseException] = []
+    lock = threading.Lock()
+
+    def serve_or_keep(index: int) -> None:
+        try:
+            serve(index)
+        except BaseException as exc:  # a bug in one worker's thread: raised again in the caller's
+            raised.append(exc)
+
+    def serve(index: int) -> None:
+        log = None if log_path is None or index == 0 else log_path.with_stem(f"{log_path.stem}-{index}")
+        with gate_worker(device, log or log_path) if isolate else _no_worker() as worker:
+            while True:
+                try:
+                    position, adapter = todo.get_nowait()
+                except queue.Empty:
+                    return
+                if on_start is not None:
+                    with lock:
+                        on_start(adapter.name)
+                start = time.perf_counter()
+                result = gate_adapter(
+                    adapter, device, dtype=dtype, isolate=isolate, timeout_s=timeout_s, worker=worker
+                )
+                result = dataclasses.replace(result, seconds=time.perf_counter() - start)
+                with lock:
+                    results[position] = result
+                    if on_result is not None:
+                        on_result(result)
+
+    threads = [
+        threading.Thread(target=serve_or_keep, args=(index,), daemon=True) for index in range(1, workers)
+    ]
+    for thread in threads:
+        thread.start()
+    serve(0)
+    for thread in threads:
+        thread.join()
+    if raised:
+        raise raised[0]
+    return [results[position] for position in range(len(chosen))]
 
 
 @contextmanager

@@ -461,6 +461,17 @@ def read_selection(run_dir: Path) -> tuple[list[str] | None, list[int] | None]:
     return kernels, seq_lens
 
 
+def require_results(run_dir: Path) -> Path:
+    """`run_dir`'s results.csv, or a UserError that says the folder is missing or is not a run."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    path = run_dir / RESULTS
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no {RESULTS} (not a run directory, or the run wrote no rows yet)")
+    return path
+
+
 def read_env(run_dir: Path) -> dict[str, Any]:
     """The run's `env.json` (empty when it has none yet).
 

@@ -112,13 +112,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import torch
 from rich.console import Console
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import RunFailed, UserError
-from tfla_bench.kernels import config as kernel_config
 from tfla_bench.measure import energy, envinfo
 from tfla_bench.measure import roofs as roofs_module
 from tfla_bench.measure import row as row_schema
@@ -288,6 +286,8 @@ def select_devices(gpus: str | None) -> list[str]:
     Args:
         gpus: the `--gpus` value or None.
     """
+    import torch
+
     if not torch.cuda.is_available():
         if gpus is not None:
             raise UserError("--gpus: no CUDA device is visible")
@@ -357,15 +357,14 @@ def plan(
     clock: PhaseClock | None = None,
 ) -> tuple[list[ResultRow], list[_Planned]]:
     """Split cases into rows decided now and cases to run (with their analytic counts); with `clock`,
-    the seconds spent on each adapter go to its `plan_s`."""
+    the seconds spent on each adapter's cases go to its `plan_s`. Whether each adapter can run here
+    is asked first, for all of them at once (`registry.availability`)."""
     failed_check = failed_check or {}
-    reasons: dict[str, str | None] = {}
+    reasons = registry.availability(list({case.kernel: registry.get(case.kernel) for case in cases}.values()))
     decided, to_run = [], []
     for case in cases:
         began = time.monotonic()
         adapter = registry.get(case.kernel)
-        if adapter.name not in reasons:
-            reasons[adapter.name] = adapter.available()
         row = decide(case, adapter, cuda=cuda, unavailable=reasons[adapter.name], failed_check=failed_check)
         if clock is not None:
             clock.add_plan(adapter.name, time.monotonic() - began)
@@ -577,6 +576,7 @@ class _Sweep:
 def _tune(cases: list[Case], device: str, processes: int, console: Console) -> None:
     """The `tune` phase: our kernels tuned at the shapes without a config for this GPU."""
     # imports torch and Triton, which only a sweep that tunes needs in this process.
+    from tfla_bench.kernels import config as kernel_config
     from tfla_bench.measure import tuning
 
     entries = tuning.tune_missing(cases, device, processes or 8, console.print)
@@ -701,6 +701,8 @@ def _start_workers(
     """Launch one worker per device that has cases, then write `env.json` with every one's device facts
     (and what `precompile` did and the measured roofs, if any, and the spec difference a resume
     was forced over)."""
+    from tfla_bench.kernels import config as kernel_config
+
     for planned in to_run:
         planned.shard = shard_of(planned.case.key, len(devices))
     used = sorted({planned.shard for planned in to_run})
