@@ -107,3 +107,7 @@ def test_the_cpu_install_names_pytorchs_cpu_index_and_quiets_the_editable_banner
     editable = [line for line in recipes if "pip install" in line and " -e " in line]
     assert editable and all(line.strip().startswith("$(QUIET_BUILD)") for line in editable)
     assert "download.pytorch.org/whl/cpu" in (ROOT / "docs" / "install.md").read_text()
+
+
+def test_the_readme_is_a_guide_under_250_lines():
+    assert len((ROOT / "README.md").read_text().splitlines()) < 250
