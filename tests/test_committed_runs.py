@@ -164,3 +164,23 @@ def test_the_readme_smoke_sample_has_the_shape_the_sweep_prints(capsys, monkeypa
     done = next(line for line in sample if "case(s) run" in line)
     counts = rf"{len(cases)} case\(s\) run, 0 decided without running, 0 kept"
     assert re.fullmatch(rf"{counts}; [\d.]+ s; results in runs/smoke/results.csv", done)
+
+
+def diff_pairs() -> list[pytest.param]:
+    """Each committed `diff_vs_<A>.csv` of a run B, with run A: the run of B's spec named `<A>`."""
+    pairs = []
+    for path in sorted(RUNS.glob("*/diff_vs_*.csv")):
+        spec = path.parent.name.rsplit("-", 2)[0]
+        (run_a,) = sorted(RUNS.glob(f"{spec}-{path.stem.removeprefix('diff_vs_')}*"))[:1]
+        pairs.append(pytest.param(run_a, path, id=path.parent.name))
+    return pairs
+
+
+@pytest.mark.parametrize(("run_a", "written"), diff_pairs())
+def test_a_committed_diff_csv_is_what_diff_writes_today(run_a, written):
+    from tfla_bench.analyse.diff import diff_runs
+
+    rows = diff_runs(run_a, written.parent).rows
+    assert written.read_text() == rows.to_csv(index=False), (
+        f"tfla-bench diff {run_a.name} {written.parent.name} --csv would change {written.name}"
+    )
