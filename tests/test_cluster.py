@@ -10,6 +10,7 @@ run whose rows come from two GPUs is refused unless `--gpu` picks one.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import multiprocessing
@@ -275,8 +276,8 @@ def test_shard_files_merge_without_duplicates_under_concurrent_writers(tmp_path)
     ]
     every = [case for shard in shards for case in shard]
     columns = row_schema.columns_for(every)
-    # A row a resume retries: the old crashed row is in results.csv, the shard writes its new one.
-    retried = ResultRow(case=shards[0][0], family="attention", status="crashed", error="old")
+    # A case a requeued job runs again: its interrupted row is in results.csv, the shard writes its new one.
+    retried = ResultRow(case=shards[0][0], family="attention", status="interrupted", error="old")
     rundir.rewrite_results(tmp_path / rundir.RESULTS, [retried], columns)
     record = JobsRecord("local", {}, [Round(1, "now", [JobRecord(i, str(i), 25) for i in range(4)])])
     context = multiprocessing.get_context("fork")
@@ -619,6 +620,33 @@ def test_rows_a_shard_writes_after_its_round_closed_are_merged_once(tmp_path):
     }
     assert not cluster.merge(tmp_path, record).late
     writer.close()
+
+
+def test_a_merge_changes_no_finished_row_of_results_csv(tmp_path):
+    """A finished row of results.csv stays as the file holds it (a NaN cell, its spelling of a
+    number) when an open round's shard holds another row of its case; an interrupted one is replaced."""
+    cases = [Case("sdpa_math", "fw", "float32", 1, 8 * (i + 1), 2, 8, 8, None, {}) for i in range(2)]
+    columns = row_schema.columns_for(cases)
+    shard = [ResultRow(case=case, family="attention", status="ok", median_ms=1.0) for case in cases]
+    _write_shard(tmp_path / rundir.shard_dir(1, 0) / rundir.RESULTS, shard, columns)
+    held = [
+        ResultRow(case=cases[0], family="attention", status="ok", median_ms=float("nan")),
+        ResultRow(case=cases[1], family="attention", status="interrupted"),
+    ]
+    rundir.rewrite_results(tmp_path / rundir.RESULTS, held, columns)
+    path = tmp_path / rundir.RESULTS
+    median = columns.index("median_ms")
+    lines = path.read_bytes().decode().splitlines(keepends=True)
+    cells = next(csv.reader([lines[1]]))
+    cells[median] = "NaN"
+    lines[1] = ",".join(f'"{cell}"' if "," in cell else cell for cell in cells) + "\r\n"
+    path.write_bytes("".join(lines).encode())
+    record = JobsRecord("slurm", {}, [Round(1, "now", [JobRecord(0, "5_0", 2, state="RUNNING")])])
+    cluster.merge(tmp_path, record)
+    after = path.read_bytes().decode().splitlines(keepends=True)
+    assert after[1] == lines[1]
+    assert [row.status for row in rows_of(tmp_path)] == ["ok", "ok"]
+    assert rows_of(tmp_path)[1].median_ms == 1.0
 
 
 def test_settle_merges_rows_of_closed_rounds(tmp_path):

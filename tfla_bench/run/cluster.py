@@ -386,6 +386,8 @@ def sweep(
     for job in submitted.jobs:
         if job.failed:
             console.print(f"[red]{job_line(submitted, job)}[/]; log {run_dir / job.stderr}")
+    runner.put_in_spec_order(run_dir / rundir.RESULTS, [case.key for case in cases], console)
+    merged.rows = rundir.read_results(run_dir / rundir.RESULTS).rows
     done = {row.case.key for row in merged.rows if row.status != "interrupted"}
     missing = [case for case in cases if case.key not in done]
     if missing:
@@ -875,12 +877,19 @@ def merge(run_dir: Path, record: JobsRecord) -> Merged:
                 job.merged_rows, late = len(shard.rows), True
             if new:
                 columns += [column for column in shard.header if column not in columns]
-            rows.update((row.case.key, row) for row in new)
+            rows.update((row.case.key, row) for row in new if _replaces(rows.get(row.case.key), row))
     merged = list(rows.values())
-    if merged != read.rows or columns != read.header:
+    if [row.to_csv() for row in merged] != [row.to_csv() for row in read.rows] or columns != read.header:
         rundir.rewrite_results(csv_path, merged, columns)
     _merge_env(run_dir, record)
     return Merged(merged, shard_rows, late)
+
+
+def _replaces(held: ResultRow | None, row: ResultRow) -> bool:
+    """Whether a shard's row takes the place of the row `results.csv` holds for its case: a
+    finished row stays as it is (a resume submits only cases without one; what replaces it is an
+    earlier round's late row or a file edited meanwhile)."""
+    return held is None or not held.finished or held.to_csv() == row.to_csv()
 
 
 def _merge_env(run_dir: Path, record: JobsRecord) -> None:

@@ -37,6 +37,9 @@ case again) and refuses a bad line before the last one, two different rows of on
 them holds is the user's call) and a file without write permission (a resume would replace it);
 `read_results` refuses a wrong header. All leave the file as it was. Every other file of the
 directory is written to a temporary file beside it, fsynced and renamed (`write_atomic`).
+A rewrite of `results.csv` (`rewrite_results`, `order_results`) writes every row the file already
+held as it was, byte for byte (a NaN cell stays `nan`, `1.50` stays `1.50`), and a finished sweep
+lists its rows in its spec's order.
 
 The environment variable `TFLA_BENCH_FAULT_ROW=N` makes the Nth row a `RowWriter` writes fail
 halfway with `ENOSPC` (a full disk), leaving a torn line, so tests can inject that fault.
@@ -167,12 +170,16 @@ class RowsRead:
         skipped: the lines that did not, with the reason.
         torn: whether the last record is one of them: cut by an interrupted write (no newline) or
             unparsable.
+        texts: the text of each row in `rows` as it is in the file, line ending included, and
+            `header_text` the header's: a rewrite keeps them byte for byte.
     """
 
     path: Path
     header: list[str] = field(default_factory=list)
     rows: list[ResultRow] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    header_text: str = ""
     skipped: list[Skipped] = field(default_factory=list)
     torn: bool = False
 
@@ -241,7 +248,7 @@ def read_results(path: Path) -> RowsRead:
         read.torn = True
         read.skipped.append(Skipped(1, "torn header (an interrupted write)"))
         return read
-    read.header = header_cells
+    read.header, read.header_text = header_cells, text[:header_end]
     _check_header(path, read.header)
     start, line = header_end, 2
     for index, (cells, end) in enumerate(records[1:], start=1):
@@ -252,6 +259,7 @@ def read_results(path: Path) -> RowsRead:
             try:
                 read.rows.append(ResultRow.from_csv(dict(zip(read.header, cells, strict=True))))
                 read.lines.append(line)
+                read.texts.append(text[start:end])
             except (ValueError, KeyError) as exc:
                 reason = f"bad value ({exc})"
         if reason is not None:
@@ -417,12 +425,43 @@ def _ignore_file_size_signal() -> None:
 
 
 def rewrite_results(path: Path, rows: list[ResultRow], columns: list[str]) -> None:
-    """Replace a results CSV by `rows` under `columns`, atomically."""
-    lines = [_line(columns)]
+    """Replace a results CSV by `rows` under `columns`, atomically.
+
+    A row equal to the file's own row of its case is written as the file held it: its line byte for
+    byte under the same header, else its cells as they were read, so a rewrite changes no finished
+    row, not even how a NaN cell or a number is spelled."""
+    try:
+        before = read_results(path)
+    except UserError:
+        before = RowsRead(path)
+    same_header = before.header == columns
+    own = {row.case.key: (row.to_csv(), text) for row, text in zip(before.rows, before.texts, strict=True)}
+    lines = [before.header_text.encode() if same_header else _line(columns)]
     for row in rows:
         cells = row.to_csv()
+        kept = own.get(row.case.key)
+        if kept is not None and kept[0] == cells:
+            if same_header:
+                lines.append(kept[1].encode())
+                continue
+            cells = dict(zip(before.header, next(_records(kept[1]))[0], strict=True))
         lines.append(_line([cells.get(name, "") for name in columns]))
     write_atomic(path, b"".join(lines))
+
+
+def order_results(path: Path, keys: list[str]) -> bool:
+    """Put the rows of a results CSV in the order of their case keys in `keys` (rows of other cases
+    after them, as they were), each line as it was; the file is rewritten only when the order
+    changes, and left alone while it holds a line that is not a row. Returns whether it was."""
+    read = read_results(path)
+    if read.skipped or not read.rows:
+        return False
+    position = {key: index for index, key in enumerate(keys)}
+    order = sorted(range(len(read.rows)), key=lambda i: position.get(read.rows[i].case.key, len(keys)))
+    if order == sorted(order):
+        return False
+    write_atomic(path, (read.header_text + "".join(read.texts[i] for i in order)).encode())
+    return True
 
 
 # ----------------------------------------------------------------------------------------------

@@ -444,6 +444,7 @@ def run_sweep(
     devices = devices or select_devices(None)
     cuda = devices[0] != "cpu"
     csv_path = run_dir / rundir.RESULTS
+    order = [case.key for case in cases]
     kept: list[ResultRow] = []
     columns = row_schema.columns_for(cases)
     if resume:
@@ -468,8 +469,18 @@ def run_sweep(
         # timings.json is secondary: failing to write it must not hide how the run itself ended.
         with contextlib.suppress(OSError):
             clock.write(run_dir)
+    put_in_spec_order(csv_path, order, console)
     report.rows = rundir.read_results(csv_path).rows
     return report
+
+
+def put_in_spec_order(csv_path: Path, order: list[str], console: Console) -> None:
+    """Rows come as their cases finish and a resume's after the kept ones; the finished run lists
+    them in its spec's order, each line as written. A failure leaves every row where it was."""
+    try:
+        rundir.order_results(csv_path, order)
+    except OSError as exc:
+        console.print(f"[yellow]warning:[/] {csv_path} keeps its rows in the order they came: {exc.strerror}")
 
 
 def _plan_beside_roofs(
