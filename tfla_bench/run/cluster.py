@@ -86,6 +86,28 @@ _FLAG_OF = {
     "constraint": "--constraint",
 }
 _SUBMITIT_OWNS = ("output", "error", "array", "signal", "open-mode")
+# sbatch's options that may be given without a value (its manual, Slurm 22.05 to 24.11); any other
+# KEY alone would reach sbatch and fail there, in sbatch's words.
+_VALUELESS = frozenset(
+    {
+        "contiguous",
+        "exclusive",
+        "get-user-env",
+        "hold",
+        "ignore-pbs",
+        "nice",
+        "no-kill",
+        "no-requeue",
+        "overcommit",
+        "oversubscribe",
+        "propagate",
+        "reboot",
+        "requeue",
+        "spread-job",
+        "use-min-nodes",
+        "verbose",
+    }
+)
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
@@ -262,6 +284,11 @@ def parse_slurm_args(entries: tuple[str, ...]) -> dict[str, str | bool]:
             raise UserError(f"--slurm-arg {key}: give it as {_FLAG_OF[key]}")
         if key in _SUBMITIT_OWNS:
             raise UserError(f"--slurm-arg {key}: set by tfla-bench (the jobs' logs go to the run directory)")
+        if not sep and key not in _VALUELESS:
+            raise UserError(
+                f"--slurm-arg {entry}: expected KEY=VALUE; sbatch takes no value only for "
+                f"{', '.join(sorted(_VALUELESS))}"
+            )
         options[key] = value.strip() if sep else True
     return options
 
