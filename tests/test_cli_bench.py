@@ -193,6 +193,28 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, expected):
     assert err.startswith("error: ") and expected in err and err.count("\n") == 1
 
 
+GPUS_EXPECTED = "--gpus: expected a count >= 1 or a comma list of distinct GPU indices"
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--gpus", "abc"], f"{GPUS_EXPECTED}, got 'abc'"),
+        (["--gpus", "-1"], f"{GPUS_EXPECTED}, got '-1'"),
+        (["--gpus", "0,0"], "--gpus: expected a count >= 1"),
+        (["--out", "runs/a\nb"], "--out 'runs/a\\nb': holds a control character ('\\n'); give a plain name"),
+        (["--out", "a\tb"], "holds a control character ('\\t')"),
+    ],
+)
+def test_a_dry_run_refuses_what_the_run_refuses(capsys, tmp_path, monkeypatch, flags, expected, dry_run):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "-k", "sdpa_math", *SHAPE, *flags, *dry_run]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("replace", "expected"),
     [

@@ -122,7 +122,12 @@ def _refusing_os_errors(flag: str, path: Path) -> Iterator[None]:
 
 
 def _check_name(path: Path, flag: str) -> None:
-    """Each name along `path` fits the file system, and none is a symlink that leads nowhere."""
+    """Each name along `path` fits the file system, none is a symlink that leads nowhere, and a
+    name still to be made holds no control character (a newline: a pasted command, a script's
+    unquoted variable), which would follow the folder into every listing and message."""
+    control = next((char for char in str(path) if ord(char) < 32 or ord(char) == 127), None)
+    if control is not None and not path.exists():
+        raise UserError(f"{flag} {str(path)!r}: holds a control character ({control!r}); give a plain name")
     for part in path.parts:
         if len(os.fsencode(part)) > 255:
             raise UserError(f"{flag} {path}: a name in it has {len(os.fsencode(part))} bytes; at most 255")

@@ -287,6 +287,19 @@ def select_devices(gpus: str | None) -> list[str]:
     Args:
         gpus: the `--gpus` value or None.
     """
+    indices: list[int] = []
+    if gpus is not None:
+        try:
+            if "," in gpus:
+                indices = [int(part) for part in gpus.split(",") if part.strip()]
+            else:
+                indices = list(range(int(gpus)))
+        except ValueError:
+            indices = []
+        if not indices or min(indices) < 0 or len(set(indices)) != len(indices):
+            raise UserError(
+                f"--gpus: expected a count >= 1 or a comma list of distinct GPU indices, got {gpus!r}"
+            )
     if not torch.cuda.is_available():
         if gpus is not None:
             raise UserError("--gpus: no CUDA device is visible")
@@ -294,14 +307,7 @@ def select_devices(gpus: str | None) -> list[str]:
     count = torch.cuda.device_count()
     if gpus is None:
         return [f"cuda:{index}" for index in range(count)]
-    try:
-        if "," in gpus:
-            indices = [int(part) for part in gpus.split(",") if part.strip()]
-        else:
-            indices = list(range(int(gpus)))
-    except ValueError as exc:
-        raise UserError(f"--gpus: expected a count or a comma list of GPU indices, got {gpus!r}") from exc
-    if not indices or len(set(indices)) != len(indices) or not all(0 <= i < count for i in indices):
+    if not all(i < count for i in indices):
         raise UserError(f"--gpus {gpus}: {count} GPU(s) visible (indices 0..{count - 1}), no repeats")
     return [f"cuda:{index}" for index in indices]
 
