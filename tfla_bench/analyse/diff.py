@@ -168,8 +168,8 @@ def load(run_dir: Path, gpu: str | None = None) -> tuple[list[ResultRow], dict[s
     if not path.is_file():
         raise UserError(f"{run_dir}: no {rundir.RESULTS} (not a run directory)")
     read = rundir.read_results(path)
-    if read.skipped:
-        print(f"warning: {read.warning()}", file=sys.stderr)
+    for line in ([read.warning()] if read.skipped else []) + rundir.record_warnings(run_dir):
+        print(f"warning: {line}", file=sys.stderr)
     # As `compare`, `plot` and `report` do, a newer schema or an unreadable env.json is refused.
     env = rundir.read_env(run_dir)
     return rundir.on_one_gpu(read.rows, env, gpu, where=run_dir)

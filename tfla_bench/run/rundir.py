@@ -500,6 +500,29 @@ def read_selection(run_dir: Path) -> tuple[list[str] | None, list[int] | None]:
     return kernels, seq_lens
 
 
+def record_warnings(run_dir: Path) -> list[str]:
+    """One line for each of the run's own records that `--resume` needs (`SPEC`, `SELECTION`) and
+    cannot read, for the commands that read the rows without them."""
+    problems = []
+    path = run_dir / SPEC
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or not record:
+            problems.append(f"{path} is not a spec record")
+    except FileNotFoundError:
+        pass
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(f"{path} is not readable JSON: {exc}")
+    try:
+        read_selection(run_dir)
+    except UserError as exc:
+        problems.append(str(exc))
+    return [
+        f"{problem}; the rows are read as they are, but --resume cannot continue this run"
+        for problem in problems
+    ]
+
+
 def read_env(run_dir: Path) -> dict[str, Any]:
     """The run's `env.json` (empty when it has none yet).
 
