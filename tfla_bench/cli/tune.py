@@ -67,6 +67,11 @@ def tune(
         raise UserError("tune times our kernels on a GPU and needs CUDA; no CUDA device is visible")
     path = out or kconfig.user_tuned_file()
     output_file(path, "--out")
+    if path.exists():
+        try:
+            kconfig.load_tuned(path)  # the search's entry is added to it: it must read, before the search
+        except ValueError as exc:
+            raise UserError(f"--out {exc}; repair or remove it first (nothing was searched)") from None
     if tables is not None:
         output_dir(tables, "--tables")
     arch, name = kconfig.gpu_target(torch.device("cuda"))
