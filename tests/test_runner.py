@@ -198,6 +198,25 @@ def test_resume_keeps_every_finished_line_byte_for_byte_in_spec_order(sweep, tmp
     )
 
 
+def test_a_spec_json_edited_between_a_run_and_its_resume_is_refused_unless_forced(sweep, tmp_path):
+    spec, _, report = sweep
+    run_dir = tmp_path / "copy"
+    run_dir.mkdir()
+    for name in ("results.csv", "spec.json", "env.json"):
+        (run_dir / name).write_bytes((report.run_dir / name).read_bytes())
+    recorded = json.loads((run_dir / "spec.json").read_text())
+    (run_dir / "spec.json").write_text(json.dumps({**recorded, "reps": 7}))
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    edited = runner.load_run_spec(run_dir)
+    with pytest.raises(UserError, match=r"spec.json was edited after the run wrote it, at reps: 7 here"):
+        runner.check_run_dir(run_dir, edited, resume=True)
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
+    forced = runner.check_run_dir(run_dir, edited, resume=True, force=True)
+    assert forced == "spec.json edited at reps: 7 here, 2 in the run"
+    runner.run_sweep(edited, specs.expand(edited), run_dir, resume=True, forced=forced, devices=["cpu"])
+    assert runner.check_run_dir(run_dir, edited, resume=True) is None  # the new attempt recorded it
+
+
 def test_resolve_run_dir_refuses_existing_results(sweep, tmp_path):
     spec, _, report = sweep
     assert runner.resolve_run_dir("x", report.run_dir, None) == (report.run_dir, False)

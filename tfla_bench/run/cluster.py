@@ -493,7 +493,7 @@ def submit(
         todo, kept, columns = cases, [], row_schema.columns_for(cases)
     try:
         rundir.rewrite_results(csv_path, kept, columns)
-        rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
+        rundir.write_spec(run_dir, spec.to_dict())
     except OSError as exc:
         raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
     if kept:

@@ -106,6 +106,10 @@ SUBMITIT = "submitit"
 SHARDS = "shards"
 JOB_END = "job-end.json"
 FAULT_ROW_ENV = "TFLA_BENCH_FAULT_ROW"
+# What a run directory keeps of itself (its rows, its records, its jobs' folders): no command's output
+# may replace one of them or write inside one (`own_part`).
+OWN_FILES = (RESULTS, ENV, SPEC, SELECTION, TIMINGS, CHECK, CHECK_LOG, PROFILE, LOCK, JOBS, JOB_END)
+OWN_FOLDERS = (SHARDS, SUBMITIT, NCU)
 
 
 def worker_log(index: int) -> str:
@@ -138,6 +142,22 @@ def for_gpu(name: str, gpu: str | None) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "gpu"
     stem, dot, suffix = name.partition(".")
     return f"{stem}-{slug}{dot}{suffix}"
+
+
+def own_part(path: Path) -> Path | None:
+    """The file or folder of a run directory's own (`OWN_FILES`, `OWN_FOLDERS`) that `path` is or lies
+    in, or None. A run directory is a folder holding `SPEC` or `RESULTS`."""
+    path = Path(os.path.abspath(path))
+    if path.name in OWN_FILES and _is_run_dir(path.parent):
+        return path
+    for place in (path, *path.parents):
+        if place.name in OWN_FOLDERS and _is_run_dir(place.parent):
+            return place
+    return None
+
+
+def _is_run_dir(folder: Path) -> bool:
+    return (folder / SPEC).is_file() or (folder / RESULTS).is_file()
 
 
 def _line(cells: list[str]) -> bytes:
@@ -240,7 +260,8 @@ def read_results(path: Path) -> RowsRead:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     if not data:
         return read
-    text = data.decode("utf-8", errors="replace")
+    # An editor may have saved the file with a byte-order mark; its rows are the same.
+    text = data.decode("utf-8-sig", errors="replace")
     records = list(_records(text))
     header_cells, header_end = records[0]
     if header_end == len(text) and not text.endswith("\n"):
@@ -468,6 +489,16 @@ def order_results(path: Path, keys: list[str]) -> bool:
 # Environment, spec, GPU
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file of the run directory, read as UTF-8 whatever the locale, a byte-order mark (an
+    editor's) allowed.
+
+    Raises:
+        OSError, UnicodeDecodeError, json.JSONDecodeError: as reading and parsing raise them.
+    """
+    return json.loads(path.read_text(encoding="utf-8-sig"))
+
+
 def write_selection(run_dir: Path, kernels: list[str] | None, seq_lens: list[int] | None) -> None:
     """Record which of the spec's cases the sweep keeps (`SELECTION`; None: no filter)."""
     write_json(run_dir / SELECTION, {"kernels": kernels or None, "seq_lens": seq_lens or None})
@@ -482,7 +513,7 @@ def read_selection(run_dir: Path) -> tuple[list[str] | None, list[int] | None]:
     """
     path = run_dir / SELECTION
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)
     except FileNotFoundError:
         return None, None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -506,7 +537,7 @@ def record_warnings(run_dir: Path) -> list[str]:
     problems = []
     path = run_dir / SPEC
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)
         if not isinstance(record, dict) or not record:
             problems.append(f"{path} is not a spec record")
     except FileNotFoundError:
@@ -531,7 +562,7 @@ def read_env(run_dir: Path) -> dict[str, Any]:
     """
     path = run_dir / ENV
     try:
-        env = json.loads(path.read_text())
+        env = read_json(path)
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -625,6 +656,32 @@ def on_one_gpu(
         raise UserError(f"{flag} {gpu}: no row of {where} was measured on it (its GPUs: {listing or 'none'})")
     node = next((node for node in env.get("nodes", []) if node.get("gpu_name") == gpu), {})
     return [row for row in rows if row.gpu_name in ("", gpu)], {**env, **node, "gpu_name": gpu}
+
+
+def write_spec(run_dir: Path, spec: dict[str, Any]) -> None:
+    """Write `SPEC`, and the same spec as `spec_record` of the run's latest attempt in `ENV` once
+    there is one (a new attempt's record gets it when it is written), so that an edit of `SPEC`
+    shows (`spec_edit`)."""
+    write_json(run_dir / SPEC, spec)
+
+    def record(latest: dict[str, Any]) -> bool:
+        if latest.get("spec_record") == spec:
+            return False
+        latest["spec_record"] = spec
+        return True
+
+    if (run_dir / ENV).is_file():
+        update_env(run_dir, record)
+
+
+def spec_edit(run_dir: Path, spec: dict[str, Any]) -> str | None:
+    """How `spec` (the run's `SPEC` as read now) differs from the spec its latest attempt recorded
+    (`spec_difference`), or None: the same, or a run that recorded none."""
+    env = read_env(run_dir)
+    resumed = env.get("resumed")
+    latest = resumed[-1] if isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict) else env
+    record = latest.get("spec_record")
+    return spec_difference(record, spec) if isinstance(record, dict) else None
 
 
 def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:

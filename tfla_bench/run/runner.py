@@ -232,21 +232,29 @@ def check_run_dir(run_dir: Path, spec: Spec, *, resume: bool, force: bool = Fals
             )
         return None
     rundir.read_env(run_dir)
-    difference = rundir.spec_difference(load_run_spec(run_dir).to_dict(), spec.to_dict())
+    recorded = load_run_spec(run_dir).to_dict()
+    edited = rundir.spec_edit(run_dir, recorded)
+    if edited and not force:
+        raise UserError(
+            f"--resume {run_dir}: its {rundir.SPEC} was edited after the run wrote it, at {edited}; its "
+            "rows were measured with the spec it held: undo the edit, or resume with --force to measure "
+            "the rest with it"
+        )
+    difference = rundir.spec_difference(recorded, spec.to_dict())
     if difference and not force:
         raise UserError(
             f"--resume {run_dir}: the spec differs from the run's own at {difference} "
             "(--force mixes them deliberately)"
         )
     rundir.read_results(csv_path).for_resume()
-    return difference
+    return "; ".join(filter(None, [edited and f"{rundir.SPEC} edited at {edited}", difference])) or None
 
 
 def load_run_spec(run_dir: Path) -> Spec:
     """The spec saved in a run directory (for `--resume` without a spec file)."""
     path = run_dir / rundir.SPEC
     try:
-        raw = json.loads(path.read_text())
+        raw = rundir.read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     return parse_spec(raw, str(path))
@@ -513,7 +521,7 @@ def _start_results(run_dir: Path, spec: Spec, kept: list[ResultRow], columns: li
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.rewrite_results(csv_path, kept, columns)
-        rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
+        rundir.write_spec(run_dir, spec.to_dict())
         return rundir.RowWriter(csv_path, columns)
     except OSError as exc:
         raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
@@ -748,6 +756,7 @@ def _start_workers(
         env["roofs"] = measured_roofs
     if forced is not None:
         env["forced_spec_difference"] = forced
+    env["spec_record"] = spec.to_dict()  # what spec.json held: `--resume` refuses an edit of it
     previous = rundir.read_env(run_dir)
     if previous:
         previous.setdefault("resumed", []).append(env)

@@ -24,6 +24,7 @@ Every mistake in a spec is a `UserError` naming the file, the key and what was e
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import itertools
 import math
@@ -239,9 +240,14 @@ def load_spec(path: str | Path) -> Spec:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise UserError(f"cannot read spec {path}: {exc.strerror or exc}") from exc
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise UserError(f"{path}: saved as UTF-16; TOML is UTF-8: save it as UTF-8")
+    try:
+        # TOML is UTF-8 whatever the locale; an editor's byte-order mark is allowed.
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not a TOML text file (byte {exc.start} is not UTF-8)") from None
     try:
