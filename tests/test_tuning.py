@@ -220,7 +220,7 @@ def test_tune_tables_into_a_folder_not_made_yet_makes_it(tmp_path, monkeypatch, 
     tables = tmp_path / "not" / "yet"
     argv = ["tune", "tfla:sig:8,16,8192,128,256:128", "--out", str(tmp_path / "tuned.json")]
     assert main([*argv, "--tables", str(tables)]) == 0, capsys.readouterr().err
-    assert [path.name for path in tables.iterdir()] == ["tuning-tfla-sig-B8-NH16-T8192-Dqk128-Dv256-L128.md"]
+    assert [path.stem for path in tables.iterdir()] == ["tuning-tfla-sig-B8-NH16-T8192-Dqk128-Dv256-L128"]
     assert len(json.loads((tmp_path / "tuned.json").read_text())) == 1
 
 
