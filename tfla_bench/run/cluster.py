@@ -590,26 +590,12 @@ def follow(
     state_tasks: dict[str, Any] = {}
     last_poll = float("-inf")
     seen: dict[str, SlurmSeen] = {}
-    holds: dict[str, str] = {}
-    unanswered_since: float | None = None
+    watch = _Watch(run_dir)
     with progress:
         while True:
             if record.executor == "slurm" and time.monotonic() - last_poll >= STATE_POLL_S:
                 last_poll = time.monotonic()
-                poll = poll_slurm([job.job_id for job in submitted.jobs if not job.ended])
-                seen = poll.seen
-                say_poll(poll, progress.console, holds)
-                if "squeue" not in poll.failed:
-                    unanswered_since = None
-                elif unanswered_since is None:
-                    unanswered_since = last_poll
-                if unanswered_since is not None and last_poll - unanswered_since >= slurm_wait_s():
-                    raise RunFailed(
-                        f"Slurm's queue has not answered for {last_poll - unanswered_since:.0f} s "
-                        f"(squeue: {poll.failed['squeue']}); the jobs may still run and write rows: "
-                        f"`tfla-bench status {run_dir}` merges them once it answers "
-                        f"({SLURM_WAIT_ENV} sets this wait)"
-                    )
+                seen = watch.poll([job.job_id for job in submitted.jobs if not job.ended], progress.console)
             before = [(job.state, job.host) for job in submitted.jobs]
             for job in _refresh(record.executor, run_dir, submitted, handles, seen):
                 progress.console.print(job_line(submitted, job))
@@ -731,6 +717,38 @@ def _refresh_open(record: JobsRecord, run_dir: Path) -> SlurmPoll:
         handles = [kind(folder=folder, job_id=job.job_id) for job in one.jobs]
         _refresh(record.executor, run_dir, one, handles, poll.seen)
     return poll
+
+
+@dataclass
+class _Watch:
+    """What following a round keeps between its polls of Slurm: the holds said, and since when
+    squeue has failed."""
+
+    run_dir: Path
+    holds: dict[str, str] = field(default_factory=dict)
+    unanswered_since: float | None = None
+
+    def poll(self, job_ids: list[str], console: Console) -> dict[str, SlurmSeen]:
+        """Poll Slurm about the jobs and say what it found amiss (`say_poll`).
+
+        Raises:
+            RunFailed: squeue has failed for `slurm_wait_s` seconds.
+        """
+        now = time.monotonic()
+        poll = poll_slurm(job_ids)
+        say_poll(poll, console, self.holds)
+        if "squeue" not in poll.failed:
+            self.unanswered_since = None
+        elif self.unanswered_since is None:
+            self.unanswered_since = now
+        elif now - self.unanswered_since >= slurm_wait_s():
+            raise RunFailed(
+                f"Slurm's queue has not answered for {now - self.unanswered_since:.0f} s "
+                f"(squeue: {poll.failed['squeue']}); the jobs may still run and write rows: "
+                f"`tfla-bench status {self.run_dir}` merges them once it answers "
+                f"({SLURM_WAIT_ENV} sets this wait)"
+            )
+        return poll.seen
 
 
 def say_poll(poll: SlurmPoll, console: Console, holds: dict[str, str]) -> None:
