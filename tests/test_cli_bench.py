@@ -203,6 +203,7 @@ GPUS_EXPECTED = "--gpus: expected a count >= 1 or a comma list of distinct GPU i
         (["--gpus", "abc"], f"{GPUS_EXPECTED}, got 'abc'"),
         (["--gpus", "-1"], f"{GPUS_EXPECTED}, got '-1'"),
         (["--gpus", "0,0"], "--gpus: expected a count >= 1"),
+        (["--gpus", "1" + "0" * 15], "--gpus: expected a count >= 1"),
         (["--out", "runs/a\nb"], "--out 'runs/a\\nb': holds a control character ('\\n'); give a plain name"),
         (["--out", "a\tb"], "holds a control character ('\\t')"),
     ],

@@ -456,11 +456,11 @@ def rewrite_results(path: Path, rows: list[ResultRow], columns: list[str]) -> No
     except UserError:
         before = RowsRead(path)
     same_header = before.header == columns
-    own = {row.case.key: (row.to_csv(), text) for row, text in zip(before.rows, before.texts, strict=True)}
+    held = {row.case.key: (row.to_csv(), text) for row, text in zip(before.rows, before.texts, strict=True)}
     lines = [before.header_text.encode() if same_header else _line(columns)]
     for row in rows:
         cells = row.to_csv()
-        kept = own.get(row.case.key)
+        kept = held.get(row.case.key)
         if kept is not None and kept[0] == cells:
             if same_header:
                 lines.append(kept[1].encode())
@@ -582,10 +582,15 @@ def update_env(run_dir: Path, change: Callable[[dict[str, Any]], bool]) -> None:
     """Apply `change` to the record of the run's latest attempt in `env.json` (the last one under
     `resumed`, else the top one), and write the file when `change` says it changed it."""
     env = read_env(run_dir)
-    resumed = env.get("resumed")
-    latest = resumed[-1] if isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict) else env
-    if change(latest):
+    if change(_latest_attempt(env)):
         write_json(run_dir / ENV, env)
+
+
+def _latest_attempt(env: dict[str, Any]) -> dict[str, Any]:
+    """The record of a run's latest attempt in its `env.json`: the last one under `resumed`, else
+    the top one."""
+    resumed = env.get("resumed")
+    return resumed[-1] if isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict) else env
 
 
 @dataclass(frozen=True)
@@ -677,10 +682,7 @@ def write_spec(run_dir: Path, spec: dict[str, Any]) -> None:
 def spec_edit(run_dir: Path, spec: dict[str, Any]) -> str | None:
     """How `spec` (the run's `SPEC` as read now) differs from the spec its latest attempt recorded
     (`spec_difference`), or None: the same, or a run that recorded none."""
-    env = read_env(run_dir)
-    resumed = env.get("resumed")
-    latest = resumed[-1] if isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict) else env
-    record = latest.get("spec_record")
+    record = _latest_attempt(read_env(run_dir)).get("spec_record")
     return spec_difference(record, spec) if isinstance(record, dict) else None
 
 

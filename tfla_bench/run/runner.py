@@ -289,6 +289,10 @@ def resume_plan(
     return cases, kept, columns
 
 
+# More GPUs than any node has: a `--gpus` count above it is a typo, refused before a list of it is made.
+MAX_GPUS = 1024
+
+
 def select_devices(gpus: str | None) -> list[str]:
     """Worker devices: every visible GPU, the first N (`--gpus N`), a list (`--gpus 0,2`), or `cpu`.
 
@@ -300,7 +304,7 @@ def select_devices(gpus: str | None) -> list[str]:
         try:
             if "," in gpus:
                 indices = [int(part) for part in gpus.split(",") if part.strip()]
-            else:
+            elif 0 < int(gpus) <= MAX_GPUS:
                 indices = list(range(int(gpus)))
         except ValueError:
             indices = []
