@@ -216,6 +216,18 @@ def test_a_dry_run_refuses_what_the_run_refuses(capsys, tmp_path, monkeypatch, f
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_dry_run_refuses_the_run_directory_the_run_refuses(capsys, tmp_path, spec_file, plugins):
+    run_dir = tmp_path / "run"
+    assert main(["sweep", str(spec_file), "--kernel", "test_unavailable", "--out", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert main(["sweep", str(spec_file), "--out", str(run_dir), "--dry-run"]) == 2
+    assert "already holds results; continue it with --resume" in capsys.readouterr().err
+    spec_file.write_text(SPEC.replace("reps = 2", "reps = 3"))
+    assert main(["sweep", str(spec_file), "--resume", str(run_dir), "--dry-run"]) == 2
+    assert "the spec differs from the run's own at reps: 3 here, 2 in the run" in capsys.readouterr().err
+    assert main(["sweep", str(spec_file), "--resume", str(run_dir), "--dry-run", "--force"]) == 0
+
+
 @pytest.mark.parametrize(
     ("replace", "expected"),
     [

@@ -480,6 +480,9 @@ def _execute(
         _recorded_spec(resume)  # an invalid record is refused with what to do, before the lock
     stdout = make_console()
     if flags.dry_run:
+        target = resume or out
+        if target is not None and target.is_dir():
+            runner.check_run_dir(target, spec, resume=resume is not None, force=force)  # it only reads
         stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
         if options is not None:
             stdout.print(f"would submit {cluster.describe(options, len(cases))}")
