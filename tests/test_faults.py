@@ -980,8 +980,8 @@ def test_the_environment_the_suite_reads(tmp_path, spec_file, clean_run):
 
 
 def test_specs_of_very_many_cases(tmp_path, capsys):
-    """A grid of billions of cases is one line before any case is made; one of 32,000 is listed in
-    part, with a count of all, in seconds."""
+    """A grid of about 10^8 cases is one line before any case is made; one of 32,000 is listed in
+    part, with a count of all."""
     many = "[" + ", ".join(str(8 * (n + 1)) for n in range(64)) + "]"
     huge = SPEC.replace("seq_len = [32, 64, 128]", f"seq_len = {many}").replace("tokens = 128", "batch = 1")
     for key in ("num_heads = 2", "head_dim_qk = 16", "head_dim_v = 16"):
@@ -1004,7 +1004,8 @@ def test_specs_of_very_many_cases(tmp_path, capsys):
         _one_line_naming(adhoc_code, adhoc_out.err, ("expands to more than 100,000",)),
     ]
     record(
-        "specs of very many cases: a grid of 10^9 (file and flags, one line) and one of 32,000 (a dry run)",
+        "specs of very many cases: a grid of about 10^8 (file and flags, one line) and one of 32,000 "
+        "(a dry run)",
         len(survived),
         sum(survived),
         0,
