@@ -99,7 +99,8 @@ test-slow: $(VENV)/.installed-test
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m "slow and not slurm"
 
 # Sweeps through a real Slurm: one node on localhost, started and stopped by the tests
-# (tests/slurm_daemons.py), once without accounting and once with slurmdbd over MariaDB. Debian's
+# (tests/slurm_daemons.py), once without accounting, once with slurmdbd over MariaDB, and once with
+# accounting and Slurm's own timeouts and requeue hold (slurmctld stopped and started mid-sweep). Debian's
 # packages are installed when missing (root); policy-rc.d keeps their services from starting system-wide.
 # Without root or apt-get the tests skip, saying why; SLURM_REQUIRED=1 (CI) makes that a failure.
 SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server

@@ -41,6 +41,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -455,11 +456,11 @@ def load_tuned(path: Path) -> int:
         ValueError: the file is not such a list, or an entry's config does not run its shape.
     """
     try:
-        entries = json.loads(Path(path).read_text())
+        entries = json.loads(Path(path).read_text(encoding="utf-8-sig"))
         for entry in entries:
             key = [getattr(torch, entry[name]) if name == "dtype" else entry[name] for name in KEY_FIELDS]
             register_tuned(*key, KernelConfig(**entry["config"]))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a tuned-config file ({exc})") from None
     return len(entries)
 
@@ -467,11 +468,14 @@ def load_tuned(path: Path) -> int:
 def save_entry(path: Path, entry: dict) -> None:
     """Put `entry` (a `tuned_entry`) into the tuned-config file at `path`, replacing the entry of the
     same key. Processes started afterwards load it (`tuned_files`)."""
-    entries = json.loads(path.read_text()) if path.exists() else []
+    entries = json.loads(path.read_text(encoding="utf-8-sig")) if path.exists() else []
     key = [entry[name] for name in KEY_FIELDS]
     entries = [e for e in entries if [e.get(name) for name in KEY_FIELDS] != key] + [entry]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(entries, indent=1) + "\n")
+    # Whole or not at all: a file cut short would leave every entry of it unused.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entries, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def user_tuned_file() -> Path:
@@ -491,8 +495,21 @@ def tuned_files() -> list[Path]:
 
 def tuned_source() -> dict:
     """For env.json: the tuned-config files loaded on import and the configs registered."""
-    return {"files": [str(path) for path in tuned_files()], "entries": len(TUNED_CONFIGS)}
+    return {
+        "files": [str(path) for path in tuned_files()],
+        "entries": len(TUNED_CONFIGS),
+        **({"unreadable": TUNED_FILE_PROBLEMS} if TUNED_FILE_PROBLEMS else {}),
+    }
 
 
+# A user's file that cannot be read (a hand edit, a copy cut short) must not stop every command that
+# imports the kernels: its configs are left out, with a warning here and its reason in `tuned_source`.
+TUNED_FILE_PROBLEMS: list[str] = []
 for _path in tuned_files():
-    load_tuned(_path)
+    try:
+        load_tuned(_path)
+    except ValueError as _exc:
+        if _path == TUNED_FILE:
+            raise
+        TUNED_FILE_PROBLEMS.append(str(_exc))
+        print(f"warning: {_exc}; its configs are not used (repair or remove it)", file=sys.stderr)

@@ -48,10 +48,13 @@ class LocalSlurm:
     Args:
         accounting: run slurmdbd over a MariaDB of its own, so `sacct` answers; without it the
             cluster has no accounting (`accounting_storage/none`), and `sacct` fails.
+        defaults: keep Slurm's own `KillWait` (30 s) and `MinJobAge` (300 s), as a cluster does;
+            otherwise both are short, so the tests wait less for cancelled and ended jobs.
     """
 
-    def __init__(self, accounting: bool) -> None:
+    def __init__(self, accounting: bool, defaults: bool = False) -> None:
         self.accounting = accounting
+        self.defaults = defaults
         self.folder = Path(tempfile.mkdtemp(prefix="tfla-slurm-"))
         self.conf = self.folder / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -82,10 +85,22 @@ class LocalSlurm:
         self._start_munge()
         dbd_port = self._start_accounting() if self.accounting else None
         self._write_slurm_conf(dbd_port)
-        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
-        self._wait(lambda: self._ok(["scontrol", "ping"]), "slurmctld to answer scontrol ping")
+        self.start_controller()
         self._spawn("slurmd", ["slurmd", "-D", "-N", NODE, "-f", str(self.conf)])
         self._wait(self._node_idle, f"node {NODE} to be idle")
+
+    def start_controller(self) -> None:
+        """Start slurmctld (again: it reads the jobs it saved) and wait until it answers."""
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._wait(lambda: self._ok(["scontrol", "ping"]), "slurmctld to answer scontrol ping")
+
+    def stop_controller(self) -> None:
+        """Stop slurmctld as an administrator does (SIGTERM: it saves its state); the jobs and the
+        other daemons go on."""
+        for entry in [entry for entry in self._daemons if entry[0] == "slurmctld"]:
+            entry[1].send_signal(signal.SIGTERM)
+            entry[1].wait(30)
+            self._daemons.remove(entry)
 
     def stop(self) -> None:
         """Stop every daemon, the last started first, by its process id; remove the folder (kept with
@@ -300,10 +315,10 @@ class LocalSlurm:
                 SelectType="select/cons_tres",
                 SelectTypeParameters="CR_CPU",
                 ReturnToService=2,
-                # Short timeouts: a cancelled job is killed 5 s after its SIGTERM, an ended job
-                # leaves squeue 10 s after its end, a node that stops answering is down in 30 s.
-                KillWait=5,
-                MinJobAge=10,
+                # Short timeouts: a node that stops answering is down in 30 s; unless the defaults
+                # are asked for, a cancelled job is killed 5 s after its SIGTERM and an ended job
+                # leaves squeue 10 s after its end.
+                **({} if self.defaults else {"KillWait": 5, "MinJobAge": 10}),
                 SlurmctldTimeout=30,
                 SlurmdTimeout=30,
                 MessageTimeout=10,

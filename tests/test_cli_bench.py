@@ -211,6 +211,41 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, expected):
     assert err.startswith("error: ") and expected in err and err.count("\n") == 1
 
 
+GPUS_EXPECTED = "--gpus: expected a count >= 1 or a comma list of distinct GPU indices"
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--gpus", "abc"], f"{GPUS_EXPECTED}, got 'abc'"),
+        (["--gpus", "-1"], f"{GPUS_EXPECTED}, got '-1'"),
+        (["--gpus", "0,0"], "--gpus: expected a count >= 1"),
+        (["--gpus", "1" + "0" * 15], "--gpus: expected a count >= 1"),
+        (["--out", "runs/a\nb"], "--out 'runs/a\\nb': holds a control character ('\\n'); give a plain name"),
+        (["--out", "a\tb"], "holds a control character ('\\t')"),
+    ],
+)
+def test_a_dry_run_refuses_what_the_run_refuses(capsys, tmp_path, monkeypatch, flags, expected, dry_run):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "-k", "sdpa_math", *SHAPE, *flags, *dry_run]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dry_run_refuses_the_run_directory_the_run_refuses(capsys, tmp_path, spec_file, plugins):
+    run_dir = tmp_path / "run"
+    assert main(["sweep", str(spec_file), "--kernel", "test_unavailable", "--out", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert main(["sweep", str(spec_file), "--out", str(run_dir), "--dry-run"]) == 2
+    assert "already holds results; continue it with --resume" in capsys.readouterr().err
+    spec_file.write_text(SPEC.replace("reps = 2", "reps = 3"))
+    assert main(["sweep", str(spec_file), "--resume", str(run_dir), "--dry-run"]) == 2
+    assert "the spec differs from the run's own at reps: 3 here, 2 in the run" in capsys.readouterr().err
+    assert main(["sweep", str(spec_file), "--resume", str(run_dir), "--dry-run", "--force"]) == 0
+
+
 @pytest.mark.parametrize(
     ("replace", "expected"),
     [

@@ -10,7 +10,9 @@ run whose rows come from two GPUs is refused unless `--gpu` picks one.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
 import multiprocessing
 import os
@@ -20,16 +22,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from plugin_support import registered_test_adapters
+from rich.console import Console
 from synthetic_run import H100_NAME, headdim_rows, write_run
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.analyse.compare import load_run
 from tfla_bench.cli.main import main
+from tfla_bench.errors import RunFailed
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.run import cluster, jobs, rundir, specs
@@ -275,8 +280,8 @@ def test_shard_files_merge_without_duplicates_under_concurrent_writers(tmp_path)
     ]
     every = [case for shard in shards for case in shard]
     columns = row_schema.columns_for(every)
-    # A row a resume retries: the old crashed row is in results.csv, the shard writes its new one.
-    retried = ResultRow(case=shards[0][0], family="attention", status="crashed", error="old")
+    # A case a requeued job runs again: its interrupted row is in results.csv, the shard writes its new one.
+    retried = ResultRow(case=shards[0][0], family="attention", status="interrupted", error="old")
     rundir.rewrite_results(tmp_path / rundir.RESULTS, [retried], columns)
     record = JobsRecord("local", {}, [Round(1, "now", [JobRecord(i, str(i), 25) for i in range(4)])])
     context = multiprocessing.get_context("fork")
@@ -425,6 +430,8 @@ def test_a_refused_submission_shows_sbatchs_message(tmp_path, capsys, slurm):
         (["--executor", "slurm", "--slurm-arg", "output=x"], "--slurm-arg output: set by tfla-bench"),
         (["--executor", "slurm", "--slurm-arg", "=3"], "--slurm-arg: expected KEY=VALUE"),
         (["--executor", "slurm", "--slurm-arg", "qos="], "--slurm-arg: expected KEY=VALUE"),
+        (["--executor", "slurm", "--slurm-arg", "noequals"], "--slurm-arg noequals: expected KEY=VALUE"),
+        (["--executor", "slurm", "--slurm-arg", "qos", "--dry-run"], "--slurm-arg qos: expected KEY=VALUE"),
     ],
 )
 def test_bad_cluster_flags_are_one_line_and_exit_2(tmp_path, capsys, slurm, flags, expected):
@@ -577,21 +584,89 @@ def test_poll_without_accounting_asks_sacct_once(tmp_path, monkeypatch, slurm):
     )
     stand_in(slurm, "squeue", f"echo squeue >> {calls}\nprintf '7_0|RUNNING\\n'")
     monkeypatch.setattr(cluster, "_accounting", True)
-    assert cluster.poll_slurm(["7_0", "7_1"]) == {
-        "7_0": cluster.SlurmSeen(None, "RUNNING"),
-        "7_1": cluster.SlurmSeen(None, ""),
-    }
-    assert cluster.poll_slurm(["7_0"]) == {"7_0": cluster.SlurmSeen(None, "RUNNING")}
+    poll = cluster.poll_slurm(["7_0", "7_1"])
+    assert poll.seen == {"7_0": cluster.SlurmSeen(None, "RUNNING"), "7_1": cluster.SlurmSeen(None, "")}
+    assert poll.failed == poll.held == {}
+    assert cluster.poll_slurm(["7_0"]).seen == {"7_0": cluster.SlurmSeen(None, "RUNNING")}
     assert calls.read_text().split() == ["sacct", "squeue", "squeue"]
 
 
+def test_a_failed_sacct_is_said_and_asked_again(tmp_path, monkeypatch, slurm):
+    calls = tmp_path / "calls"
+    refused = 'echo "sacct: error: slurmdbd: Connection refused" >&2\nexit 1'
+    stand_in(slurm, "sacct", f"echo sacct >> {calls}\n{refused}")
+    stand_in(slurm, "squeue", "printf '7_0|RUNNING|None|2026-12-02T10:00:00\\n'")
+    monkeypatch.setattr(cluster, "_accounting", True)
+    poll = cluster.poll_slurm(["7_0"])
+    assert poll.failed == {"sacct": "sacct: error: slurmdbd: Connection refused"}
+    assert poll.seen == {"7_0": cluster.SlurmSeen(None, "RUNNING")}
+    stand_in(slurm, "sacct", f"echo sacct >> {calls}\nprintf 'JobID|State\\n7_0|COMPLETED\\n'")
+    poll = cluster.poll_slurm(["7_0"])
+    assert poll.failed == {} and poll.seen == {"7_0": cluster.SlurmSeen("COMPLETED", "RUNNING")}
+    assert calls.read_text().split() == ["sacct", "sacct"]
+
+
+def test_a_held_job_is_said_once_per_hold(slurm, monkeypatch):
+    stand_in(slurm, "sacct", 'echo "Slurm accounting storage is disabled" >&2\nexit 1')
+    lines = (
+        "7_0|PENDING|BeginTime|2026-12-02T10:02:00\\n7_1|PENDING|JobHeldUser|N/A\\n7_2|PENDING|Resources|N/A"
+    )
+    stand_in(slurm, "squeue", f"printf '{lines}\\n'")
+    monkeypatch.setattr(cluster, "_accounting", True)
+    poll = cluster.poll_slurm(["7_0", "7_1", "7_2"])
+    assert set(poll.held) == {"7_0", "7_1"}
+    assert poll.held["7_0"].startswith("held by Slurm until 2026-12-02T10:02:00 (BeginTime): a requeued job")
+    assert "(JobHeldUser): it starts once released" in poll.held["7_1"]
+    console = Console(file=io.StringIO(), width=200)
+    holds: dict[str, str] = {}
+    for _ in range(3):
+        cluster.say_poll(poll, console, holds)
+    assert console.file.getvalue().count("held by Slurm") == 2
+
+
+def test_a_sweep_says_each_failed_squeue_and_stops_after_the_wait_it_is_given(tmp_path, monkeypatch, slurm):
+    stand_in(slurm, "sacct", 'echo "Slurm accounting storage is disabled" >&2\nexit 1')
+    down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+    stand_in(slurm, "squeue", f'echo "{down}" >&2\nexit 1')
+    monkeypatch.setattr(cluster, "_accounting", True)
+    monkeypatch.setattr(cluster, "STATE_POLL_S", 0.2)
+    monkeypatch.setattr(cluster, "POLL_S", 0.05)
+    monkeypatch.setenv(cluster.SLURM_WAIT_ENV, "1")
+    case = Case("sdpa_math", "fw", "float32", 1, 8, 2, 8, 8, None, {})
+    rundir.rewrite_results(tmp_path / rundir.RESULTS, [], row_schema.columns_for([case]))
+    record = JobsRecord("slurm", {}, [Round(1, "now", [JobRecord(0, "7", 1, state="PENDING")])])
+    handle = SimpleNamespace(paths=SimpleNamespace(result_pickle=tmp_path / "none.pkl"))
+    console = Console(file=io.StringIO(), width=300)
+    began = time.monotonic()
+    with pytest.raises(
+        RunFailed, match=r"Slurm's queue has not answered for \d+ s \(squeue: slurm_load_jobs"
+    ):
+        cluster.follow(tmp_path, record, record.rounds[0], [handle], console)
+    polls = (time.monotonic() - began) / cluster.STATE_POLL_S
+    said = console.file.getvalue().count(f"warning: squeue failed: {down}")
+    assert 1 < said <= polls + 1
+    assert record.rounds[0].jobs[0].state == "PENDING"
+
+
+@pytest.mark.parametrize("value", ["x", "0", "-5", "nan", "inf"])
+def test_a_bad_slurm_wait_is_one_line(tmp_path, capsys, monkeypatch, slurm, value):
+    monkeypatch.setenv(cluster.SLURM_WAIT_ENV, value)
+    argv = ["sweep", spec_file(tmp_path), "--executor", "slurm", "--dry-run"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"error: {cluster.SLURM_WAIT_ENV}={value!r}: expected a number of seconds above 0\n"
+    )
+
+
 def test_squeue_forgetting_the_one_job_asked_is_its_end(slurm, monkeypatch):
-    stand_in(slurm, "sacct", "exit 1")
+    stand_in(slurm, "sacct", 'echo "Slurm accounting storage is disabled" >&2\nexit 1')
     stand_in(slurm, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1')
     monkeypatch.setattr(cluster, "_accounting", True)
-    assert cluster.poll_slurm(["9"]) == {"9": cluster.SlurmSeen(None, "")}
+    assert cluster.poll_slurm(["9"]).seen == {"9": cluster.SlurmSeen(None, "")}
     stand_in(slurm, "squeue", 'echo "slurm_load_jobs error: Unable to contact slurm controller" >&2\nexit 1')
-    assert cluster.poll_slurm(["9"]) == {"9": cluster.SlurmSeen(None, None)}
+    poll = cluster.poll_slurm(["9"])
+    assert poll.seen == {"9": cluster.SlurmSeen(None, None)}
+    assert poll.failed == {"squeue": "slurm_load_jobs error: Unable to contact slurm controller"}
 
 
 def test_rows_a_shard_writes_after_its_round_closed_are_merged_once(tmp_path):
@@ -619,6 +694,33 @@ def test_rows_a_shard_writes_after_its_round_closed_are_merged_once(tmp_path):
     }
     assert not cluster.merge(tmp_path, record).late
     writer.close()
+
+
+def test_a_merge_changes_no_finished_row_of_results_csv(tmp_path):
+    """A finished row of results.csv stays as the file holds it (a NaN cell, its spelling of a
+    number) when an open round's shard holds another row of its case; an interrupted one is replaced."""
+    cases = [Case("sdpa_math", "fw", "float32", 1, 8 * (i + 1), 2, 8, 8, None, {}) for i in range(2)]
+    columns = row_schema.columns_for(cases)
+    shard = [ResultRow(case=case, family="attention", status="ok", median_ms=1.0) for case in cases]
+    _write_shard(tmp_path / rundir.shard_dir(1, 0) / rundir.RESULTS, shard, columns)
+    held = [
+        ResultRow(case=cases[0], family="attention", status="ok", median_ms=float("nan")),
+        ResultRow(case=cases[1], family="attention", status="interrupted"),
+    ]
+    rundir.rewrite_results(tmp_path / rundir.RESULTS, held, columns)
+    path = tmp_path / rundir.RESULTS
+    median = columns.index("median_ms")
+    lines = path.read_bytes().decode().splitlines(keepends=True)
+    cells = next(csv.reader([lines[1]]))
+    cells[median] = "NaN"
+    lines[1] = ",".join(f'"{cell}"' if "," in cell else cell for cell in cells) + "\r\n"
+    path.write_bytes("".join(lines).encode())
+    record = JobsRecord("slurm", {}, [Round(1, "now", [JobRecord(0, "5_0", 2, state="RUNNING")])])
+    cluster.merge(tmp_path, record)
+    after = path.read_bytes().decode().splitlines(keepends=True)
+    assert after[1] == lines[1]
+    assert [row.status for row in rows_of(tmp_path)] == ["ok", "ok"]
+    assert rows_of(tmp_path)[1].median_ms == 1.0
 
 
 def test_settle_merges_rows_of_closed_rounds(tmp_path):

@@ -10,6 +10,7 @@ table; `TFLA_BENCH_WRITE_RELIABILITY=1` writes it there instead.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import hashlib
@@ -89,7 +90,7 @@ class Outcome:
 
 
 OUTCOMES: dict[str, Outcome] = {}
-FAULTS = 5  # the rows of the table: the tests below that call `record`
+FAULTS = 16  # the rows of the table: the tests below that call `record`
 
 
 def record(fault: str, injected: int, survived: int, rows_lost: int) -> None:
@@ -880,6 +881,249 @@ def main_quiet(argv: list[str]) -> tuple[int, str]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = main(argv)
     return code, err.getvalue()
+
+
+# --- the environment the suite reads --------------------------------------------------------------------
+
+
+def cli(args: list[str], cwd: Path, **variables: str) -> tuple[int, str]:
+    """`tfla-bench ARGS` in a process of its own, with these environment variables set (those the
+    suite reads when it is imported); its exit code and its output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tfla_bench.cli.main", *args],
+        cwd=cwd,
+        env={**_env(), **variables},
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    return done.returncode, done.stderr + done.stdout
+
+
+def _without_dac_override(commands: list[list[str]], cwd: Path, env: dict[str, str]) -> list[tuple[int, str]]:
+    """Each command in one process that, even as root, cannot write where the permission bits say no."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_DAC_OVERRIDE, json.dumps(commands)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    return [tuple(answer) for answer in json.loads(done.stdout)]
+
+
+def test_the_environment_the_suite_reads(tmp_path, spec_file, clean_run):
+    """A broken or misplaced tuned-config file, bad variables, and a read-only home: each a warning
+    the run goes on after, or one line and exit 2."""
+    from tfla_bench.analyse.published import PUBLISHED_DIR_ENV
+    from tfla_bench.kernels.config import TUNED_FILE_ENV
+    from tfla_bench.run.cluster import SLURM_WAIT_ENV
+
+    broken = tmp_path / "tuned.json"
+    broken.write_text('[{"target": "sm90"')
+    two_cases = ["sweep", str(spec_file), "--kernel", "sdpa_math", "--seq-len", "32"]
+    dry = ["sweep", str(spec_file), "--dry-run"]
+
+    def left_out(run: Path, code: int) -> bool:
+        configs = rundir.read_env(run)["measurement"]["kernel_configs"] if code == 0 else {}
+        return len(configs.get("unreadable", [])) == 1 and row_count(run) == 2
+
+    outcomes = []
+    for name, where in (("broken", broken), ("folder", tmp_path)):
+        run = tmp_path / f"run-{name}"
+        code, text = cli([*two_cases, "--out", str(run)], tmp_path, **{TUNED_FILE_ENV: str(where)})
+        outcomes.append(("Traceback" not in text and left_out(run, code), text))
+    refused = [
+        ({registry.PLUGINS_ENV: "no_such_module"}, dry, "no_such_module"),
+        ({SLURM_WAIT_ENV: "soon"}, [*dry, "--executor", "slurm"], SLURM_WAIT_ENV),
+        (
+            {PUBLISHED_DIR_ENV: str(tmp_path / "none")},
+            ["compare", str(clean_run), "--published", FIG5],
+            "none",
+        ),
+    ]
+    for variables, argv, named in refused:
+        code, text = cli(argv, tmp_path, **variables)
+        outcomes.append((_one_line_naming(code, text, (named,)), text))
+    for variables in ({"COLUMNS": "wide"}, {"XDG_CACHE_HOME": str(tmp_path / "missing" / "cache")}):
+        code, text = cli(dry, tmp_path, **variables)
+        outcomes.append((code == 0 and "Traceback" not in text and "warning" not in text, text))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {key: value for key, value in _env().items() if key not in ("XDG_CACHE_HOME", "MPLCONFIGDIR")}
+    run = tmp_path / "run-home"
+    commands = [
+        [*two_cases, "--out", str(run)],
+        ["report", str(run), "--published", "none", "--out", str(tmp_path / "r.html")],
+        ["plot", str(run), "--published", "none", "--out", str(tmp_path / "figures")],
+    ]
+    home.chmod(0o555)
+    try:
+        answers = _without_dac_override(commands, tmp_path, {**env, "HOME": str(home)})
+    finally:
+        home.chmod(0o755)
+    outcomes += [(code == 0 and "Traceback" not in err and row_count(run) == 2, err) for code, err in answers]
+    record(
+        "the environment: a broken or misplaced tuned-config file, 5 bad variables, a read-only home "
+        "(3 commands)",
+        len(outcomes),
+        sum(ok for ok, _ in outcomes),
+        0,
+    )
+    assert all(ok for ok, _ in outcomes), [text for ok, text in outcomes if not ok]
+    assert list(home.iterdir()) == []
+
+
+# --- specs that expand to very many cases -----------------------------------------------------------------
+
+
+def test_specs_of_very_many_cases(tmp_path, capsys):
+    """A grid of about 10^8 cases is one line before any case is made; one of 32,000 is listed in
+    part, with a count of all."""
+    many = "[" + ", ".join(str(8 * (n + 1)) for n in range(64)) + "]"
+    huge = SPEC.replace("seq_len = [32, 64, 128]", f"seq_len = {many}").replace("tokens = 128", "batch = 1")
+    for key in ("num_heads = 2", "head_dim_qk = 16", "head_dim_v = 16"):
+        huge = huge.replace(key, f"{key.split(' = ')[0]} = {many}")
+    twenty = "[" + ", ".join(str(8 * (n + 1)) for n in range(20)) + "]"
+    large = huge.replace(many, twenty).replace(f"head_dim_v = {twenty}", "head_dim_v = [8, 16]")
+    large = large.replace('kernels = ["sdpa_math", "mlstm_torch"]', 'kernels = ["sdpa_math"]')
+    outcomes = []
+    for name, text in (("huge", huge), ("large", large)):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text)
+        outcomes.append((main(["sweep", str(path), "--dry-run"]), capsys.readouterr()))
+    adhoc = ["run", "-k", "sdpa_math", "--seq-len", many[1:-1], "--head-dim-qk", many[1:-1], "--batch"]
+    outcomes.append((main([*adhoc, many[1:-1], "--heads", many[1:-1], "--dry-run"]), capsys.readouterr()))
+    (huge_code, huge_out), (large_code, large_out), (adhoc_code, adhoc_out) = outcomes
+    said = "; split it into several specs"
+    survived = [
+        _one_line_naming(huge_code, huge_out.err, ("expands to more than 100,000",)) and said in huge_out.err,
+        large_code == 0 and "the first 1,000 of 32,000 cases" in " ".join(large_out.out.split()),
+        _one_line_naming(adhoc_code, adhoc_out.err, ("expands to more than 100,000",)),
+    ]
+    record(
+        "specs of very many cases: a grid of about 10^8 (file and flags, one line) and one of 32,000 "
+        "(a dry run)",
+        len(survived),
+        sum(survived),
+        0,
+    )
+    assert all(survived), outcomes
+
+
+# --- other encodings and line endings ---------------------------------------------------------------------
+
+
+def test_other_encodings_and_line_endings(tmp_path, spec_file, clean_run, capsys):
+    """A spec and a run's files with a byte-order mark, CRLF or LF line endings are read as they are;
+    a spec with CR line endings is one line. A resume keeps every line of an edited results.csv."""
+    text = SPEC.strip() + "\n"
+    specs_written = {
+        "a byte-order mark": codecs.BOM_UTF8 + text.encode(),
+        "CRLF": text.replace("\n", "\r\n").encode(),
+        "CR": text.replace("\n", "\r").encode(),
+    }
+    outcomes = []
+    for name, data in specs_written.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.toml"
+        path.write_bytes(data)
+        code = main(["sweep", str(path), "--dry-run"])
+        err = capsys.readouterr().err
+        outcomes.append(_one_line_naming(code, err, (str(path),)) if name == "CR" else code == 0 and not err)
+    run_dir = tmp_path / "run"
+    shutil.copytree(clean_run, run_dir)
+    header, *lines = (run_dir / "results.csv").read_bytes().decode().splitlines()
+    kept = [line + "\n" for line in lines[:-2]]  # the last two cases run again
+    (run_dir / "results.csv").write_bytes(codecs.BOM_UTF8 + (header + "\n" + "".join(kept)).encode())
+    spec_json = (run_dir / "spec.json").read_text().replace("\n", "\r\n")
+    (run_dir / "spec.json").write_bytes(codecs.BOM_UTF8 + spec_json.encode())
+    code = main(["report", str(run_dir), "--published", "none", "--out", str(tmp_path / "r.html")])
+    outcomes.append(code == 0 and not capsys.readouterr().err)
+    code = finish(["sweep", "--resume", str(run_dir)], tmp_path, tmp_path / "resume.log")
+    after = (run_dir / "results.csv").read_bytes().decode()
+    outcomes.append(code == 0 and all(line in after for line in kept) and row_count(run_dir) == CASES)
+    record(
+        "a spec with a byte-order mark, CRLF or CR line endings; a run's files with a byte-order mark and "
+        "LF or CRLF (`report`, `--resume`)",
+        len(outcomes),
+        sum(outcomes),
+        lost(rows(clean_run)[:-2], rows(run_dir)),
+    )
+    assert all(outcomes), (outcomes, (tmp_path / "resume.log").read_text())
+
+
+# --- outputs aimed at a run's own files --------------------------------------------------------------------
+
+
+def test_outputs_aimed_at_a_runs_own_files(tmp_path, clean_run, capsys):
+    from test_cli_paths import WRITERS
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(clean_run, run_dir)
+    (run_dir / rundir.SHARDS).mkdir()
+    smoke = str(TESTS.parent / "experiments" / "smoke.toml")
+    own = [run_dir / rundir.SPEC, run_dir / rundir.SELECTION, run_dir / rundir.TIMINGS]
+    before = tree_digest(run_dir)
+    answers = []
+    for template, kind in WRITERS.values():
+        flag = template[template.index("OUT") - 1]
+        for path in own if kind == "file" else [run_dir / rundir.SHARDS / "out"]:
+            argv = [
+                {"RUN": str(run_dir), "OUT": str(path), "experiments/smoke.toml": smoke}.get(a, a)
+                for a in template
+            ]
+            answers.append((main(argv), capsys.readouterr().err, flag))
+    survived = sum(
+        _one_line_naming(code, err, (f"error: {flag}",)) and "its own" in err for code, err, flag in answers
+    )
+    record(
+        f"outputs aimed at a run's own records and folders, for each of {len(WRITERS)} outputs",
+        len(answers),
+        survived,
+        lost(rows(clean_run), rows(run_dir)),
+    )
+    assert survived == len(answers), answers
+    assert tree_digest(run_dir) == before
+
+
+# --- a spec edited between a run and its resume -----------------------------------------------------------
+
+
+def test_a_spec_edited_between_a_run_and_its_resume(tmp_path, spec_file, clean_run, capsys):
+    """The spec file given to `--resume` edited, or the run's spec.json edited by hand: refused in one
+    line, the run left as it was; with `--force`, the new cases run and no earlier row changes."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(clean_run, run_dir)
+    before = tree_digest(run_dir)
+    edited_toml = tmp_path / "edited.toml"
+    edited_toml.write_text(SPEC.replace("warmup = 1", "warmup = 2"))
+    outcomes = []
+    code = main(["sweep", str(edited_toml), "--resume", str(run_dir)])
+    outcomes.append(_one_line_naming(code, capsys.readouterr().err, ("the spec differs from the run's own",)))
+    recorded = json.loads((run_dir / "spec.json").read_text())
+    (run_dir / "spec.json").write_text(
+        json.dumps({**recorded, "shape": {**recorded["shape"], "seq_len": [16, 32, 64, 128]}})
+    )
+    code = main(["sweep", "--resume", str(run_dir)])
+    outcomes.append(_one_line_naming(code, capsys.readouterr().err, ("spec.json was edited after the run",)))
+    unchanged = {**before, "spec.json": tree_digest(run_dir)["spec.json"]} == tree_digest(run_dir)
+    code = finish(["sweep", "--resume", str(run_dir), "--force"], tmp_path, tmp_path / "forced.log")
+    after = rows(run_dir)
+    outcomes.append(code == 0 and len(after) == CASES + 6)
+    record(
+        "a spec edited between a run and its resume: the spec file, spec.json (refused), spec.json with "
+        "`--force`",
+        len(outcomes),
+        sum(outcomes) if unchanged else 0,
+        lost(rows(clean_run), after),
+    )
+    assert all(outcomes) and unchanged, (outcomes, (tmp_path / "forced.log").read_text())
+    assert (
+        "spec.json edited at shape.seq_len"
+        in rundir.read_env(run_dir)["resumed"][-1]["forced_spec_difference"]
+    )
 
 
 # --- the README's Reliability table ------------------------------------------------------------------

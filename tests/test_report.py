@@ -129,6 +129,25 @@ def test_cli_report_with_out_and_published_none(tmp_path, capsys):
     assert '<section id="comparison">' not in out.read_text()
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("spec.json", "", "spec.json is not readable JSON: Expecting value"),
+        ("spec.json", '{"name": "tr', "spec.json is not readable JSON"),
+        ("spec.json", "[]", "spec.json is not a spec record"),
+        ("selection.json", "", "selection.json is not readable JSON"),
+        ("selection.json", '{"kernels": 3}', "selection.json: expected"),
+    ],
+)
+def test_report_on_a_run_whose_own_records_are_broken_warns_once(tmp_path, capsys, name, text, expected):
+    run_dir = write_run(tmp_path / "run", small_rows())
+    (run_dir / name).write_text(text)
+    assert main(["report", str(run_dir), "--published", "none", "--out", str(tmp_path / "r.html")]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and expected in warnings[0], warnings
+    assert warnings[0].endswith("the rows are read as they are, but --resume cannot continue this run")
+
+
 def test_report_shows_the_gate_of_a_checked_sweep(tmp_path):
     from tfla_bench.run import correctness
 

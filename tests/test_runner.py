@@ -2,6 +2,7 @@
 
 import _thread
 import csv
+import io
 import json
 import multiprocessing
 import threading
@@ -161,6 +162,59 @@ def test_resume_reruns_nothing_finished(sweep, tmp_path):
     assert third.dispatched == 1 and third.worker_starts == 1
     assert {r.case.kernel for r in third.rows if r.status == "ok"} == {"sdpa_math", "test_counting"}
     assert len(third.rows) == len(cases)
+
+
+def test_resume_keeps_every_finished_line_byte_for_byte_in_spec_order(sweep, tmp_path):
+    """A resume rewrites results.csv (a torn line dropped, the kept rows first): every finished row
+    comes back as it was written (NaN cells, a number's digits, its line ending), and the finished
+    run lists its rows in the spec's order, however they were ordered before."""
+    spec, cases, report = sweep
+    run_dir = tmp_path / "copy"
+    run_dir.mkdir()
+    for name in ("results.csv", "spec.json", "env.json"):
+        (run_dir / name).write_bytes((report.run_dir / name).read_bytes())
+    path = run_dir / "results.csv"
+    header, *lines = path.read_bytes().decode().splitlines(keepends=True)
+    column = next(csv.reader([header])).index("median_ms")
+    edited = []
+    for line, median in zip(lines, ["nan", "NaN", "1.50", "", "2e-3", "3", "4"], strict=False):
+        cells = next(csv.reader([line]))
+        cells[column] = median
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerow(cells)  # as an editor saves it: LF endings
+        edited.append(out.getvalue())
+    by_kernel = {next(csv.reader([line]))[0]: line for line in edited}
+    finished = [line for kernel, line in by_kernel.items() if kernel not in ("sdpa_math", "test_unavailable")]
+    # Out of the spec's order, without the sdpa_math row (it runs again), the unavailable row (decided
+    # again) last.
+    path.write_bytes((header + "".join(reversed(finished)) + by_kernel["test_unavailable"]).encode())
+    again = runner.run_sweep(spec, cases, run_dir, resume=True, devices=["cpu"])
+    assert again.dispatched == 1 and again.kept == len(finished)
+    text = path.read_bytes().decode()
+    assert text.startswith(header) and all(line in text for line in finished)
+    assert [row.case.key for row in again.rows] == [case.key for case in cases]
+    assert sum(row.median_ms != row.median_ms for row in again.rows) == sum(
+        "nan" in line.lower() for line in finished
+    )
+
+
+def test_a_spec_json_edited_between_a_run_and_its_resume_is_refused_unless_forced(sweep, tmp_path):
+    spec, _, report = sweep
+    run_dir = tmp_path / "copy"
+    run_dir.mkdir()
+    for name in ("results.csv", "spec.json", "env.json"):
+        (run_dir / name).write_bytes((report.run_dir / name).read_bytes())
+    recorded = json.loads((run_dir / "spec.json").read_text())
+    (run_dir / "spec.json").write_text(json.dumps({**recorded, "reps": 7}))
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    edited = runner.load_run_spec(run_dir)
+    with pytest.raises(UserError, match=r"spec.json was edited after the run wrote it, at reps: 7 here"):
+        runner.check_run_dir(run_dir, edited, resume=True)
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
+    forced = runner.check_run_dir(run_dir, edited, resume=True, force=True)
+    assert forced == "spec.json edited at reps: 7 here, 2 in the run"
+    runner.run_sweep(edited, specs.expand(edited), run_dir, resume=True, forced=forced, devices=["cpu"])
+    assert runner.check_run_dir(run_dir, edited, resume=True) is None  # the new attempt recorded it
 
 
 def test_resolve_run_dir_refuses_existing_results(sweep, tmp_path):

@@ -199,6 +199,32 @@ def test_zip_needs_lists_of_one_length(tmp_path):
         specs.expand(specs.load_spec(write(tmp_path, text)))
 
 
+def test_a_spec_of_very_many_cases_is_one_line_before_any_is_made(tmp_path, monkeypatch):
+    # 64 values in each of five lists: sdpa_math alone has 64**4 points, refused from their count alone.
+    many = "[" + ", ".join(str(8 * (n + 1)) for n in range(64)) + "]"
+    text = BASE.replace("seq_len = [2048, 8192]", f"seq_len = {many}").replace("tokens = 65536", "batch = 1")
+    for key in ("num_heads = 16", "head_dim_qk = 128", "head_dim_v = 256", "chunk_size = [64, 128]"):
+        text = text.replace(key, f"{key.split(' = ')[0]} = {many}")
+    made = []
+    monkeypatch.setattr(specs, "_case", lambda *args: made.append(args))
+    with pytest.raises(UserError) as refused:
+        specs.expand(specs.load_spec(write(tmp_path, text)))
+    message = str(refused.value)
+    assert f"expands to more than {specs.MAX_CASES:,} cases (16,777,216 with sdpa_math's)" in message
+    assert "split it into several specs" in message and "\n" not in message and not made
+
+
+def test_a_dry_run_of_many_cases_lists_the_first_ones_and_counts_all(tmp_path, monkeypatch, capsys):
+    from tfla_bench.cli.main import main
+    from tfla_bench.run import console
+
+    monkeypatch.setattr(console, "MAX_LISTED", 3)
+    assert main(["sweep", str(write(tmp_path, BASE)), "--dry-run"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "6 case(s)" in out and "the first 3 of 6 cases; the plan of all: run: 6" in out
+    assert out.count("sdpa_math") == 2 and out.count("test_chunked") == 1
+
+
 def test_kernel_filter(tmp_path):
     spec = specs.load_spec(write(tmp_path, BASE))
     assert {c.kernel for c in specs.expand(spec, ["test_chunked"])} == {"test_chunked"}

@@ -201,6 +201,48 @@ def test_tune_needs_a_gpu(capsys):
     assert "needs CUDA" in capsys.readouterr().err
 
 
+def _fake_gpu_search(monkeypatch):
+    """`tune` as on a GPU, with a search that finds the default config at once."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kconfig, "gpu_target", lambda device: ("sm90", "NVIDIA H200"))
+
+    def found(shape, target, gpu, processes, on_trial=None, device="cuda"):
+        config = kconfig.default_config("tfla", shape.head_dim_qk, shape.head_dim_v, shape.chunk_size,
+                                        shape.dtype, shape.gate)  # fmt: skip
+        times = {"default_fwbw_ms": 2.0, "tuned_fwbw_ms": 1.0, "default_fw_ms": 1.0, "tuned_fw_ms": 0.5}
+        return kconfig.tuned_entry(shape.config_key(target), config, **times), "| trial |\n"
+
+    monkeypatch.setattr(tuning, "tune_entry", found)
+
+
+def test_tune_tables_into_a_folder_not_made_yet_makes_it(tmp_path, monkeypatch, capsys):
+    _fake_gpu_search(monkeypatch)
+    tables = tmp_path / "not" / "yet"
+    argv = ["tune", "tfla:sig:8,16,8192,128,256:128", "--out", str(tmp_path / "tuned.json")]
+    assert main([*argv, "--tables", str(tables)]) == 0, capsys.readouterr().err
+    assert [path.stem for path in tables.iterdir()] == ["tuning-tfla-sig-B8-NH16-T8192-Dqk128-Dv256-L128"]
+    assert len(json.loads((tmp_path / "tuned.json").read_text())) == 1
+
+
+def test_tune_tables_that_cannot_be_written_keep_the_search(tmp_path, monkeypatch, capsys):
+    _fake_gpu_search(monkeypatch)
+    tables = tmp_path / "tables"
+    real_mkdir = type(tables).mkdir
+
+    def full_disk(self, *args, **kwargs):
+        if self == tables:
+            raise OSError(28, "No space left on device")
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(tables), "mkdir", full_disk)
+    argv = ["tune", "tfla:sig:8,16,8192,128,256:128", "--out", str(tmp_path / "tuned.json")]
+    assert main([*argv, "--tables", str(tables)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write the table of trials") and err.count("\n") == 1
+    assert "No space left on device" in err and "the tuned config is saved in" in err
+    assert len(json.loads((tmp_path / "tuned.json").read_text())) == 1
+
+
 def test_a_new_entry_replaces_the_one_of_its_key_and_keeps_the_others(tmp_path):
     base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
     path = tmp_path / "deeper" / "tuned.json"

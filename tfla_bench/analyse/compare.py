@@ -123,8 +123,8 @@ def load_run(run_dir: Path | str, gpu: str | None = None, flag: str = "--gpu") -
         raise UserError(f"{run_dir} has no {rundir.ENV}")
     env = rundir.read_env(run_dir)
     skipped = read.warning()
-    if skipped:
-        print(f"warning: {skipped}", file=sys.stderr)
+    for line in ([skipped] if skipped else []) + rundir.record_warnings(run_dir):
+        print(f"warning: {line}", file=sys.stderr)
     rows = list({row.case.key: row for row in read.rows}.values())
     rows, env = rundir.on_one_gpu(rows, env, gpu, where=run_dir, flag=flag)
     results = pd.DataFrame.from_records([row.values() for row in rows])

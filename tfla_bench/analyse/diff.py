@@ -179,9 +179,10 @@ def load(run_dir: Path, gpu: str | None = None) -> tuple[list[ResultRow], dict[s
     """A run directory's rows and env.json (an empty env when it has none), as the view of one GPU
     (`rundir.on_one_gpu`: `gpu`, or the run's only one)."""
     run_dir = Path(run_dir)
-    read = rundir.read_results(rundir.require_results(run_dir))
-    if read.skipped:
-        print(f"warning: {read.warning()}", file=sys.stderr)
+    path = rundir.require_results(run_dir)
+    read = rundir.read_results(path)
+    for line in ([read.warning()] if read.skipped else []) + rundir.record_warnings(run_dir):
+        print(f"warning: {line}", file=sys.stderr)
     # As `compare`, `plot` and `report` do, a newer schema or an unreadable env.json is refused.
     env = rundir.read_env(run_dir)
     return rundir.on_one_gpu(read.rows, env, gpu, where=run_dir)

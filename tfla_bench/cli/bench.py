@@ -512,20 +512,24 @@ def _execute(
         from tfla_bench.measure import ncu  # only --ncu uses Nsight Compute
 
         ncu.locate(flags.ncu_path)  # a bad --ncu-path is refused before anything runs
-    stdout = make_console()
-    if flags.dry_run:
-        import torch
-
-        stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
-        if options is not None:
-            stdout.print(f"would submit {cluster.describe(options, len(cases))}")
-        return
+    # A dry run refuses what the run would: every check that writes nothing comes before it.
     devices = runner.select_devices(flags.gpus) if options is None else []
     for path, flag in ((out, "--out"), (resume, "--resume")):
         if path is not None:
             output_dir(path, flag)
     if resume is not None:
         _recorded_spec(resume)  # an invalid record is refused with what to do, before the lock
+    stdout = make_console()
+    if flags.dry_run:
+        target = resume or out
+        if target is not None and target.is_dir():
+            runner.check_run_dir(target, spec, resume=resume is not None, force=force)  # it only reads
+        import torch
+
+        stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
+        if options is not None:
+            stdout.print(f"would submit {cluster.describe(options, len(cases))}")
+        return
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
     with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
         forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)

@@ -4,9 +4,10 @@ the work began is reported.
 Every file or folder a command writes (`--out`, `--json`, `--csv`, a report, figures, a run
 directory) goes through `output_file` or `output_dir` first, so a path that cannot be written is one
 `UserError` line (exit 2) before minutes of measuring or plotting, not a traceback after them: an
-empty path, a name too long for the file system, a symlink that leads nowhere (a loop or a missing
-target), a file where a folder is needed or the reverse, a folder that cannot be written, or a file
-system with less than `MIN_FREE_BYTES` free. A check writes nothing: missing folders are created by
+empty path, a name too long for the file system, a new name holding a control character, a symlink
+that leads nowhere (a loop or a missing target), a file where a folder is needed or the reverse, a
+file or folder a run directory keeps of itself (`rundir.own_part`), a folder that cannot be written,
+or a file system with less than `MIN_FREE_BYTES` free. A check writes nothing: missing folders are created by
 the writer, and a path passes when they can be.
 
 A write that fails once the command has begun writing (the disk filled up meanwhile) is a
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.run import rundir
 
 # Below this a report or a figure would not fit (a report embeds its figures: about a megabyte).
 MIN_FREE_BYTES = 1 << 20
@@ -60,6 +62,7 @@ def output_file(path: Path, flag: str, keep: Iterable[Path] = ()) -> Path:
             raise UserError(f"{flag} {path}: is a folder; give a file name")
         if any(path.resolve() == kept.resolve() for kept in keep):
             raise UserError(f"{flag} {path}: would replace an input of this command; give another file")
+        _check_not_a_runs_own(path, flag)
         if path.exists():
             try:
                 path.open("a").close()
@@ -83,6 +86,7 @@ def output_dir(path: Path, flag: str) -> Path:
         _check_name(path, flag)
         if path.exists() and not path.is_dir():
             raise UserError(f"{flag} {path}: is a file; give a folder")
+        _check_not_a_runs_own(path, flag)
         _check_folder(path, flag, path)
     return path
 
@@ -121,8 +125,22 @@ def _refusing_os_errors(flag: str, path: Path) -> Iterator[None]:
         raise UserError(f"{flag} {path}: {exc.strerror or exc}") from None
 
 
+def _check_not_a_runs_own(path: Path, flag: str) -> None:
+    """An output never replaces a file a run directory keeps of itself, nor goes inside its folders."""
+    own = rundir.own_part(path)
+    if own is not None:
+        raise UserError(
+            f"{flag} {path}: would write over {own.name} of the run {own.parent}, its own; give another path"
+        )
+
+
 def _check_name(path: Path, flag: str) -> None:
-    """Each name along `path` fits the file system, and none is a symlink that leads nowhere."""
+    """Each name along `path` fits the file system, none is a symlink that leads nowhere, and a
+    name still to be made holds no control character (a newline: a pasted command, a script's
+    unquoted variable), which would follow the folder into every listing and message."""
+    control = next((char for char in str(path) if ord(char) < 32 or ord(char) == 127), None)
+    if control is not None and not path.exists():
+        raise UserError(f"{flag} {str(path)!r}: holds a control character ({control!r}); give a plain name")
     for part in path.parts:
         if len(os.fsencode(part)) > 255:
             raise UserError(f"{flag} {path}: a name in it has {len(os.fsencode(part))} bytes; at most 255")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tfla_bench.cli.paths import output_dir, output_file
+from tfla_bench.cli.paths import output_dir, output_file, writes
 from tfla_bench.errors import UserError
 from tfla_bench.run.console import make_console
 
@@ -67,6 +67,11 @@ def tune(
         raise UserError("tune times our kernels on a GPU and needs CUDA; no CUDA device is visible")
     path = out or kconfig.user_tuned_file()
     output_file(path, "--out")
+    if path.exists():
+        try:
+            kconfig.load_tuned(path)  # the search's entry is added to it: it must read, before the search
+        except ValueError as exc:
+            raise UserError(f"--out {exc}; repair or remove it first (nothing was searched)") from None
     if tables is not None:
         output_dir(tables, "--tables")
     arch, name = kconfig.gpu_target(torch.device("cuda"))
@@ -78,7 +83,10 @@ def tune(
         entry, table = tuning.tune_entry(shape, target, name, processes, show_trial(console, shape))
         kconfig.save_entry(path, entry)
         if tables is not None:
-            (tables / f"tuning-{slug(shape)}.md").write_text(table)
+            # The search is saved by now: a table that cannot be written costs only itself.
+            with writes(f"the table of trials in {tables} (the tuned config is saved in {path})"):
+                tables.mkdir(parents=True, exist_ok=True)
+                (tables / f"tuning-{slug(shape)}.md").write_text(table)
         gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
         console.print(
             f"  fwbw {entry['default_fwbw_ms']:.3f} -> {entry['tuned_fwbw_ms']:.3f} ms ({gain:.2f}x), "

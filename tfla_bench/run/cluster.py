@@ -32,6 +32,12 @@ has ended, whatever it left: its marker's state, its result's, or `ENDED`; so no
 active once Slurm has forgotten it, and `--resume` is never refused for ever. A local job is
 `RUNNING` while its controller process runs, else its result's state or `INTERRUPTED`.
 
+What Slurm says besides the states (`SlurmPoll`) is printed by `sweep` and `status` (`say_poll`): a
+query that failed, one line per poll (its state is then the last known; a failed `sacct` is asked
+again at the next poll, and only sacct's own "accounting storage is disabled" turns it off), and a
+job Slurm holds (the requeue hold, `BeginTime`; a user's or an admin's hold), once per hold. A sweep
+that follows its jobs stops with a `RunFailed` once `squeue` has failed for `slurm_wait_s` seconds.
+
 Rows are never stranded: a merge reads every shard file of the open rounds, and those of the closed
 rounds past the rows they held when their round closed (a cancelled job may still write in its
 grace time), so `status` and `--resume` merge every row a shard holds, whenever it was written.
@@ -42,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import subprocess
@@ -73,6 +80,10 @@ STATE_POLL_S = 30.0
 SLURM_COMMAND_TIMEOUT_S = 60
 # A job that left Slurm's queue without saying how it ended (no accounting, no result, no marker).
 ENDED = "ENDED"
+# How long a sweep follows its jobs while squeue fails (a controller stopped or unreachable): the
+# environment variable, in seconds, else the default.
+SLURM_WAIT_ENV = "TFLA_BENCH_SLURM_WAIT_S"
+DEFAULT_SLURM_WAIT_S = 600.0
 # Seconds between Slurm's signal and the end of a job's time: enough to stop the workers and requeue.
 SIGNAL_DELAY_S = 120
 # sbatch options the flags set, and those submitit sets itself (the logs go into the run directory).
@@ -85,6 +96,28 @@ _FLAG_OF = {
     "constraint": "--constraint",
 }
 _SUBMITIT_OWNS = ("output", "error", "array", "signal", "open-mode")
+# sbatch's options that may be given without a value (its manual, Slurm 22.05 to 24.11); any other
+# KEY alone would reach sbatch and fail there, in sbatch's words.
+_VALUELESS = frozenset(
+    {
+        "contiguous",
+        "exclusive",
+        "get-user-env",
+        "hold",
+        "ignore-pbs",
+        "nice",
+        "no-kill",
+        "no-requeue",
+        "overcommit",
+        "oversubscribe",
+        "propagate",
+        "reboot",
+        "requeue",
+        "spread-job",
+        "use-min-nodes",
+        "verbose",
+    }
+)
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
@@ -207,6 +240,8 @@ def resolve(flags: ClusterFlags, recorded: JobsRecord | None) -> ClusterOptions 
             f"--executor local: {nodes} job(s) of {gpus} GPU(s) need {nodes * gpus} GPU(s); "
             f"this machine has {cuda_count}"
         )
+    if executor == "slurm":
+        slurm_wait_s()
     words = {
         key: _word(f"--{key}", value) if value is not None else base.get(key)
         for key, value in (
@@ -224,6 +259,24 @@ def resolve(flags: ClusterFlags, recorded: JobsRecord | None) -> ClusterOptions 
         wait=not flags.no_wait,
         **words,
     )
+
+
+def slurm_wait_s() -> float:
+    """How long a sweep follows its jobs while Slurm's queue does not answer (`SLURM_WAIT_ENV`).
+
+    Raises:
+        UserError: the variable is set to anything but a number of seconds above 0.
+    """
+    text = os.environ.get(SLURM_WAIT_ENV, "")
+    if not text.strip():
+        return DEFAULT_SLURM_WAIT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UserError(f"{SLURM_WAIT_ENV}={text!r}: expected a number of seconds above 0")
+    return seconds
 
 
 def parse_time(text: str) -> int:
@@ -263,6 +316,11 @@ def parse_slurm_args(entries: tuple[str, ...]) -> dict[str, str | bool]:
             raise UserError(f"--slurm-arg {key}: give it as {_FLAG_OF[key]}")
         if key in _SUBMITIT_OWNS:
             raise UserError(f"--slurm-arg {key}: set by tfla-bench (the jobs' logs go to the run directory)")
+        if not sep and key not in _VALUELESS:
+            raise UserError(
+                f"--slurm-arg {entry}: expected KEY=VALUE; sbatch takes no value only for "
+                f"{', '.join(sorted(_VALUELESS))}"
+            )
         options[key] = value.strip() if sep else True
     return options
 
@@ -387,6 +445,8 @@ def sweep(
     for job in submitted.jobs:
         if job.failed:
             console.print(f"[red]{job_line(submitted, job)}[/]; log {run_dir / job.stderr}")
+    runner.put_in_spec_order(run_dir / rundir.RESULTS, [case.key for case in cases], console)
+    merged.rows = rundir.read_results(run_dir / rundir.RESULTS).rows
     done = {row.case.key for row in merged.rows if row.status != "interrupted"}
     missing = [case for case in cases if case.key not in done]
     if missing:
@@ -434,7 +494,7 @@ def submit(
         todo, kept, columns = cases, [], row_schema.columns_for(cases)
     try:
         rundir.rewrite_results(csv_path, kept, columns)
-        rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
+        rundir.write_spec(run_dir, spec.to_dict())
     except OSError as exc:
         raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
     if kept:
@@ -531,11 +591,12 @@ def follow(
     state_tasks: dict[str, Any] = {}
     last_poll = float("-inf")
     seen: dict[str, SlurmSeen] = {}
+    watch = _Watch(run_dir)
     with progress:
         while True:
             if record.executor == "slurm" and time.monotonic() - last_poll >= STATE_POLL_S:
                 last_poll = time.monotonic()
-                seen = poll_slurm([job.job_id for job in submitted.jobs if not job.ended])
+                seen = watch.poll([job.job_id for job in submitted.jobs if not job.ended], progress.console)
             before = [(job.state, job.host) for job in submitted.jobs]
             for job in _refresh(record.executor, run_dir, submitted, handles, seen):
                 progress.console.print(job_line(submitted, job))
@@ -579,13 +640,14 @@ def settle(run_dir: Path) -> None:
         if merge(run_dir, record).late:
             jobs.write(run_dir, record)
         return
-    _refresh_open(record, run_dir)
+    poll = _refresh_open(record, run_dir)
     jobs.write(run_dir, record)
     active = [job for one in record.open_rounds() for job in one.jobs if not job.ended]
     if active:
         listed = ", ".join(f"{job.job_id} {job.state}" for job in active)
+        unanswered = "".join(f"; {command} failed: {message}" for command, message in poll.failed.items())
         raise UserError(
-            f"{len(active)} job(s) of {run_dir} may still write rows ({listed}); "
+            f"{len(active)} job(s) of {run_dir} may still write rows ({listed}{unanswered}); "
             f"wait for them or cancel them (`tfla-bench status {run_dir}`)"
         )
     for one in record.open_rounds():
@@ -605,7 +667,7 @@ def status(run_dir: Path, console: Console) -> tuple[JobsRecord, dict[str, int],
     record = jobs.read(run_dir)
     if record is None:
         raise UserError(f"{run_dir} has no {rundir.JOBS}: its cases were not submitted as jobs")
-    _refresh_open(record, run_dir)
+    say_poll(_refresh_open(record, run_dir), console, {})
     merged = True
     lock = rundir.RunLock(run_dir, warn=lambda line: console.print(line))
     try:
@@ -640,20 +702,66 @@ def unmeasured(run_dir: Path) -> int:
     return sum(case.key not in done for case in cases)
 
 
-def _refresh_open(record: JobsRecord, run_dir: Path) -> None:
-    """Poll the jobs of every open round (on Slurm one sacct and one squeue call for all of them)."""
+def _refresh_open(record: JobsRecord, run_dir: Path) -> SlurmPoll:
+    """Poll the jobs of every open round (on Slurm one sacct and one squeue call for all of them);
+    returns what Slurm said."""
     open_rounds = record.open_rounds()
+    poll = SlurmPoll()
     if not open_rounds:
-        return
+        return poll
     submitit = require_submitit(record.executor)
     kind = submitit.SlurmJob if record.executor == "slurm" else submitit.LocalJob
-    seen: dict[str, SlurmSeen] = {}
     if record.executor == "slurm":
-        seen = poll_slurm([job.job_id for one in open_rounds for job in one.jobs if not job.ended])
+        poll = poll_slurm([job.job_id for one in open_rounds for job in one.jobs if not job.ended])
     for one in open_rounds:
         folder = run_dir.resolve() / rundir.submitit_dir(one.number)
         handles = [kind(folder=folder, job_id=job.job_id) for job in one.jobs]
-        _refresh(record.executor, run_dir, one, handles, seen)
+        _refresh(record.executor, run_dir, one, handles, poll.seen)
+    return poll
+
+
+@dataclass
+class _Watch:
+    """What following a round keeps between its polls of Slurm: the holds said, and since when
+    squeue has failed."""
+
+    run_dir: Path
+    holds: dict[str, str] = field(default_factory=dict)
+    unanswered_since: float | None = None
+
+    def poll(self, job_ids: list[str], console: Console) -> dict[str, SlurmSeen]:
+        """Poll Slurm about the jobs and say what it found amiss (`say_poll`).
+
+        Raises:
+            RunFailed: squeue has failed for `slurm_wait_s` seconds.
+        """
+        now = time.monotonic()
+        poll = poll_slurm(job_ids)
+        say_poll(poll, console, self.holds)
+        if "squeue" not in poll.failed:
+            self.unanswered_since = None
+        elif self.unanswered_since is None:
+            self.unanswered_since = now
+        elif now - self.unanswered_since >= slurm_wait_s():
+            raise RunFailed(
+                f"Slurm's queue has not answered for {now - self.unanswered_since:.0f} s "
+                f"(squeue: {poll.failed['squeue']}); the jobs may still run and write rows: "
+                f"`tfla-bench status {self.run_dir}` merges them once it answers "
+                f"({SLURM_WAIT_ENV} sets this wait)"
+            )
+        return poll.seen
+
+
+def say_poll(poll: SlurmPoll, console: Console, holds: dict[str, str]) -> None:
+    """Print what a poll found amiss: each query that failed, one line per poll; each job Slurm
+    holds, once per hold (`holds`: those printed before, updated here)."""
+    for command, message in poll.failed.items():
+        console.print(f"[yellow]warning:[/] {command} failed: {message}; the jobs' states are the last known")
+    for job_id, why in poll.held.items():
+        if holds.get(job_id) != why:
+            console.print(f"job {job_id}: {why}")
+    holds.clear()
+    holds.update(poll.held)
 
 
 def _refresh(
@@ -734,56 +842,117 @@ def job_state(
     return result if result is not None else (previous, "")
 
 
+@dataclass
+class SlurmPoll:
+    """What one poll of Slurm said.
+
+    Attributes:
+        seen: each job's `SlurmSeen`.
+        failed: the queries that failed (`sacct`, `squeue`), each with Slurm's message in one line.
+        held: the pending jobs Slurm holds, each with why and until when, in one line.
+    """
+
+    seen: dict[str, SlurmSeen] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    held: dict[str, str] = field(default_factory=dict)
+
+
 _accounting = True
+# sacct's words on a cluster without accounting: asking again is useless, unlike after a failure.
+_NO_ACCOUNTING = "accounting storage is disabled"
+# squeue's reasons for a pending job that waits for a time or a release rather than for resources.
+_REQUEUE_HOLD = "BeginTime"
+_HELD = "JobHeld"
 
 
-def poll_slurm(job_ids: list[str]) -> dict[str, SlurmSeen]:
-    """Ask `sacct` (unless it failed before in this process: the cluster keeps no accounting) and
-    `squeue` about jobs, one call each; by job id, array tasks as `<array>_<index>`."""
+def poll_slurm(job_ids: list[str]) -> SlurmPoll:
+    """Ask `sacct` (unless the cluster keeps no accounting) and `squeue` about jobs, one call each;
+    by job id, array tasks as `<array>_<index>`. A query that fails is in `SlurmPoll.failed` and
+    asked again at the next poll."""
     global _accounting
+    poll = SlurmPoll()
     if not job_ids:
-        return {}
+        return poll
     arrays = ",".join(sorted({job_id.split("_")[0] for job_id in job_ids}))
-    accounted: dict[str, str] = {}
+    accounted: dict[str, dict[str, str]] = {}
     if _accounting:
         done = _run_slurm(
             ["sacct", "--parsable2", "--allocations", "--format=JobID,State", f"--jobs={arrays}"]
         )
-        if done is None or done.returncode != 0:
-            _accounting = False
+        if isinstance(done, str) or done.returncode != 0:
+            message = done if isinstance(done, str) else _said(done)
+            if isinstance(done, _NotInstalled) or _NO_ACCOUNTING in message.lower():
+                _accounting = False
+            else:
+                poll.failed["sacct"] = message
         else:
-            accounted = _states(done.stdout)
+            accounted = _table(done.stdout)
     done = _run_slurm(
-        ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T", f"--jobs={arrays}"]
+        ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T|%r|%S", f"--jobs={arrays}"]
     )
-    queued: dict[str, str] | None = None
-    if done is not None and done.returncode == 0:
-        queued = _states("JobID|State\n" + done.stdout)
-    elif done is not None and "invalid job id" in done.stderr.lower():
+    queued: dict[str, dict[str, str]] | None = None
+    if not isinstance(done, str) and done.returncode == 0:
+        queued = _table("JobID|State|Reason|StartTime\n" + done.stdout)
+    elif not isinstance(done, str) and "invalid job id" in done.stderr.lower():
         queued = {}  # one id asked and Slurm has forgotten it (of several, squeue lists those it knows)
-    return {
-        job_id: SlurmSeen(
-            accounted.get(job_id) if _accounting else None,
-            None if queued is None else queued.get(job_id, ""),
+    else:
+        poll.failed["squeue"] = done if isinstance(done, str) else _said(done)
+    for job_id in job_ids:
+        in_queue = None if queued is None else queued.get(job_id, {})
+        poll.seen[job_id] = SlurmSeen(
+            accounted.get(job_id, {}).get("State") if _accounting else None,
+            None if in_queue is None else in_queue.get("State", ""),
         )
-        for job_id in job_ids
-    }
+        if in_queue and (why := _hold(in_queue)):
+            poll.held[job_id] = why
+    return poll
 
 
-def _run_slurm(command: list[str]) -> subprocess.CompletedProcess | None:
-    """A Slurm command's outcome, or None when it could not run or did not answer in time."""
+def _hold(queued: dict[str, str]) -> str | None:
+    """Why Slurm holds a pending job back, in one line, or None when it does not."""
+    reason, start = queued.get("Reason", ""), queued.get("StartTime", "")
+    if queued.get("State") != "PENDING":
+        return None
+    if reason == _REQUEUE_HOLD:
+        until = f" until {start}" if start[:1].isdigit() else ""
+        return (
+            f"held by Slurm{until} ({reason}): a requeued job waits about two minutes before it may "
+            "start again"
+        )
+    if reason.startswith(_HELD):
+        return f"held by Slurm ({reason}): it starts once released (scontrol release)"
+    return None
+
+
+def _run_slurm(command: list[str]) -> subprocess.CompletedProcess | str:
+    """A Slurm command's outcome, or why it could not run or did not answer in time."""
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=SLURM_COMMAND_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    except FileNotFoundError:
+        return _NotInstalled(f"{command[0]} is not installed here")
+    except OSError as exc:
+        return f"{command[0]} could not run: {exc.strerror}"
+    except subprocess.TimeoutExpired:
+        return f"no answer within {SLURM_COMMAND_TIMEOUT_S} s"
 
 
-def _states(text: str) -> dict[str, str]:
-    """Job states by id from `JobID|State` lines (a pending array's range counted for each task)."""
+class _NotInstalled(str):
+    """A command missing from this machine: for `sacct`, a cluster without accounting."""
+
+
+def _said(done: subprocess.CompletedProcess) -> str:
+    """A failed Slurm command's message in one line."""
+    lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+    return "; ".join(lines[:2]) or f"exit code {done.returncode}"
+
+
+def _table(text: str) -> dict[str, dict[str, str]]:
+    """Fields by job id from `|`-separated lines under a header line (a pending array's range counted
+    for each task)."""
     # submitit is optional (the `cluster` extra); only sweeps through jobs need it.
     from submitit.slurm.slurm import SlurmInfoWatcher
 
-    return {job_id: info.get("State", "") for job_id, info in SlurmInfoWatcher().read_info(text).items()}
+    return SlurmInfoWatcher().read_info(text)
 
 
 def _result(handle: Any) -> tuple[str, str] | None:
@@ -876,12 +1045,19 @@ def merge(run_dir: Path, record: JobsRecord) -> Merged:
                 job.merged_rows, late = len(shard.rows), True
             if new:
                 columns += [column for column in shard.header if column not in columns]
-            rows.update((row.case.key, row) for row in new)
+            rows.update((row.case.key, row) for row in new if _replaces(rows.get(row.case.key), row))
     merged = list(rows.values())
-    if merged != read.rows or columns != read.header:
+    if [row.to_csv() for row in merged] != [row.to_csv() for row in read.rows] or columns != read.header:
         rundir.rewrite_results(csv_path, merged, columns)
     _merge_env(run_dir, record)
     return Merged(merged, shard_rows, late)
+
+
+def _replaces(held: ResultRow | None, row: ResultRow) -> bool:
+    """Whether a shard's row takes the place of the row `results.csv` holds for its case: a
+    finished row stays as it is (a resume submits only cases without one; what replaces it is an
+    earlier round's late row or a file edited meanwhile)."""
+    return held is None or not held.finished or held.to_csv() == row.to_csv()
 
 
 def _merge_env(run_dir: Path, record: JobsRecord) -> None:

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,8 @@ TABLE_WIDTH = 250
 LOG_TABLE_WIDTH = 80
 # The columns a part of a table split to fit leaves to values besides the repeated key columns.
 KEYS_LEAVE = 18
+# A dry run lists this many cases at most; rendering a table of every case of a large grid takes minutes.
+MAX_LISTED = 1000
 STATUS_STYLE = {
     "ok": "green",
     "oom": "yellow",
@@ -116,15 +119,20 @@ def row_line(row: ResultRow) -> str:
 
 
 def cases_table(cases: list[Case], fates: Mapping[str, str]) -> Fitted:
-    """The expanded cases of a dry run and what would happen to each: `run`, or `fates[case.key]`."""
+    """The expanded cases of a dry run and what would happen to each: `run`, or `fates[case.key]`;
+    past `MAX_LISTED` cases, the first ones and a caption counting the plan of all."""
     table = Table(title=f"{len(cases)} case(s)")
     for column in ("kernel", "mode", "dtype", "shape"):
         table.add_column(column, no_wrap=True)
     for column in ("params", "plan"):
         table.add_column(column, overflow="fold")
-    for case in cases:
+    for case in cases[:MAX_LISTED]:
         fate = fates.get(case.key, "run")
         table.add_row(case.kernel, case.mode, case.dtype, case_shape(case), case_params(case), fate)
+    if len(cases) > MAX_LISTED:
+        plans = Counter(fates.get(case.key, "run") for case in cases)
+        counted = "; ".join(f"{plan}: {count:,}" for plan, count in plans.most_common())
+        table.caption = f"the first {MAX_LISTED:,} of {len(cases):,} cases; the plan of all: {counted}"
     return Fitted(table)
 
 

@@ -37,6 +37,9 @@ case again) and refuses a bad line before the last one, two different rows of on
 them holds is the user's call) and a file without write permission (a resume would replace it);
 `read_results` refuses a wrong header. All leave the file as it was. Every other file of the
 directory is written to a temporary file beside it, fsynced and renamed (`write_atomic`).
+A rewrite of `results.csv` (`rewrite_results`, `order_results`) writes every row the file already
+held as it was, byte for byte (a NaN cell stays `nan`, `1.50` stays `1.50`), and a finished sweep
+lists its rows in its spec's order.
 
 The environment variable `TFLA_BENCH_FAULT_ROW=N` makes the Nth row a `RowWriter` writes fail
 halfway with `ENOSPC` (a full disk), leaving a torn line, so tests can inject that fault.
@@ -103,6 +106,10 @@ SUBMITIT = "submitit"
 SHARDS = "shards"
 JOB_END = "job-end.json"
 FAULT_ROW_ENV = "TFLA_BENCH_FAULT_ROW"
+# What a run directory keeps of itself (its rows, its records, its jobs' folders): no command's output
+# may replace one of them or write inside one (`own_part`).
+OWN_FILES = (RESULTS, ENV, SPEC, SELECTION, TIMINGS, CHECK, CHECK_LOG, PROFILE, LOCK, JOBS, JOB_END)
+OWN_FOLDERS = (SHARDS, SUBMITIT, NCU)
 
 
 def worker_log(index: int) -> str:
@@ -137,6 +144,22 @@ def for_gpu(name: str, gpu: str | None) -> str:
     return f"{stem}-{slug}{dot}{suffix}"
 
 
+def own_part(path: Path) -> Path | None:
+    """The file or folder of a run directory's own (`OWN_FILES`, `OWN_FOLDERS`) that `path` is or lies
+    in, or None. A run directory is a folder holding `SPEC` or `RESULTS`."""
+    path = Path(os.path.abspath(path))
+    if path.name in OWN_FILES and _is_run_dir(path.parent):
+        return path
+    for place in (path, *path.parents):
+        if place.name in OWN_FOLDERS and _is_run_dir(place.parent):
+            return place
+    return None
+
+
+def _is_run_dir(folder: Path) -> bool:
+    return (folder / SPEC).is_file() or (folder / RESULTS).is_file()
+
+
 def _line(cells: list[str]) -> bytes:
     buffer = io.StringIO()
     csv.writer(buffer).writerow(cells)
@@ -167,12 +190,16 @@ class RowsRead:
         skipped: the lines that did not, with the reason.
         torn: whether the last record is one of them: cut by an interrupted write (no newline) or
             unparsable.
+        texts: the text of each row in `rows` as it is in the file, line ending included, and
+            `header_text` the header's: a rewrite keeps them byte for byte.
     """
 
     path: Path
     header: list[str] = field(default_factory=list)
     rows: list[ResultRow] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    header_text: str = ""
     skipped: list[Skipped] = field(default_factory=list)
     torn: bool = False
 
@@ -233,7 +260,8 @@ def read_results(path: Path) -> RowsRead:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     if not data:
         return read
-    text = data.decode("utf-8", errors="replace")
+    # An editor may have saved the file with a byte-order mark; its rows are the same.
+    text = data.decode("utf-8-sig", errors="replace")
     records = list(_records(text))
     header_cells, header_end = records[0]
     if header_end == len(text) and not text.endswith("\n"):
@@ -241,7 +269,7 @@ def read_results(path: Path) -> RowsRead:
         read.torn = True
         read.skipped.append(Skipped(1, "torn header (an interrupted write)"))
         return read
-    read.header = header_cells
+    read.header, read.header_text = header_cells, text[:header_end]
     _check_header(path, read.header)
     start, line = header_end, 2
     for index, (cells, end) in enumerate(records[1:], start=1):
@@ -252,6 +280,7 @@ def read_results(path: Path) -> RowsRead:
             try:
                 read.rows.append(ResultRow.from_csv(dict(zip(read.header, cells, strict=True))))
                 read.lines.append(line)
+                read.texts.append(text[start:end])
             except (ValueError, KeyError) as exc:
                 reason = f"bad value ({exc})"
         if reason is not None:
@@ -417,16 +446,57 @@ def _ignore_file_size_signal() -> None:
 
 
 def rewrite_results(path: Path, rows: list[ResultRow], columns: list[str]) -> None:
-    """Replace a results CSV by `rows` under `columns`, atomically."""
-    lines = [_line(columns)]
+    """Replace a results CSV by `rows` under `columns`, atomically.
+
+    A row equal to the file's own row of its case is written as the file held it: its line byte for
+    byte under the same header, else its cells as they were read, so a rewrite changes no finished
+    row, not even how a NaN cell or a number is spelled."""
+    try:
+        before = read_results(path)
+    except UserError:
+        before = RowsRead(path)
+    same_header = before.header == columns
+    held = {row.case.key: (row.to_csv(), text) for row, text in zip(before.rows, before.texts, strict=True)}
+    lines = [before.header_text.encode() if same_header else _line(columns)]
     for row in rows:
         cells = row.to_csv()
+        kept = held.get(row.case.key)
+        if kept is not None and kept[0] == cells:
+            if same_header:
+                lines.append(kept[1].encode())
+                continue
+            cells = dict(zip(before.header, next(_records(kept[1]))[0], strict=True))
         lines.append(_line([cells.get(name, "") for name in columns]))
     write_atomic(path, b"".join(lines))
 
 
+def order_results(path: Path, keys: list[str]) -> bool:
+    """Put the rows of a results CSV in the order of their case keys in `keys` (rows of other cases
+    after them, as they were), each line as it was; the file is rewritten only when the order
+    changes, and left alone while it holds a line that is not a row. Returns whether it was."""
+    read = read_results(path)
+    if read.skipped or not read.rows:
+        return False
+    position = {key: index for index, key in enumerate(keys)}
+    order = sorted(range(len(read.rows)), key=lambda i: position.get(read.rows[i].case.key, len(keys)))
+    if order == sorted(order):
+        return False
+    write_atomic(path, (read.header_text + "".join(read.texts[i] for i in order)).encode())
+    return True
+
+
 # ----------------------------------------------------------------------------------------------
 # Environment, spec, GPU
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file of the run directory, read as UTF-8 whatever the locale, a byte-order mark (an
+    editor's) allowed.
+
+    Raises:
+        OSError, UnicodeDecodeError, json.JSONDecodeError: as reading and parsing raise them.
+    """
+    return json.loads(path.read_text(encoding="utf-8-sig"))
 
 
 def write_selection(run_dir: Path, kernels: list[str] | None, seq_lens: list[int] | None) -> None:
@@ -443,7 +513,7 @@ def read_selection(run_dir: Path) -> tuple[list[str] | None, list[int] | None]:
     """
     path = run_dir / SELECTION
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)
     except FileNotFoundError:
         return None, None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -472,6 +542,29 @@ def require_results(run_dir: Path) -> Path:
     return path
 
 
+def record_warnings(run_dir: Path) -> list[str]:
+    """One line for each of the run's own records that `--resume` needs (`SPEC`, `SELECTION`) and
+    cannot read, for the commands that read the rows without them."""
+    problems = []
+    path = run_dir / SPEC
+    try:
+        record = read_json(path)
+        if not isinstance(record, dict) or not record:
+            problems.append(f"{path} is not a spec record")
+    except FileNotFoundError:
+        pass
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(f"{path} is not readable JSON: {exc}")
+    try:
+        read_selection(run_dir)
+    except UserError as exc:
+        problems.append(str(exc))
+    return [
+        f"{problem}; the rows are read as they are, but --resume cannot continue this run"
+        for problem in problems
+    ]
+
+
 def read_env(run_dir: Path) -> dict[str, Any]:
     """The run's `env.json` (empty when it has none yet).
 
@@ -480,7 +573,7 @@ def read_env(run_dir: Path) -> dict[str, Any]:
     """
     path = run_dir / ENV
     try:
-        env = json.loads(path.read_text())
+        env = read_json(path)
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -500,10 +593,15 @@ def update_env(run_dir: Path, change: Callable[[dict[str, Any]], bool]) -> None:
     """Apply `change` to the record of the run's latest attempt in `env.json` (the last one under
     `resumed`, else the top one), and write the file when `change` says it changed it."""
     env = read_env(run_dir)
-    resumed = env.get("resumed")
-    latest = resumed[-1] if isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict) else env
-    if change(latest):
+    if change(_latest_attempt(env)):
         write_json(run_dir / ENV, env)
+
+
+def _latest_attempt(env: dict[str, Any]) -> dict[str, Any]:
+    """The record of a run's latest attempt in its `env.json`: the last one under `resumed`, else
+    the top one."""
+    resumed = env.get("resumed")
+    return resumed[-1] if isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict) else env
 
 
 @dataclass(frozen=True)
@@ -574,6 +672,29 @@ def on_one_gpu(
         raise UserError(f"{flag} {gpu}: no row of {where} was measured on it (its GPUs: {listing or 'none'})")
     node = next((node for node in env.get("nodes", []) if node.get("gpu_name") == gpu), {})
     return [row for row in rows if row.gpu_name in ("", gpu)], {**env, **node, "gpu_name": gpu}
+
+
+def write_spec(run_dir: Path, spec: dict[str, Any]) -> None:
+    """Write `SPEC`, and the same spec as `spec_record` of the run's latest attempt in `ENV` once
+    there is one (a new attempt's record gets it when it is written), so that an edit of `SPEC`
+    shows (`spec_edit`)."""
+    write_json(run_dir / SPEC, spec)
+
+    def record(latest: dict[str, Any]) -> bool:
+        if latest.get("spec_record") == spec:
+            return False
+        latest["spec_record"] = spec
+        return True
+
+    if (run_dir / ENV).is_file():
+        update_env(run_dir, record)
+
+
+def spec_edit(run_dir: Path, spec: dict[str, Any]) -> str | None:
+    """How `spec` (the run's `SPEC` as read now) differs from the spec its latest attempt recorded
+    (`spec_difference`), or None: the same, or a run that recorded none."""
+    record = _latest_attempt(read_env(run_dir)).get("spec_record")
+    return spec_difference(record, spec) if isinstance(record, dict) else None
 
 
 def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:

@@ -231,21 +231,29 @@ def check_run_dir(run_dir: Path, spec: Spec, *, resume: bool, force: bool = Fals
             )
         return None
     rundir.read_env(run_dir)
-    difference = rundir.spec_difference(load_run_spec(run_dir).to_dict(), spec.to_dict())
+    recorded = load_run_spec(run_dir).to_dict()
+    edited = rundir.spec_edit(run_dir, recorded)
+    if edited and not force:
+        raise UserError(
+            f"--resume {run_dir}: its {rundir.SPEC} was edited after the run wrote it, at {edited}; its "
+            "rows were measured with the spec it held: undo the edit, or resume with --force to measure "
+            "the rest with it"
+        )
+    difference = rundir.spec_difference(recorded, spec.to_dict())
     if difference and not force:
         raise UserError(
             f"--resume {run_dir}: the spec differs from the run's own at {difference} "
             "(--force mixes them deliberately)"
         )
     rundir.read_results(csv_path).for_resume()
-    return difference
+    return "; ".join(filter(None, [edited and f"{rundir.SPEC} edited at {edited}", difference])) or None
 
 
 def load_run_spec(run_dir: Path) -> Spec:
     """The spec saved in a run directory (for `--resume` without a spec file)."""
     path = run_dir / rundir.SPEC
     try:
-        raw = json.loads(path.read_text())
+        raw = rundir.read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     return parse_spec(raw, str(path))
@@ -280,12 +288,29 @@ def resume_plan(
     return cases, kept, columns
 
 
+# More GPUs than any node has: a `--gpus` count above it is a typo, refused before a list of it is made.
+MAX_GPUS = 1024
+
+
 def select_devices(gpus: str | None) -> list[str]:
     """Worker devices: every visible GPU, the first N (`--gpus N`), a list (`--gpus 0,2`), or `cpu`.
 
     Args:
         gpus: the `--gpus` value or None.
     """
+    indices: list[int] = []
+    if gpus is not None:
+        try:
+            if "," in gpus:
+                indices = [int(part) for part in gpus.split(",") if part.strip()]
+            elif 0 < int(gpus) <= MAX_GPUS:
+                indices = list(range(int(gpus)))
+        except ValueError:
+            indices = []
+        if not indices or min(indices) < 0 or len(set(indices)) != len(indices):
+            raise UserError(
+                f"--gpus: expected a count >= 1 or a comma list of distinct GPU indices, got {gpus!r}"
+            )
     import torch
 
     if not torch.cuda.is_available():
@@ -295,14 +320,7 @@ def select_devices(gpus: str | None) -> list[str]:
     count = torch.cuda.device_count()
     if gpus is None:
         return [f"cuda:{index}" for index in range(count)]
-    try:
-        if "," in gpus:
-            indices = [int(part) for part in gpus.split(",") if part.strip()]
-        else:
-            indices = list(range(int(gpus)))
-    except ValueError as exc:
-        raise UserError(f"--gpus: expected a count or a comma list of GPU indices, got {gpus!r}") from exc
-    if not indices or len(set(indices)) != len(indices) or not all(0 <= i < count for i in indices):
+    if not all(i < count for i in indices):
         raise UserError(f"--gpus {gpus}: {count} GPU(s) visible (indices 0..{count - 1}), no repeats")
     return [f"cuda:{index}" for index in indices]
 
@@ -444,6 +462,7 @@ def run_sweep(
     devices = devices or select_devices(None)
     cuda = devices[0] != "cpu"
     csv_path = run_dir / rundir.RESULTS
+    order = [case.key for case in cases]
     kept: list[ResultRow] = []
     columns = row_schema.columns_for(cases)
     if resume:
@@ -468,8 +487,18 @@ def run_sweep(
         # timings.json is secondary: failing to write it must not hide how the run itself ended.
         with contextlib.suppress(OSError):
             clock.write(run_dir)
+    put_in_spec_order(csv_path, order, console)
     report.rows = rundir.read_results(csv_path).rows
     return report
+
+
+def put_in_spec_order(csv_path: Path, order: list[str], console: Console) -> None:
+    """Rows come as their cases finish and a resume's after the kept ones; the finished run lists
+    them in its spec's order, each line as written. A failure leaves every row where it was."""
+    try:
+        rundir.order_results(csv_path, order)
+    except OSError as exc:
+        console.print(f"[yellow]warning:[/] {csv_path} keeps its rows in the order they came: {exc.strerror}")
 
 
 def _plan_beside_roofs(
@@ -496,7 +525,7 @@ def _start_results(run_dir: Path, spec: Spec, kept: list[ResultRow], columns: li
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.rewrite_results(csv_path, kept, columns)
-        rundir.write_json(run_dir / rundir.SPEC, spec.to_dict())
+        rundir.write_spec(run_dir, spec.to_dict())
         return rundir.RowWriter(csv_path, columns)
     except OSError as exc:
         raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
@@ -734,6 +763,7 @@ def _start_workers(
         env["roofs"] = measured_roofs
     if forced is not None:
         env["forced_spec_difference"] = forced
+    env["spec_record"] = spec.to_dict()  # what spec.json held: `--resume` refuses an edit of it
     previous = rundir.read_env(run_dir)
     if previous:
         previous.setdefault("resumed", []).append(env)

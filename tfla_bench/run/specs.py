@@ -24,6 +24,7 @@ Every mistake in a spec is a `UserError` naming the file, the key and what was e
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import itertools
 import math
@@ -82,6 +83,9 @@ EXPAND_MODES = ("grid", "zip")
 # The largest shape integer: a tensor dimension past 2**31 would not fit any GPU, and tokens, batch
 # and seq_len are multiplied together, which past this stops being exact in a float.
 MAX_SHAPE = 2**31
+# The most cases one spec may expand to: a sweep of more (a grid of many long lists) would take
+# longer to list than to plan, and far longer than any GPU allocation to run.
+MAX_CASES = 100_000
 SHAPE_EXPECTED = f"a positive integer (at most {MAX_SHAPE:,}) or a non-empty list of them"
 # seq_len varies fastest, so consecutive cases of one kernel trace a curve over sequence length.
 _AXIS_ORDER = (
@@ -236,9 +240,14 @@ def load_spec(path: str | Path) -> Spec:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise UserError(f"cannot read spec {path}: {exc.strerror or exc}") from exc
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise UserError(f"{path}: saved as UTF-16; TOML is UTF-8: save it as UTF-8")
+    try:
+        # TOML is UTF-8 whatever the locale; an editor's byte-order mark is allowed.
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not a TOML text file (byte {exc.start} is not UTF-8)") from None
     try:
@@ -339,11 +348,20 @@ def expand(spec: Spec, only: list[str] | None = None) -> list[Case]:
                 f"(families: {', '.join(sorted(registry.families()))})"
             )
     cases: dict[str, Case] = {}
+    count = 0
     for adapter in adapters:
         shape, modes, params = _resolve(spec, adapter)
         axes = {key: shape[key] for key in _AXIS_ORDER if key in shape and key != "seq_len"}
         axes.update({f"params.{key}": value for key, value in params.items()})
         axes["seq_len"] = shape["seq_len"]
+        if not adapter.uses_chunk_size:
+            axes.pop("chunk_size", None)  # one case for every chunk size
+        count += len(modes) * len(spec.dtypes) * _point_count(axes, spec.expand)
+        if count > MAX_CASES:
+            raise UserError(
+                f"{spec.source}: the spec expands to more than {MAX_CASES:,} cases ({count:,} with "
+                f"{adapter.name}'s); split it into several specs, or pair its lists with expand = 'zip'"
+            )
         for mode in modes:
             for dtype in spec.dtypes:
                 for point in _points(axes, spec.expand, spec.source, adapter.name):
@@ -371,6 +389,14 @@ def _resolve(spec: Spec, adapter: registry.Adapter) -> tuple[dict[str, Any], tup
         modes = override.modes if override.modes is not None else modes
         params.update(override.params)
     return shape, modes, params
+
+
+def _point_count(axes: dict[str, Any], how: str) -> int:
+    """How many points `_points` gives, counted without making them."""
+    lengths = [len(value) for value in axes.values() if isinstance(value, list)]
+    if how == "zip":
+        return max(lengths, default=1)
+    return math.prod(lengths)
 
 
 def _points(axes: dict[str, Any], how: str, source: str, kernel: str) -> list[dict[str, Any]]:
