@@ -294,7 +294,8 @@ def adapter_case(chunk_size=64, dtype="bfloat16", mode="fw", dqk=256, dv=512, se
     return Case("limit_chunk", mode, dtype, 8, seq_len, 8, dqk, dv, chunk_size=chunk_size, params=params)
 
 
-def test_adapter_check_reports_the_on_chip_limit():
+def test_adapter_check_reports_the_on_chip_limit(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the interpreter refuses bfloat16 first
     adapter = registry.get("limit_chunk")
     assert adapter.family == "mlstm" and adapter.uses_chunk_size
     for dtype, label in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
