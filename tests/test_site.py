@@ -1,0 +1,129 @@
+"""The static site of many runs: its pages, its history flags, its size, and the mistakes a user can make."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from synthetic_run import PLANTED, PLANTED_FACTOR, site_rows, site_runs, write_run
+
+from tfla_bench.analyse.history import RunRows, flagged, history
+from tfla_bench.analyse.site import build_site
+from tfla_bench.cli.main import main
+from tfla_bench.measure.row import ResultRow
+from tfla_bench.run import rundir
+
+# The issue's budget, 50 MB for 100 runs of 300 rows, per run (its page and figures).
+BYTES_PER_RUN = 50e6 / 100
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site")
+    # `write_run` records no `results_schema`: these read as runs of schema version 1, as --resume reads them.
+    runs = site_runs(root / "runs")
+    # A run that cannot be read: its env.json is not JSON.
+    broken = shutil.copytree(runs[0], root / "runs" / "fig5_consttoken-broken")
+    (broken / rundir.ENV).write_text("{not json")
+    warnings: list[str] = []
+    built = build_site([root / "runs"], root / "out", warnings.append, jobs=2)
+    return root, built, warnings
+
+
+def test_index_lists_every_readable_run_and_names_the_one_left_out(site):
+    root, built, warnings = site
+    index = built.index.read_text()
+    assert len(built.runs) == 4
+    assert index.count("<tr data-spec=") == 4
+    assert "fig5_consttoken-broken" in index and "not readable JSON" in index
+    assert any("left out" in line and "fig5_consttoken-broken" in line for line in warnings)
+    assert 'data-gpu="|NVIDIA H200|"' in index
+    assert "aaaaaaa" in index and "ccccccc" in index
+
+
+def test_run_pages_link_figure_files_instead_of_inlining_them(site):
+    root, built, _ = site
+    for run in built.runs:
+        page = (root / "out" / run.page).read_text()
+        assert "data:image/png;base64" not in page
+        figures = sorted((root / "out" / run.page).with_suffix("").glob("*.png"))
+        assert figures, run.page
+        for figure in figures:
+            assert f'src="{run.rows.name}/{figure.name}"' in page
+
+
+def test_history_flags_the_planted_regression_and_nothing_else(site):
+    root, _, _ = site
+    page = (root / "out" / "history" / "fig5_consttoken.html").read_text()
+    assert "1 change(s) beyond the noise of both runs: 1 slower, 0 faster" in page
+    assert page.count('<tr class="flag-slower">') == 1
+    assert "fig5_consttoken-c.html" in page and f"{PLANTED_FACTOR:.3f}" in page
+
+
+def test_spec_page_sets_runs_side_by_side_with_the_paper_and_across_gpus(site):
+    root, _, _ = site
+    page = (root / "out" / "specs" / "fig5_consttoken.html").read_text()
+    for gpu, commit in (
+        ("NVIDIA H100 80GB HBM3", "aaaaaaa"),
+        ("NVIDIA H100 80GB HBM3", "ccccccc"),
+        ("NVIDIA H200", "ccccccc"),
+    ):
+        assert f"{gpu} · {commit}" in page
+    assert "paper (H100)" in page
+    assert "NVIDIA H200 against NVIDIA H100 80GB HBM3" in page
+    assert (root / "out" / "specs" / "fig5_consttoken").glob("compare-gpus-*.png")
+
+
+def _rows(seed: int, slower: dict[str, float] | None = None) -> list[ResultRow]:
+    cells = site_rows(seed, slower, lengths=(8192,))
+    text = [{k: "" if v is None or v != v else str(v) for k, v in row.items()} for row in cells]
+    return [ResultRow.from_csv(cells) for cells in text]
+
+
+def test_history_of_two_identical_runs_flags_nothing_and_a_slowdown_is_flagged_by_diffs_rule():
+    same = [RunRows(name, "s", "gpu", f"2026-11-0{day}", name, _rows(0)) for day, name in enumerate("ab", 1)]
+    assert flagged(history(same)).empty
+    slowed = RunRows("c", "s", "gpu", "2026-11-03", "c", _rows(0, {PLANTED: 1.004}))
+    # 0.4% slower is within the two rows' noise (0.5% each): not flagged; 1.5% is.
+    assert flagged(history([*same, slowed])).empty
+    slowed = RunRows("c", "s", "gpu", "2026-11-03", "c", _rows(0, {PLANTED: 1.015}))
+    moved = flagged(history([*same, slowed]))
+    assert list(moved["verdict"]) == ["slower"] and moved["key"].iloc[0].startswith(PLANTED)
+
+
+def test_a_site_weighs_less_than_its_share_of_50_mb_per_run(site):
+    root, built, _ = site
+    pages = sum(path.stat().st_size for path in (root / "out" / "runs").rglob("*") if path.is_file())
+    assert pages / len(built.runs) < BYTES_PER_RUN * 0.6  # these runs have 90 rows, a tenth of the budget's
+
+
+def test_a_rebuild_replaces_the_site_and_a_foreign_folder_is_refused(site, tmp_path, capsys):
+    root, _, _ = site
+    run = root / "runs" / "fig5_consttoken-a"
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("mine")
+    assert main(["site", str(run), "--out", str(foreign)]) == 2
+    assert "holds files not written by `tfla-bench site`" in capsys.readouterr().err
+    assert (foreign / "todo.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (lambda tmp: [str(tmp / "missing")], "no such run directory or folder"),
+        (lambda tmp: [str(tmp)], "no run directory"),
+    ],
+)
+def test_a_user_mistake_is_one_line_and_exit_2(tmp_path, capsys, make_args, message):
+    assert main(["site", *make_args(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_no_readable_run_is_exit_2(tmp_path, capsys):
+    run = write_run(tmp_path / "runs" / "r", site_rows(lengths=(8192,)))
+    (run / rundir.ENV).write_text(json.dumps({"results_schema": rundir.SCHEMA_VERSION + 1}))
+    assert main(["site", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 2
+    assert "none of the 1 run(s) could be read" in capsys.readouterr().err
