@@ -14,7 +14,7 @@ from tfla_bench.cli.main import main
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.run import rundir
 
-# The budget, 50 MB for 100 runs of 300 rows, per run (its page and figures).
+# The site's budget, 50 MB for 100 runs of 300 rows, per run (its page and figures).
 BYTES_PER_RUN = 50e6 / 100
 
 
