@@ -55,6 +55,7 @@ SITE_CSS = (
 .filters label { margin-right: 1em; } .filters select { margin-left: .3em; }
 tr.flag-slower td { background: #fde0dd; } tr.flag-faster td { background: #e5f5e0; }
 .case-select { margin: .5em 0; max-width: 100%; }
+table.runs td, table.runs th { text-align: left; } table.runs td:not(:last-child) { white-space: nowrap; }
 """
 )
 # The filters: a row stays when each chosen value is among its `data-` values ("|a|b|").
@@ -321,8 +322,8 @@ def _table(table_id: str, headings: Iterable[str], rows: str) -> str:
     """A sortable table of ready rows (`<tr>...</tr>`) in a box that scrolls sideways."""
     head = "".join(f"<th>{html.escape(name)}</th>" for name in headings)
     return (
-        f'<div class="scroll"><table class="data sortable" id="{table_id}"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{rows}</tbody></table></div>"
+        f'<div class="scroll"><table class="data sortable runs" id="{table_id}">'
+        f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
     )
 
 
