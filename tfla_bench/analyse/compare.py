@@ -187,6 +187,11 @@ class Comparison:
     measured_accelerator: Accelerator | None
     published_accelerator: Accelerator | None
 
+    def plain(self) -> Comparison:
+        """The comparison without its roofline-normalized columns, as `normalize="none"` gives it."""
+        matched = self.matched.drop(columns=[c for c in _NORMALIZED_COLUMNS if c in self.matched])
+        return replace(self, normalize="none", matched=matched)
+
 
 def _ratio(numerator: float, denominator: float) -> float:
     if not (math.isfinite(numerator) and math.isfinite(denominator)) or denominator <= 0:

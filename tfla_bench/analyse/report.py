@@ -406,7 +406,7 @@ def _bytes_section(run: Run) -> str:
     return "\n".join(parts)
 
 
-def _comparison_section(run: Run, plain: Comparison) -> str:
+def _comparison_section(run: Run, plain: Comparison, normalized: Comparison | None) -> str:
     name = plain.published_name
     parts = [
         f"<p>Run on <b>{html.escape(run.gpu_name)}</b>; published data set <b>{html.escape(name)}</b> "
@@ -418,8 +418,7 @@ def _comparison_section(run: Run, plain: Comparison) -> str:
     )
     for mode, table in comparison_tables(plain).items():
         parts.append(f"<h3>{mode}: run vs published</h3>" + frame_html(table, f"compare-{mode}"))
-    if run.gpu.accelerator is not None:
-        normalized = compare_run(run, name, normalize="roofline")
+    if normalized is not None:
         parts.append(
             "<p>Normalized: each side's runtime divided by its own GPU's roofline bound "
             "max(FLOPs/peak, bytes/bandwidth); a normalized ratio of 1 means the same fraction of the "
@@ -471,7 +470,9 @@ def build_report(
     """
     accelerators = _accelerators(run) if accelerators is None else accelerators
     links_from = links_from or run.run_dir
-    comparison: Comparison | None = compare_run(run, published) if published else None
+    # One join with the published rows: the plain comparison is the normalized one less its columns.
+    normalized = compare_run(run, published, "roofline") if published and run.gpu.accelerator else None
+    comparison = normalized.plain() if normalized else compare_run(run, published) if published else None
     context = run_context(run, comparison, accelerators)
     check = roof_check(run.results, from_env(run.env))
     drawn = render(plots(context, ["run", "measured"]), context)
@@ -482,7 +483,7 @@ def build_report(
     sections: list[Section] = [
         ("headline", "Headline", lambda: headline_html(run, comparison, check)),
         ("figures", "Figures", lambda: figures or '<p class="note">(no figure: the run sweeps no axis)</p>'),
-        *_table_sections(run, comparison, context, check, links_from),
+        *_table_sections(run, (comparison, normalized), context, check, links_from),
         ("environment", "Environment", lambda: _environment_section(run)),
     ]
     return _page(run, sections)
@@ -531,9 +532,15 @@ def headline_html(run: Run, comparison: Comparison | None, check: pd.DataFrame) 
 
 
 def _table_sections(
-    run: Run, comparison: Comparison | None, context: FigureContext, check: pd.DataFrame, links_from: Path
+    run: Run,
+    comparisons: tuple[Comparison | None, Comparison | None],
+    context: FigureContext,
+    check: pd.DataFrame,
+    links_from: Path,
 ) -> list[Section]:
-    """The report's tables, the most read first; a table the run has no data for is left out."""
+    """The report's tables, the most read first; a table the run has no data for is left out.
+    `comparisons`: the plain comparison with the published data set and the roofline-normalized one."""
+    comparison, normalized = comparisons
     failures = failures_table(run.results)
     sections: list[Section] = [
         ("status", "Status summary", lambda: frame_html(status_summary(run.results), "status-summary")),
@@ -548,7 +555,7 @@ def _table_sections(
     ]
     if comparison is not None:
         heading = f"Comparison with {comparison.published_name}"
-        sections.append(("comparison", heading, lambda: _comparison_section(run, comparison)))
+        sections.append(("comparison", heading, lambda: _comparison_section(run, comparison, normalized)))
     fractions = fraction_summary(roofline_fractions(run, context.accelerators))
     sections += [
         (
