@@ -127,3 +127,25 @@ def test_no_readable_run_is_exit_2(tmp_path, capsys):
     (run / rundir.ENV).write_text(json.dumps({"results_schema": rundir.SCHEMA_VERSION + 1}))
     assert main(["site", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 2
     assert "none of the 1 run(s) could be read" in capsys.readouterr().err
+
+
+def test_a_rebuild_draws_again_only_what_changed(site):
+    # Last in this file: it rebuilds the site the tests above read.
+    root, built, _ = site
+    out = root / "out"
+    before = {path: path.stat().st_ino for path in out.rglob("*.png")}
+    changed = root / "runs" / "fig5_consttoken-h200"
+    env = json.loads((changed / rundir.ENV).read_text())
+    (changed / rundir.ENV).write_text(json.dumps({**env, "host": "another node"}))
+    steps = []
+    build_site([root / "runs"], out, lambda line: None, lambda what, done, total: steps.append((what, done)))
+    after = {path: path.stat().st_ino for path in out.rglob("*.png")}
+    redrawn = {path.relative_to(out).parts[:2] for path in after if before.get(path) != after[path]}
+    # The spec pages' cross-GPU figure is drawn each time; a run's page and a history figure only anew.
+    assert redrawn - {("specs", "fig5_consttoken")} == {("runs", "fig5_consttoken-h200")}
+    assert steps[0] == (
+        "reused",
+        len(built.runs) - 1 + len(list((out / "history" / "fig5_consttoken").iterdir())),
+    )
+    assert "another node" in (out / "runs" / "fig5_consttoken-h200.html").read_text()
+    assert not (out / ".previous").exists()

@@ -21,7 +21,10 @@ figures, the slow part, are drawn by `jobs` processes side by side.
 
 from __future__ import annotations
 
+import hashlib
 import html
+import importlib.util
+import json
 import os
 import re
 import shutil
@@ -168,9 +171,9 @@ def read_runs(run_dirs: list[Path], warn: Callable[[str], None]) -> tuple[list[S
     return runs, left_out
 
 
-def _run_page(run_dir: Path, gpu: str | None, page: Path) -> tuple[str, str | None]:
-    """Write a run's report as a site page with its figures beside it; return its headline line and
-    the reason when the report could not be made."""
+def _run_page(run_dir: Path, gpu: str | None, page: Path, key: str) -> tuple[str, str | None]:
+    """Write a run's report as a site page with its figures beside it (and `key`, what it was drawn
+    from); return its headline line and the reason when the report could not be made."""
     try:
         run = load_run(run_dir, gpu)
         name = resolve_published_name(run, None)
@@ -179,7 +182,9 @@ def _run_page(run_dir: Path, gpu: str | None, page: Path) -> tuple[str, str | No
         return "", str(exc)
     rundir.write_atomic(page, text)
     fastest = fastest_per_length(run.results)
-    return (most_often_fastest(fastest) if not fastest.empty else what_ran(run, device_name(run))), None
+    headline = most_often_fastest(fastest) if not fastest.empty else what_ran(run, device_name(run))
+    _write_key(page.with_suffix(""), key, {"headline": headline})
+    return headline, None
 
 
 def _natural(text: str) -> list:
@@ -187,8 +192,9 @@ def _natural(text: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def _history_figures(points: pd.DataFrame, title: str, folder: Path) -> list[tuple[str, str]]:
-    """One PNG per case of `points` (one kernel and mode) in `folder`; returns (case, file name) pairs."""
+def _history_figures(points: pd.DataFrame, title: str, folder: Path, key: str) -> list[tuple[str, str]]:
+    """One PNG per case of `points` (one kernel and mode) in `folder`, with `key`; returns (case, file
+    name) pairs."""
     folder.mkdir(parents=True, exist_ok=True)
     figure = HistoryFigure()
     written = []
@@ -198,24 +204,98 @@ def _history_figures(points: pd.DataFrame, title: str, folder: Path) -> list[tup
         name = f"case-{number}.png"
         figure.save(group, f"{title}: {case}", folder / name)
         written.append((str(case), name))
+    _write_key(folder, key, {"files": written})
     return written
 
 
-def _prepare(out: Path) -> None:
-    """An empty folder, or one this command built before (its pages are replaced)."""
+# ----------------------------------------------------------------------------------------------
+# Reuse: a run page or a history figure drawn by the same code from the same inputs in the site built
+# before is moved into the new one instead of drawn again.
+
+# The files of a run directory that its report reads.
+REPORT_INPUTS = (
+    rundir.RESULTS,
+    rundir.ENV,
+    rundir.SPEC,
+    rundir.SELECTION,
+    rundir.CHECK,
+    rundir.TIMINGS,
+    rundir.JOBS,
+    rundir.PROFILE,
+)
+KEY_FILE = "key.json"
+PREVIOUS = ".previous"
+# The code and data a page is drawn with: the suite, the adapters and the paper's numbers.
+SOURCES = ("tfla_bench", "tfla_bench.kernels", "tfla_bench.baselines", "tfla_bench.published_data")
+
+
+def code_digest() -> str:
+    """A digest of the source and data files of `SOURCES`, which every key includes."""
+    digest = hashlib.sha256()
+    for package in SOURCES:
+        spec = importlib.util.find_spec(package)
+        for folder in map(Path, (spec.submodule_search_locations or []) if spec else []):
+            for path in sorted(folder.rglob("*")):
+                if path.suffix in (".py", ".csv", ".json") and path.is_file():
+                    digest.update(path.relative_to(folder).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def run_key(code: str, run: SiteRun, out: Path) -> str:
+    """What a run's page is drawn from: the code, the run's input files, the GPU picked, and where
+    the run lies from the page (its links to job logs)."""
+    digest = hashlib.sha256(code.encode())
+    where = os.path.relpath(run.run_dir.resolve(), (out / "runs").resolve())
+    digest.update(f"{run.gpu_pick}|{where}".encode())
+    for name in REPORT_INPUTS:
+        path = run.run_dir / name
+        digest.update(name.encode() + (path.read_bytes() if path.is_file() else b"(none)"))
+    return digest.hexdigest()
+
+
+def _write_key(folder: Path, key: str, facts: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rundir.write_json(folder / KEY_FILE, {"key": key, **facts})
+
+
+def _reuse(old: Path, new: Path, key: str, extra: tuple[Path, Path] | None = None) -> dict | None:
+    """Move the folder `old` (and the file `extra[0]` to `extra[1]`) of the site built before into
+    place when its key is `key`; return its recorded facts, or None (then nothing moved)."""
+    try:
+        facts = json.loads((old / KEY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if facts.get("key") != key or (extra is not None and not extra[0].is_file()):
+        return None
+    new.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(old, new)
+    if extra is not None:
+        shutil.move(extra[0], extra[1])
+    return facts
+
+
+def _prepare(out: Path) -> Path | None:
+    """An empty folder, or one this command built before: its pages go to `PREVIOUS` (returned), from
+    where `_reuse` takes what has not changed."""
+    previous = None
     if out.is_dir() and any(out.iterdir()):
         if not (out / MARKER).exists():
             raise UserError(
                 f"--out {out}: holds files not written by `tfla-bench site`; give an empty folder"
             )
+        previous = out / PREVIOUS
+        shutil.rmtree(previous, ignore_errors=True)
+        previous.mkdir()
         for name in SUBFOLDERS:
-            shutil.rmtree(out / name, ignore_errors=True)
+            if (out / name).exists():
+                shutil.move(out / name, previous / name)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("built by tfla-bench site; a rebuild replaces this folder's pages\n")
     for name in SUBFOLDERS:
         (out / name).mkdir()
     rundir.write_atomic(out / "style.css", SITE_CSS)
     rundir.write_atomic(out / "site.js", SITE_JS)
+    return previous
 
 
 def build_site(
@@ -241,29 +321,40 @@ def build_site(
     runs, left_out = read_runs(find_runs(paths), warn)
     if not runs:
         raise UserError(f"none of the {len(left_out)} run(s) could be read; see the warnings above")
-    _prepare(out)
+    previous = _prepare(out) or out / PREVIOUS
     points = history([run.rows for run in runs])
     groups = list(points.groupby(["spec", "kernel", "mode"], sort=True))
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(runs)))
+    code = code_digest()
     headlines: dict[str, str] = {}
     figures: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
-    total = len(runs) + len(groups)
+    total, done = len(runs) + len(groups), 0
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork")) as pool:
-        pages = {pool.submit(_run_page, run.run_dir, run.gpu_pick, out / run.page): run for run in runs}
-        drawn = {
-            pool.submit(
-                _history_figures,
-                group,
-                f"{kernel} {mode}",
-                out / "history" / _slug(spec) / f"{kernel}-{mode}",
-            ): (
-                spec,
-                kernel,
-                mode,
-            )
-            for (spec, kernel, mode), group in groups
-        }
-        done = 0
+        pages = {}
+        for run in runs:
+            key, folder = run_key(code, run, out), (out / run.page).with_suffix("")
+            old = previous / "runs" / run.rows.name
+            kept = _reuse(old, folder, key, (old.with_suffix(".html"), out / run.page))
+            if kept is not None:
+                headlines[run.rows.name] = kept["headline"]
+                done += 1
+            else:
+                pages[pool.submit(_run_page, run.run_dir, run.gpu_pick, out / run.page, key)] = run
+        drawn = {}
+        for (spec, kernel, mode), group in groups:
+            key = hashlib.sha256((code + group.to_csv()).encode()).hexdigest()
+            folder = Path("history", _slug(spec), f"{kernel}-{mode}")
+            kept = _reuse(previous / folder, out / folder, key)
+            if kept is not None:
+                figures[(spec, kernel, mode)] = [tuple(pair) for pair in kept["files"]]
+                done += 1
+            else:
+                drawn[pool.submit(_history_figures, group, f"{kernel} {mode}", out / folder, key)] = (
+                    spec,
+                    kernel,
+                    mode,
+                )
+        progress("reused", done, total)
         for future, run in pages.items():
             headline, reason = future.result()
             if reason is not None:
@@ -272,10 +363,11 @@ def build_site(
             headlines[run.rows.name] = headline
             done += 1
             progress("run pages", done, total)
-        for future, key in drawn.items():
-            figures[key] = future.result()
+        for future, group_key in drawn.items():
+            figures[group_key] = future.result()
             done += 1
             progress("history figures", done, total)
+    shutil.rmtree(previous, ignore_errors=True)
     specs = sorted({run.rows.spec for run in runs})
     for spec in specs:
         of_spec = [run for run in runs if run.rows.spec == spec]
