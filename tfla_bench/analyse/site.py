@@ -187,9 +187,9 @@ def _run_page(run_dir: Path, gpu: str | None, page: Path, key: str) -> tuple[str
     return headline, None
 
 
-def _natural(text: str) -> list:
-    """A sort key that orders `T512` before `T4096`."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+def _natural(text: str) -> str:
+    """A sort key that orders `T512` before `T4096`: every number padded to 12 digits."""
+    return re.sub(r"\d+", lambda number: number.group().zfill(12), text)
 
 
 def _history_figures(points: pd.DataFrame, title: str, folder: Path, key: str) -> list[tuple[str, str]]:
@@ -513,7 +513,9 @@ def _side_by_side(runs: list[SiteRun], paper: pd.DataFrame) -> str:
     frame = pd.DataFrame(records + paper.to_dict("records"))
     table = frame.pivot_table(index=["mode", "kernel", "case"], columns="series", values="median_ms")
     order = [_series_name(run) for run in chosen] + ([PAPER] if PAPER in table.columns else [])
-    table = table[order].reset_index()
+    table = table[order].reset_index().rename_axis(columns=None)
+    table = table.sort_values("case", key=lambda cases: cases.map(_natural), kind="stable")
+    table = table.sort_values(["mode", "kernel"], kind="stable")
     parts = []
     for mode, part in table.groupby("mode", sort=True):
         parts.append(f"<h3>{html.escape(str(mode))}: median runtime [ms]</h3>")
