@@ -50,6 +50,7 @@ from tfla_bench.run import rundir
 MARKER = ".tfla-bench-site"  # names a folder this command built, which a rebuild may replace
 SUBFOLDERS = ("runs", "specs", "history")
 SERIES_PER_GPU = 6
+FLAGGED_SHOWN = 200  # a history lists this many changes, the largest first; its figures show every one
 PAPER = "paper (H100)"
 
 SITE_CSS = (
@@ -629,11 +630,14 @@ def _history_page(
             f'<tr class="flag-{r.verdict}">{_cell(r.kernel)}{_cell(r.mode)}{_cell(r.case)}{_cell(r.gpu)}'
             f"<td>{_link(f'../runs/{r.run}.html', r.run)}</td>{_cell(r.commit)}{_cell(f'{r.ratio:.3f}')}"
             f"{_cell(f'{r.noise:.3f}')}{_cell(r.verdict)}</tr>"
-            for r in moved.itertuples()
+            for r in moved.head(FLAGGED_SHOWN).itertuples()
+        )
+        more = (
+            f" The {FLAGGED_SHOWN} largest of {len(moved)} are listed." if len(moved) > FLAGGED_SHOWN else ""
         )
         parts.append(
             "<h2>Changes beyond the noise</h2><p>Each against the run before it on its GPU: ratio = this "
-            "run's median / the one before; noise = the sum of both rows' relative uncertainty.</p>"
+            f"run's median / the one before; noise = the sum of both rows' relative uncertainty.{more}</p>"
             + _table(
                 "flagged",
                 ("kernel", "mode", "case", "GPU", "run", "commit", "ratio", "noise", "verdict"),
