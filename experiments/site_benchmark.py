@@ -82,10 +82,10 @@ def main() -> int:
     else:
         target_s, target_bytes = COMMITTED_TARGET_S, float("inf")
     what = str(args.source) if args.source else f"{args.runs} synthetic runs of 300 rows"
+    weight = f" (target {target_bytes / 1e6:.0f} MB)" if target_bytes != float("inf") else ""
     print(
         f"{what}: {seconds:.1f} s (target {target_s:.0f} s; {cpu_s:.0f} CPU-s over {os.cpu_count()} CPUs), "
-        f"{size / 1e6:.1f} MB in {files} files; the same rebuilt into that folder: {rebuild_s:.1f} s"
-        + (f" (target {target_bytes / 1e6:.0f} MB)" if target_bytes != float("inf") else "")
+        f"{size / 1e6:.1f} MB{weight} in {files} files; the same rebuilt into that folder: {rebuild_s:.1f} s"
     )
     return 0 if seconds <= target_s and size <= target_bytes else 1
 
