@@ -565,6 +565,9 @@ def memory_vs_seq_len_figure(context: FigureContext) -> Figure | None:
 
 def runtime_vs_head_dim_figure(context: FigureContext) -> Figure | None:
     """Median runtime over the value head dim at fixed batch and sequence length (paper Fig. 17)."""
+    # A line needs two head dims of one kernel and mode; a run that sweeps none (Fig. 5) has no figure.
+    if context.run.results.groupby(["kernel", "mode"])["head_dim_v"].nunique().max() < 2:
+        return None
     return _measure_panels(
         context,
         RUNTIME,
