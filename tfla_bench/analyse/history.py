@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from tfla_bench.analyse.crossgpu import COMMIT_DIGITS
 from tfla_bench.analyse.diff import change, not_comparable
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.run.console import case_params, case_shape
 
-COMMIT_DIGITS = 7
 COLUMNS = (
     "spec",
     "kernel",
