@@ -130,7 +130,7 @@ def test_no_readable_run_is_exit_2(tmp_path, capsys):
 
 
 def test_a_rebuild_draws_again_only_what_changed(site):
-    # Last in this file: it rebuilds the site the tests above read.
+    # After every other test of the `site` fixture: it rebuilds the site they read.
     root, built, _ = site
     out = root / "out"
     before = {path: path.stat().st_ino for path in out.rglob("*.png")}
@@ -149,3 +149,19 @@ def test_a_rebuild_draws_again_only_what_changed(site):
     )
     assert "another node" in (out / "runs" / "fig5_consttoken-h200.html").read_text()
     assert not (out / ".previous").exists()
+
+
+def test_a_run_that_mixes_gpus_gets_a_page_per_gpu(tmp_path):
+    rows = site_rows(lengths=(8192,))
+    for index, row in enumerate(rows):
+        row["gpu_name"] = "NVIDIA H200" if index % 2 else "NVIDIA H100 80GB HBM3"
+    write_run(tmp_path / "runs" / "fig5_consttoken-mixed", rows)
+    built = build_site([tmp_path / "runs"], tmp_path / "out", lambda line: None, jobs=1)
+    pages = sorted(run.page for run in built.runs)
+    assert pages == [
+        "runs/fig5_consttoken-mixed-nvidia-h100-80gb-hbm3.html",
+        "runs/fig5_consttoken-mixed-nvidia-h200.html",
+    ]
+    assert sorted(run.rows.gpu for run in built.runs) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert all((tmp_path / "out" / page).is_file() for page in pages)
+    assert sum(len(run.rows.rows) for run in built.runs) == len(rows)
