@@ -45,6 +45,7 @@ from tfla_bench.errors import UserError
 from tfla_bench.plots.base import device_name
 from tfla_bench.plots.crossgpu import speedup_figure
 from tfla_bench.plots.history import HistoryFigure
+from tfla_bench.plots.paper import paper_ratio_figure
 from tfla_bench.run import rundir
 
 MARKER = ".tfla-bench-site"  # names a folder this command built, which a rebuild may replace
@@ -492,8 +493,9 @@ def _series_name(run: SiteRun) -> str:
     return f"{run.rows.gpu} · {run.rows.commit}"
 
 
-def _side_by_side(runs: list[SiteRun], paper: pd.DataFrame) -> str:
-    """One table per mode: a row per case, a column per GPU and commit (its latest run) and the paper."""
+def _side_by_side(spec: str, runs: list[SiteRun], paper: pd.DataFrame, out: Path) -> str:
+    """One table per mode: a row per case, a column per GPU and commit (its latest run) and the paper;
+    before them, the figure of each column against the paper (`paper_ratio_figure`)."""
     latest: dict[str, SiteRun] = {}
     for run in sorted(runs, key=lambda r: r.rows.date):
         latest[_series_name(run)] = run
@@ -518,6 +520,15 @@ def _side_by_side(runs: list[SiteRun], paper: pd.DataFrame) -> str:
     table = table.sort_values("case", key=lambda cases: cases.map(_natural), kind="stable")
     table = table.sort_values(["mode", "kernel"], kind="stable")
     parts = []
+    title = f"{spec}: each GPU and commit against the paper's numbers"
+    figure = paper_ratio_figure(table, [_series_name(run) for run in chosen], PAPER, title)
+    if figure is not None:
+        src = report.figure_src("against-the-paper", figure, out / "specs" / _slug(spec), out / "specs")
+        caption = (
+            "Per kernel, runtime / the paper's runtime (geometric mean over the cases both have) of the "
+            "latest run of each GPU and commit; the line at 1 is the paper."
+        )
+        parts.append(report.figure_html(1, "against-the-paper", caption, src))
     for mode, part in table.groupby("mode", sort=True):
         parts.append(f"<h3>{html.escape(str(mode))}: median runtime [ms]</h3>")
         parts.append(report.frame_html(part.drop(columns="mode"), f"side-by-side-{mode}"))
@@ -576,7 +587,7 @@ def _cross_gpu(spec: str, runs: list[SiteRun], out: Path, warn: Callable[[str], 
                 name = f"compare-gpus-{_slug(gpu_a)}-{_slug(gpu_b)}"
                 src = report.figure_src(name, figure, out / "specs" / _slug(spec), out / "specs")
                 parts.append(
-                    report.figure_html(1, name, "Measured against predicted speed-up per case.", src)
+                    report.figure_html(2, name, "Measured against predicted speed-up per case.", src)
                 )
     return "\n".join(parts)
 
@@ -596,7 +607,7 @@ def _spec_page(
         for run in sorted(runs, key=lambda r: (r.rows.gpu, r.rows.date))
     )
     table = _table("spec-runs", ("GPU", "date", "commit", "cases ok", "headline"), rows)
-    side = _side_by_side(runs, _paper_series(runs, warn))
+    side = _side_by_side(spec, runs, _paper_series(runs, warn), out)
     shown = f"the latest run of each GPU and commit, the {SERIES_PER_GPU} latest commits of each GPU"
     body = (
         f"{lead}<h2>Runs</h2>{table}<h2>Side by side</h2><p>Median runtime per case: {shown}, and the "
