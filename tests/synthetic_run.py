@@ -243,6 +243,8 @@ def write_run(
     gpu_name: str = H100_NAME,
     spec: str = "fig5_consttoken",
     published: str | None = "tfla_fig5_consttoken_rerun_nh16",
+    started_at: str = "2025-01-01T00:00:00Z",
+    git_sha: str = "0000000",
 ) -> Path:
     """Write results.csv and env.json (the keys `envinfo` writes) into `run_dir`; return `run_dir`."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -261,11 +263,11 @@ def write_run(
         "triton": "3.6.0",
         "python": "3.12.3",
         "packages": {"fla-core": "0.6.0", "mlstm-kernels": "2.0.6", "mamba-ssm": None},
-        "git_sha": "0000000",
+        "git_sha": git_sha,
         "host": "synthetic",
         "spec": spec,
         "published": published,
-        "started_at": "2025-01-01T00:00:00Z",
+        "started_at": started_at,
         "measurement": {"warmup": 10, "reps": 30, "l2_flush": True, "grad": "sum"},
         "devices": ["cuda:0", "cuda:1"],
         "device_infos": [
@@ -275,6 +277,64 @@ def write_run(
     }
     (run_dir / "env.json").write_text(json.dumps(env, indent=2))
     return run_dir
+
+
+# A Fig. 5-like sweep of 300 rows, as large as the largest committed runs: 15 kernels, both modes,
+# 10 sequence lengths at 65,536 tokens (batch 1 above).
+SITE_LENGTHS = tuple(256 * 2**i for i in range(10))
+SITE_KERNELS = (
+    ("tfla_sig", 128, 16, 128, 256),
+    ("tfla_exp", 128, 16, 128, 256),
+    ("limit_chunk", 64, 16, 128, 256),
+    ("mlstm_kernels_sig", 128, 16, 128, 256),
+    ("mlstm_kernels_exp", 128, 16, 128, 256),
+    ("sdpa_cudnn", None, 32, 128, 128),
+    ("sdpa_flash", None, 32, 128, 128),
+    ("sdpa_math", None, 32, 128, 128),
+    ("fa2", None, 32, 128, 128),
+    ("fa3", None, 32, 128, 128),
+    ("fa4", None, 32, 128, 128),
+    ("mamba2", None, 64, 64, 64),
+    ("lightning2", None, 32, 128, 128),
+    ("gla", None, 16, 128, 256),
+    ("simple_gla", None, 16, 128, 256),
+)
+
+
+def site_rows(
+    seed: int = 0, slower: dict[str, float] | None = None, lengths: tuple[int, ...] = SITE_LENGTHS
+) -> list[dict[str, Any]]:
+    """300 rows like a Fig. 5 sweep (`SITE_KERNELS` x `SITE_LENGTHS` x fw, fwbw), runtimes from the FLOPs
+    at 40% of an H100's peak with a seeded jitter of 0.2% (within a row's noise, 0.5%); `fa3` is
+    unavailable. Each case whose key starts with a key of `slower` takes that many times as long
+    (`{"tfla_sig|fw|bfloat16|B8|T8192": 1.5}`). `lengths` picks fewer sequence lengths (fewer rows)."""
+    import random
+
+    from tfla_bench.adapters.workloads import Case
+
+    jitter = random.Random(seed)
+    rows = [
+        _site_row(kernel, mode, max(1, 65536 // seq_len), seq_len, heads, dqk, dv, chunk, jitter)
+        for mode in ("fw", "fwbw")
+        for seq_len in lengths
+        for kernel, chunk, heads, dqk, dv in SITE_KERNELS
+    ]
+    for record in rows:
+        case = Case(*(record[c] for c in row_schema.CASE_COLUMNS))
+        factor = next((f for prefix, f in (slower or {}).items() if case.key.startswith(prefix)), 1.0)
+        for column in ("median_ms", "p20_ms", "p80_ms", "min_ms"):
+            record[column] *= factor
+    return rows
+
+
+def _site_row(kernel, mode, batch, seq_len, heads, dqk, dv, chunk, jitter) -> dict[str, Any]:
+    flops, _ = counts(kernel, mode, batch, seq_len, heads, dqk, dv, chunk or 64)
+    ms = flops / (0.4 * 989e12) * 1e3 * (1 + jitter.uniform(-0.002, 0.002))
+    missing = (
+        {"status": "unavailable", "error": "flash_attn_interface is not installed"} if kernel == "fa3" else {}
+    )
+    return row(kernel, mode, batch=batch, seq_len=seq_len, num_heads=heads, head_dim_qk=dqk, head_dim_v=dv,
+               chunk_size=chunk, median_ms=ms, peak_memory_bytes=4e9 * seq_len / 8192, **missing)  # fmt: skip
 
 
 def write_cases_as_run(run_dir: Path, cases: list, published: str | None) -> Path:
@@ -311,3 +371,29 @@ ADHOC_RUN = [
     "--head-dim-qk",
     "8",
 ]
+
+
+# The case `site_runs` slows down in its third run, and by how much.
+PLANTED = "tfla_sig|fw|bfloat16|B8|T8192|"
+PLANTED_FACTOR = 1.5
+
+
+def site_runs(folder: Path, lengths: tuple[int, ...] = (2048, 8192, 65536)) -> list[Path]:
+    """Four runs of one spec for a site: two identical H100 runs at two commits, a third H100 run with
+    the `PLANTED` case `PLANTED_FACTOR` times slower, and one H200 run."""
+    runs = (
+        ("a", 0, None, H100_NAME, "aaaaaaa"),
+        ("b", 0, None, H100_NAME, "bbbbbbb"),
+        ("c", 0, {PLANTED: PLANTED_FACTOR}, H100_NAME, "ccccccc"),
+        ("h200", 1, None, "NVIDIA H200", "ccccccc"),
+    )
+    return [
+        write_run(
+            folder / f"fig5_consttoken-{name}",
+            site_rows(seed, slower, lengths),
+            gpu_name=gpu,
+            started_at=f"2026-11-0{day}T10:00:00Z",
+            git_sha=sha,
+        )  # fmt: skip
+        for day, (name, seed, slower, gpu, sha) in enumerate(runs, 1)
+    ]

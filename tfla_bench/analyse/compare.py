@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,11 @@ class Comparison:
     measured_accelerator: Accelerator | None
     published_accelerator: Accelerator | None
 
+    def plain(self) -> Comparison:
+        """The comparison without its roofline-normalized columns, as `normalize="none"` gives it."""
+        matched = self.matched.drop(columns=[c for c in _NORMALIZED_COLUMNS if c in self.matched])
+        return replace(self, normalize="none", matched=matched)
+
 
 def _ratio(numerator: float, denominator: float) -> float:
     if not (math.isfinite(numerator) and math.isfinite(denominator)) or denominator <= 0:
@@ -187,7 +193,7 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator
 
 
-def _measured_param(row: pd.Series, adapter: str, name: str) -> Any:
+def _measured_param(row: Mapping[str, Any], adapter: str, name: str) -> Any:
     value = row.get(f"param_{name}")
     if value is not None and not pd.isna(value):
         return value
@@ -201,7 +207,7 @@ def _chunk_fits(measured: Any, published: Any, match_chunk: bool) -> bool:
     return measured_na or published_na or int(measured) == int(published)
 
 
-def _describe_miss(row: pd.Series, candidates: pd.DataFrame) -> str:
+def _describe_miss(row: Mapping[str, Any], candidates: pd.DataFrame) -> str:
     """Why a run row matched no published row, given the candidates that share its kernel, mode and shape."""
     adapter = row["kernel"]
     mapping = mapping_for_adapter(adapter)
@@ -276,7 +282,7 @@ _PUBLISHED_SIDE = (
 )
 
 
-def _fitting(row: pd.Series, group: pd.DataFrame) -> pd.DataFrame:
+def _fitting(row: Mapping[str, Any], group: pd.DataFrame) -> pd.DataFrame:
     """The published candidates of a run row whose chunk size and params fit it."""
     fits = [
         _chunk_fits(row["chunk_size"], chunk, match_chunk)
@@ -299,10 +305,11 @@ def _match_rows(
     by_row = {row_id: group for row_id, group in candidates.groupby("row_id")}
     matched: list[dict[str, Any]] = []
     measured_only: list[dict[str, Any]] = []
-    for row_id, row in keyed.iterrows():
+    # Plain dicts: a pandas row per run row, read cell by cell, took most of a report's comparison.
+    for row_id, row in zip(keyed.index, keyed[list(results.columns)].to_dict("records"), strict=True):
         group = by_row.get(row_id, candidates.iloc[0:0])
         fits = _fitting(row, group)
-        record = {"row_id": row_id, **{c: row[c] for c in results.columns}}
+        record = {"row_id": row_id, **row}
         if len(fits) != 1:
             reason = (
                 f"ambiguous: {len(fits)} published rows match" if len(fits) else _describe_miss(row, group)
@@ -314,7 +321,7 @@ def _match_rows(
 
 
 def _published_side(
-    row: pd.Series, pub: pd.Series, accelerators: tuple[Accelerator, Accelerator] | None
+    row: Mapping[str, Any], pub: pd.Series, accelerators: tuple[Accelerator, Accelerator] | None
 ) -> dict[str, Any]:
     """The published row's values beside a run row, and the ratios (NaN unless both sides are ok)."""
     ok = row["status"] == "ok" and pub["published_status"] == "ok"
@@ -368,7 +375,7 @@ _NORMALIZED_COLUMNS = (
 
 
 def _normalized(
-    row: pd.Series,
+    row: Mapping[str, Any],
     measured_ms: float,
     published_ms: float,
     measured_acc: Accelerator,

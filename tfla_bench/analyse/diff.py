@@ -221,6 +221,29 @@ def verdict(ratio: float, noise_rel: float) -> str:
     return "faster" if ratio < 1 else "slower"
 
 
+@dataclass(frozen=True)
+class Change:
+    """Row B of a case against row A: the ratio B / A of their medians, its noise (the sum of both
+    rows' `noise`), the verdict, and why the rows are `not comparable` (empty when they are)."""
+
+    ratio: float
+    noise: float
+    verdict: str
+    reason: str = ""
+
+
+def change(a: ResultRow, b: ResultRow) -> Change:
+    """B against A by the rule `diff` gates on (module docstring); every view of two runs asks this."""
+    reason = not_comparable(a, b)
+    ratio = math.nan if reason is not None else b.median_ms / a.median_ms
+    if reason is None and not (math.isfinite(ratio) and ratio > 0):
+        reason = f"B / A = {b.median_ms:g} / {a.median_ms:g} is not a finite ratio above 0"
+    if reason is not None:
+        return Change(math.nan, math.nan, NOT_COMPARABLE, reason)
+    spread = noise(a) + noise(b)
+    return Change(ratio, spread, verdict(ratio, spread))
+
+
 def diff_runs(run_a: Path, run_b: Path, gpu: str | None = None) -> RunDiff:
     """Compare run B with run A (the rows of `gpu` in each, for runs that mix GPUs); a `UserError`
     when no case is in both."""
@@ -270,15 +293,8 @@ def _compare(a: ResultRow, b: ResultRow) -> dict[str, Any]:
         "throttled": any(flags) if flags else None,
     }
     record.update(a_ms=a.median_ms, b_ms=b.median_ms)
-    reason = not_comparable(a, b)
-    ratio = math.nan if reason is not None else b.median_ms / a.median_ms
-    if reason is None and not (math.isfinite(ratio) and ratio > 0):
-        reason = f"B / A = {b.median_ms:g} / {a.median_ms:g} is not a finite ratio above 0"
-    if reason is None:
-        spread = noise(a) + noise(b)
-        record.update(ratio=ratio, noise=spread, verdict=verdict(ratio, spread), reason="")
-    else:
-        record.update(ratio=math.nan, noise=math.nan, verdict=NOT_COMPARABLE, reason=reason)
+    found = change(a, b)
+    record.update(ratio=found.ratio, noise=found.noise, verdict=found.verdict, reason=found.reason)
     return record
 
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ from tfla_bench.analyse.published import PUBLISHED_GPU_NOTE, PUBLISHED_MEMORY_NO
 from tfla_bench.measure.roofs import from_env, versus_datasheet
 from tfla_bench.measure.row import CASE_COLUMNS
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
-from tfla_bench.plots.base import FigureContext, device_name, is_cpu_run, render
+from tfla_bench.plots.base import FigureContext, device_name, is_cpu_run, png_bytes, render
 from tfla_bench.plots.catalog import plots, run_context
 from tfla_bench.plots.measured import own_accelerator, roofline_fractions
 from tfla_bench.run import jobs, phases, rundir
@@ -87,7 +87,7 @@ WHEN_PRESENT = ("energy_mj", "tokens_per_joule")
 
 REPORT_DPI = 100
 SORTABLE_ROWS = 10  # tables longer than this sort by a click on a column head
-_STYLE = """
+STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; padding: 0 1em;
   color: #222; line-height: 1.4; }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
@@ -106,7 +106,7 @@ details > summary { cursor: pointer; color: #444; } code { background: #f3f3f3; 
   table.data { font-size: .75em; } }
 """
 # Sorts a table by the clicked column: numbers numerically, text alphabetically, empty cells last.
-_SORT_SCRIPT = """
+SORT_SCRIPT = """
 document.querySelectorAll("table.sortable").forEach(function (table) {
   table.querySelectorAll("thead th").forEach(function (th, col) {
     th.addEventListener("click", function () {
@@ -142,6 +142,8 @@ def frame_html(df: pd.DataFrame, table_id: str) -> str:
     table = shown.to_html(
         index=False, na_rep="", float_format=_float, classes=classes, border=0, table_id=table_id
     )
+    # pandas indents every cell on its own line: a third of a long table's bytes.
+    table = re.sub(r">\s+<", "><", table)
     # Numbers align right to compare digits; names and reasons read better from the left.
     text = [i for i, c in enumerate(df.columns, 1) if i > 1 and not pd.api.types.is_numeric_dtype(df[c])]
     rules = " ".join(
@@ -151,15 +153,25 @@ def frame_html(df: pd.DataFrame, table_id: str) -> str:
     return f'{style}<div class="scroll">{table}</div>'
 
 
-def figure_html(number: int, name: str, caption: str, fig: Figure) -> str:
-    """A figure as an embedded PNG, numbered, with its caption and file name."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=REPORT_DPI)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+def figure_src(name: str, fig: Figure, figure_dir: Path | None, links_from: Path) -> str:
+    """Where a page finds a figure: a PNG file `<figure_dir>/<name>.png` (written here) linked relative
+    to `links_from`, the page's folder; without `figure_dir` the PNG itself, inline, so the page is
+    one file to open."""
+    data = png_bytes(fig, REPORT_DPI)
+    if figure_dir is None:
+        return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+    figure_dir.mkdir(parents=True, exist_ok=True)
+    path = figure_dir / f"{name}.png"
+    rundir.write_atomic(path, data)
+    return Path(os.path.relpath(path, links_from)).as_posix()
+
+
+def figure_html(number: int, name: str, caption: str, src: str) -> str:
+    """A figure (its `figure_src`), numbered, with its caption and file name."""
     name = html.escape(name)
     return (
         f'<figure id="fig-{name}"><img alt="Figure {number}: {name}" loading="lazy" '
-        f'src="data:image/png;base64,{data}"><figcaption><b>Figure {number}.</b> {html.escape(caption)} '
+        f'src="{html.escape(src)}"><figcaption><b>Figure {number}.</b> {html.escape(caption)} '
         f'<span class="note">({name}.png)</span></figcaption></figure>'
     )
 
@@ -394,7 +406,7 @@ def _bytes_section(run: Run) -> str:
     return "\n".join(parts)
 
 
-def _comparison_section(run: Run, plain: Comparison) -> str:
+def _comparison_section(run: Run, plain: Comparison, normalized: Comparison | None) -> str:
     name = plain.published_name
     parts = [
         f"<p>Run on <b>{html.escape(run.gpu_name)}</b>; published data set <b>{html.escape(name)}</b> "
@@ -406,8 +418,7 @@ def _comparison_section(run: Run, plain: Comparison) -> str:
     )
     for mode, table in comparison_tables(plain).items():
         parts.append(f"<h3>{mode}: run vs published</h3>" + frame_html(table, f"compare-{mode}"))
-    if run.gpu.accelerator is not None:
-        normalized = compare_run(run, name, normalize="roofline")
+    if normalized is not None:
         parts.append(
             "<p>Normalized: each side's runtime divided by its own GPU's roofline bound "
             "max(FLOPs/peak, bytes/bandwidth); a normalized ratio of 1 means the same fraction of the "
@@ -445,6 +456,7 @@ def build_report(
     published: str | None,
     accelerators: list[Accelerator] | None = None,
     links_from: Path | None = None,
+    figure_dir: Path | None = None,
 ) -> str:
     """The report page of a run as an HTML string: headline, figures, tables, environment (folded).
 
@@ -452,21 +464,26 @@ def build_report(
         run: from `load_run`.
         published: the published data set to compare with, or None for none.
         accelerators: roofs for the measured roofline figures; default H100, H200 and the run's GPU.
-        links_from: the folder of the page, which links to job logs are relative to; default the
-            run directory.
+        links_from: the folder of the page, which links to job logs and figure files are relative
+            to; default the run directory.
+        figure_dir: write the figures here as PNG files and link them; default inline in the page.
     """
     accelerators = _accelerators(run) if accelerators is None else accelerators
-    comparison: Comparison | None = compare_run(run, published) if published else None
+    links_from = links_from or run.run_dir
+    # One join with the published rows: the plain comparison is the normalized one less its columns.
+    normalized = compare_run(run, published, "roofline") if published and run.gpu.accelerator else None
+    comparison = normalized.plain() if normalized else compare_run(run, published) if published else None
     context = run_context(run, comparison, accelerators)
     check = roof_check(run.results, from_env(run.env))
     drawn = render(plots(context, ["run", "measured"]), context)
     figures = "\n".join(
-        figure_html(i, plot.name, plot.caption, fig) for i, (plot, fig) in enumerate(drawn, 1)
+        figure_html(i, plot.name, plot.caption, figure_src(plot.name, fig, figure_dir, links_from))
+        for i, (plot, fig) in enumerate(drawn, 1)
     )
     sections: list[Section] = [
         ("headline", "Headline", lambda: headline_html(run, comparison, check)),
         ("figures", "Figures", lambda: figures or '<p class="note">(no figure: the run sweeps no axis)</p>'),
-        *_table_sections(run, comparison, context, check, links_from or run.run_dir),
+        *_table_sections(run, (comparison, normalized), context, check, links_from),
         ("environment", "Environment", lambda: _environment_section(run)),
     ]
     return _page(run, sections)
@@ -522,9 +539,15 @@ def headline_html(run: Run, comparison: Comparison | None, check: pd.DataFrame) 
 
 
 def _table_sections(
-    run: Run, comparison: Comparison | None, context: FigureContext, check: pd.DataFrame, links_from: Path
+    run: Run,
+    comparisons: tuple[Comparison | None, Comparison | None],
+    context: FigureContext,
+    check: pd.DataFrame,
+    links_from: Path,
 ) -> list[Section]:
-    """The report's tables, the most read first; a table the run has no data for is left out."""
+    """The report's tables, the most read first; a table the run has no data for is left out.
+    `comparisons`: the plain comparison with the published data set and the roofline-normalized one."""
+    comparison, normalized = comparisons
     failures = failures_table(run.results)
     sections: list[Section] = [
         ("status", "Status summary", lambda: frame_html(status_summary(run.results), "status-summary")),
@@ -539,7 +562,7 @@ def _table_sections(
     ]
     if comparison is not None:
         heading = f"Comparison with {comparison.published_name}"
-        sections.append(("comparison", heading, lambda: _comparison_section(run, comparison)))
+        sections.append(("comparison", heading, lambda: _comparison_section(run, comparison, normalized)))
     if not is_cpu_run(run):
         fractions = fraction_summary(roofline_fractions(run, context.accelerators))
         sections += [
@@ -582,11 +605,11 @@ def _page(run: Run, sections: list[Section]) -> str:
     return (
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>\n"
         f"<h1>{html.escape(title)}</h1>\n"
         f'<p class="note">{html.escape(str(run.run_dir))} on {html.escape(device_name(run))}, started '
         f"{html.escape(str(run.env.get('started_at', '?')))}</p>\n<nav>{nav}</nav>\n{body}\n"
-        f"<script>{_SORT_SCRIPT}</script>\n</body></html>\n"
+        f"<script>{SORT_SCRIPT}</script>\n</body></html>\n"
     )
 
 

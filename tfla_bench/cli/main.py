@@ -14,7 +14,7 @@ import typer
 import typer.core
 
 from tfla_bench import __version__
-from tfla_bench.cli import analysis, bench, check, crossgpu, diff, model, profile, roofs, status, tune
+from tfla_bench.cli import analysis, bench, check, crossgpu, diff, model, profile, roofs, site, status, tune
 from tfla_bench.errors import RunFailed, UserError
 
 app = typer.Typer(
@@ -50,6 +50,7 @@ roofs.register(app)
 profile.register(app)
 diff.register(app)
 crossgpu.register(app)
+site.register(app)
 status.register(app)
 tune.register(app)
 

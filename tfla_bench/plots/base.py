@@ -7,6 +7,7 @@ context a figure is drawn from (`FigureContext`), the roofs, direct labels that 
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
+from PIL import Image
 
 from tfla_bench.analyse.compare import Comparison, Run
 from tfla_bench.model.hardware import Accelerator
@@ -233,3 +235,15 @@ def save(
                 rundir.save_atomic(path, lambda tmp, f=fig, m=metadata: f.savefig(tmp, dpi=dpi, metadata=m))
                 written.append(path)
     return written
+
+
+def png_bytes(fig: Figure, dpi: int = DPI) -> bytes:
+    """A figure as a PNG of 256 colours: a quarter of the bytes of matplotlib's true-colour PNG, and
+    the same to the eye for line plots on white. The canvas's pixels are taken as they are drawn
+    (matplotlib's own PNG would be encoded only to be decoded here)."""
+    fig.set_dpi(dpi)
+    fig.canvas.draw()
+    pixels = Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).convert("RGB")
+    out = io.BytesIO()
+    pixels.quantize(256, method=Image.Quantize.FASTOCTREE).save(out, format="png", optimize=True)
+    return out.getvalue()

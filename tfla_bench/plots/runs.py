@@ -252,9 +252,11 @@ def _drawable(
 ) -> dict[str, list[Series]]:
     """The series of each mode with at least `min_points` ok points, for the modes that have any."""
     drawable = {}
+    # Counted once for all rows: filtering each series' rows anew takes most of a large run's drawing.
+    usable = (rows["status"] == "ok") & rows[y].notna() & rows[x].notna()
     for mode in (m for m in ("fw", "fwbw") if m in set(rows["mode"])):
         series = make_series(rows[rows["mode"] == mode], x, fixed)
-        kept = [s for s in series if len(_ok_points(s.rows, x, y)) >= min_points]
+        kept = [s for s in series if usable[s.rows.index].sum() >= min_points]
         if kept:
             drawable[mode] = kept
     return drawable
@@ -535,6 +537,9 @@ def runtime_vs_seq_len_figure(context: FigureContext) -> Figure | None:
 def energy_vs_seq_len_figure(context: FigureContext) -> Figure | None:
     """The GPU's energy per token over the sequence length, fw and fwbw panels, drawn as the runtime
     figure is (the same lines, looks and rows of panels); None when no row has energy."""
+    energy = context.run.results.get("energy_mj")
+    if energy is None or pd.to_numeric(energy, errors="coerce").isna().all():
+        return None
     return _measure_panels(
         context,
         ENERGY,
@@ -560,6 +565,9 @@ def memory_vs_seq_len_figure(context: FigureContext) -> Figure | None:
 
 def runtime_vs_head_dim_figure(context: FigureContext) -> Figure | None:
     """Median runtime over the value head dim at fixed batch and sequence length (paper Fig. 17)."""
+    # A line needs two head dims of one kernel and mode; a run that sweeps none (Fig. 5) has no figure.
+    if context.run.results.groupby(["kernel", "mode"])["head_dim_v"].nunique().max() < 2:
+        return None
     return _measure_panels(
         context,
         RUNTIME,
