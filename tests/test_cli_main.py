@@ -58,6 +58,7 @@ HEAVY = ("torch", "pandas", "matplotlib", "numpy")
         (["diff", "no_such_run", "other"], 2),
         (["compare-gpus", "no_such_run", "other"], 2),
         (["profile", "no_such_run"], 2),
+        (["site", "no_such_run", "--out", "site"], 2),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
 )

@@ -112,26 +112,6 @@ class Site:
     flagged: int
 
 
-def find_runs(paths: Iterable[Path]) -> list[Path]:
-    """The run directories among `paths`: each path a run directory (it holds results.csv) or a
-    folder of them.
-
-    Raises:
-        UserError: a path that does not exist, or none that holds a run.
-    """
-    found: list[Path] = []
-    for path in paths:
-        if not path.exists():
-            raise UserError(f"{path}: no such run directory or folder")
-        if (path / rundir.RESULTS).is_file():
-            found.append(path)
-        elif path.is_dir():
-            found += sorted(child for child in path.iterdir() if (child / rundir.RESULTS).is_file())
-    if not found:
-        raise UserError(f"no run directory (a folder with {rundir.RESULTS}) in {' '.join(map(str, paths))}")
-    return list(dict.fromkeys(found))
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
 
@@ -320,7 +300,7 @@ def build_site(
         UserError: a path that does not exist, no run directory, no run that can be read, or an
             `out` holding other files.
     """
-    runs, left_out = read_runs(find_runs(paths), warn)
+    runs, left_out = read_runs(rundir.find_runs(paths), warn)
     if not runs:
         raise UserError(f"none of the {len(left_out)} run(s) could be read; see the warnings above")
     previous = _prepare(out) or out / PREVIOUS

@@ -23,6 +23,7 @@ import typer
 
 from tfla_bench.cli.paths import output_dir, path_option, writes
 from tfla_bench.errors import UserError
+from tfla_bench.run import rundir
 from tfla_bench.run.console import make_console, progress_bar
 
 
@@ -43,12 +44,13 @@ def site(
 ) -> None:
     """Build one static site of many runs: an index, each run's report, each spec's runs side by side
     and across GPUs, and the history of every case with the changes beyond the noise flagged."""
-    # pandas and matplotlib take a second to import; only this command needs them here.
-    from tfla_bench.analyse.site import build_site
-
     if jobs is not None and jobs < 1:
         raise UserError(f"--jobs: expected 1 or more, got {jobs}")
+    rundir.find_runs(runs)  # a path that is not there, or no run at all, is said before the imports
     out = output_dir(out, "--out")
+    # pandas and matplotlib take a second to import: loaded once the flags and paths are checked.
+    from tfla_bench.analyse.site import build_site
+
     console = make_console(stderr=True)
     with progress_bar(console, transient=True) as bar, writes(f"the site in {out}", folder=out):
         task = bar.add_task("site", total=None)

@@ -75,7 +75,7 @@ import signal
 import socket
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -529,6 +529,26 @@ def read_selection(run_dir: Path) -> tuple[list[str] | None, list[int] | None]:
     if not (valid_kernels and valid_lengths):
         raise UserError(f'{path}: expected {{"kernels": [names] or null, "seq_lens": [ints] or null}}')
     return kernels, seq_lens
+
+
+def find_runs(paths: Iterable[Path]) -> list[Path]:
+    """The run directories among `paths`: each path a run directory (it holds results.csv) or a
+    folder of them.
+
+    Raises:
+        UserError: a path that does not exist, or none that holds a run.
+    """
+    found: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise UserError(f"{path}: no such run directory or folder")
+        if (path / RESULTS).is_file():
+            found.append(path)
+        elif path.is_dir():
+            found += sorted(child for child in path.iterdir() if (child / RESULTS).is_file())
+    if not found:
+        raise UserError(f"no run directory (a folder with {RESULTS}) in {' '.join(map(str, paths))}")
+    return list(dict.fromkeys(found))
 
 
 def require_results(run_dir: Path) -> Path:
