@@ -118,7 +118,14 @@ def start(args: list[str], cwd: Path, log: Path, plugins: str | None = None) -> 
             env=_env(plugins),
             stdout=out,
             stderr=subprocess.STDOUT,
+            # A shell's background job ignores SIGINT and its children inherit that; the sweep must
+            # meet Ctrl-C as a terminal sends it.
+            preexec_fn=_interruptible,
         )
+
+
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(args: list[str], cwd: Path, log: Path, plugins: str | None = None) -> int:
