@@ -95,7 +95,7 @@ def test_the_quick_test_files_exist_and_the_readme_names_the_target():
     assert len(names) > 10
     assert [name for name in names if not (ROOT / "tests" / f"test_{name}.py").is_file()] == []
     readme = (ROOT / "README.md").read_text()
-    assert "make test-quick" in readme and "about 12 minutes" in readme
+    assert "make test-quick" in readme and "about 6 minutes" in readme
 
 
 def test_the_cpu_install_names_pytorchs_cpu_index_and_quiets_the_editable_banner():
