@@ -179,7 +179,9 @@ def _run_page(run_dir: Path, gpu: str | None, page: Path, key: str) -> tuple[str
     try:
         run = load_run(run_dir, gpu)
         name = resolve_published_name(run, None)
-        text = report.build_report(run, name, links_from=page.parent, figure_dir=page.with_suffix(""))
+        text = report.build_report(
+            run, name, links_from=page.parent, figure_dir=page.with_suffix(""), quick=True
+        )
     except UserError as exc:
         return "", str(exc)
     rundir.write_atomic(page, text)

@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 from matplotlib.transforms import Bbox
 from PIL import Image
 
@@ -235,6 +236,18 @@ def save(
                 rundir.save_atomic(path, lambda tmp, f=fig, m=metadata: f.savefig(tmp, dpi=dpi, metadata=m))
                 written.append(path)
     return written
+
+
+def drop_minor_ticks(fig: Figure) -> None:
+    """Drop the minor ticks of each log axis that has two or more major ticks in view, which label it
+    on their own: the minor ticks cost about half the time of drawing a figure of many log panels."""
+    for ax in fig.axes:
+        for axis, limits in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            if axis.get_scale() != "log":
+                continue
+            low, high = min(limits), max(limits)
+            if sum(low <= tick <= high for tick in axis.get_major_locator()()) >= 2:
+                axis.set_minor_locator(NullLocator())
 
 
 def png_bytes(fig: Figure, dpi: int = DPI) -> bytes:
