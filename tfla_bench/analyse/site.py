@@ -525,7 +525,9 @@ def _side_by_side(spec: str, runs: list[SiteRun], paper: pd.DataFrame, out: Path
     title = f"{spec}: each GPU and commit against the paper's numbers"
     figure = paper_ratio_figure(table, [_series_name(run) for run in chosen], PAPER, title)
     if figure is not None:
-        src = report.figure_src("against-the-paper", figure, out / "specs" / _slug(spec), out / "specs")
+        src = report.figure_src(
+            "against-the-paper", figure, out / "specs" / _slug(spec), out / "specs", quick=True
+        )
         caption = (
             "Per kernel, runtime / the paper's runtime (geometric mean over the cases both have) of the "
             "latest run of each GPU and commit; the line at 1 is the paper."
@@ -587,7 +589,7 @@ def _cross_gpu(spec: str, runs: list[SiteRun], out: Path, warn: Callable[[str], 
             figure = speedup_figure(found)
             if figure is not None:
                 name = f"compare-gpus-{_slug(gpu_a)}-{_slug(gpu_b)}"
-                src = report.figure_src(name, figure, out / "specs" / _slug(spec), out / "specs")
+                src = report.figure_src(name, figure, out / "specs" / _slug(spec), out / "specs", quick=True)
                 parts.append(
                     report.figure_html(2, name, "Measured against predicted speed-up per case.", src)
                 )

@@ -250,13 +250,16 @@ def drop_minor_ticks(fig: Figure) -> None:
                 axis.set_minor_locator(NullLocator())
 
 
-def png_bytes(fig: Figure, dpi: int = DPI) -> bytes:
+def png_bytes(fig: Figure, dpi: int = DPI, squeeze: bool = True) -> bytes:
     """A figure as a PNG of 256 colours: a quarter of the bytes of matplotlib's true-colour PNG, and
     the same to the eye for line plots on white. The canvas's pixels are taken as they are drawn
-    (matplotlib's own PNG would be encoded only to be decoded here)."""
+    (matplotlib's own PNG would be encoded only to be decoded here). Without `squeeze` (zlib's
+    slowest level) the file is about a tenth larger and encoded in a third of the time."""
     fig.set_dpi(dpi)
     fig.canvas.draw()
     pixels = Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).convert("RGB")
     out = io.BytesIO()
-    pixels.quantize(256, method=Image.Quantize.FASTOCTREE).save(out, format="png", optimize=True)
+    pixels.quantize(256, method=Image.Quantize.FASTOCTREE).save(
+        out, format="png", **({"optimize": True} if squeeze else {"compress_level": 6})
+    )
     return out.getvalue()

@@ -78,4 +78,4 @@ class HistoryFigure:
         ax.grid(True, alpha=0.3)
         ax.set_title(title, fontsize=9)
         self.fig.legend(list(entries.values()), list(entries), loc="center right", fontsize=7)
-        rundir.write_atomic(path, png_bytes(self.fig, DPI))
+        rundir.write_atomic(path, png_bytes(self.fig, DPI, squeeze=False))
