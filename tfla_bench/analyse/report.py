@@ -487,7 +487,7 @@ def build_report(
     comparison = normalized.plain() if normalized else compare_run(run, published) if published else None
     context = run_context(run, comparison, accelerators)
     check = roof_check(run.results, from_env(run.env))
-    drawn = render(plots(context, ["run", "measured"]), context)
+    drawn = render(plots(context, ["run", "measured"]), context, quick)
     figures = "\n".join(
         figure_html(i, plot.name, plot.caption, figure_src(plot.name, fig, figure_dir, links_from, quick))
         for i, (plot, fig) in enumerate(drawn, 1)
