@@ -282,16 +282,17 @@ _PUBLISHED_SIDE = (
 )
 
 
-def _fitting(row: Mapping[str, Any], group: pd.DataFrame) -> pd.DataFrame:
-    """The published candidates of a run row whose chunk size and params fit it."""
-    fits = [
-        _chunk_fits(row["chunk_size"], chunk, match_chunk)
-        and all(_measured_param(row, row["kernel"], k) == v for k, v in params.items())
-        for chunk, match_chunk, params in zip(
-            group["published_chunk_size"], group["match_chunk"], group["required_params"], strict=True
+def _fitting(row: Mapping[str, Any], group: pd.DataFrame) -> list[int]:
+    """The positions in `group` of the published candidates of a run row whose chunk size and params
+    fit it (positions, not a filtered frame: filtering one per run row took a fifth of a comparison)."""
+    return [
+        position
+        for position, (chunk, match_chunk, params) in enumerate(
+            zip(group["published_chunk_size"], group["match_chunk"], group["required_params"], strict=True)
         )
+        if _chunk_fits(row["chunk_size"], chunk, match_chunk)
+        and all(_measured_param(row, row["kernel"], k) == v for k, v in params.items())
     ]
-    return group[fits]
 
 
 def _match_rows(
@@ -316,7 +317,7 @@ def _match_rows(
             )
             measured_only.append({**record, "reason": reason})
             continue
-        matched.append({**record, **_published_side(row, fits.iloc[0], accelerators)})
+        matched.append({**record, **_published_side(row, group.iloc[fits[0]], accelerators)})
     return matched, measured_only
 
 

@@ -159,7 +159,9 @@ def _run_page(run_dir: Path, gpu: str | None, page: Path, key: str) -> tuple[str
     try:
         run = load_run(run_dir, gpu)
         name = resolve_published_name(run, None)
-        text = report.build_report(run, name, links_from=page.parent, figure_dir=page.with_suffix(""))
+        text = report.build_report(
+            run, name, links_from=page.parent, figure_dir=page.with_suffix(""), quick=True
+        )
     except UserError as exc:
         return "", str(exc)
     rundir.write_atomic(page, text)
@@ -503,7 +505,9 @@ def _side_by_side(spec: str, runs: list[SiteRun], paper: pd.DataFrame, out: Path
     title = f"{spec}: each GPU and commit against the paper's numbers"
     figure = paper_ratio_figure(table, [_series_name(run) for run in chosen], PAPER, title)
     if figure is not None:
-        src = report.figure_src("against-the-paper", figure, out / "specs" / _slug(spec), out / "specs")
+        src = report.figure_src(
+            "against-the-paper", figure, out / "specs" / _slug(spec), out / "specs", quick=True
+        )
         caption = (
             "Per kernel, runtime / the paper's runtime (geometric mean over the cases both have) of the "
             "latest run of each GPU and commit; the line at 1 is the paper."
@@ -565,7 +569,7 @@ def _cross_gpu(spec: str, runs: list[SiteRun], out: Path, warn: Callable[[str], 
             figure = speedup_figure(found)
             if figure is not None:
                 name = f"compare-gpus-{_slug(gpu_a)}-{_slug(gpu_b)}"
-                src = report.figure_src(name, figure, out / "specs" / _slug(spec), out / "specs")
+                src = report.figure_src(name, figure, out / "specs" / _slug(spec), out / "specs", quick=True)
                 parts.append(
                     report.figure_html(2, name, "Measured against predicted speed-up per case.", src)
                 )

@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 from matplotlib.transforms import Bbox
 from PIL import Image
 
@@ -211,13 +212,19 @@ def place_labels(ax: Axes, labels: Sequence[Label], fontsize: str = "x-small") -
     return [text for text, _ in placed]
 
 
-def render(plots: Sequence[Plot], context: FigureContext) -> list[tuple[Plot, Figure]]:
-    """Draw each plot on the context; the ones with nothing to show are left out."""
+def render(plots: Sequence[Plot], context: FigureContext, quick: bool = False) -> list[tuple[Plot, Figure]]:
+    """Draw each plot on the context; the ones with nothing to show are left out.
+
+    `quick` sets each title at the top of its axes, where matplotlib would place it anyway when no x
+    axis is on top (none of the run and measured figures has one), without checking for one at every
+    draw: the same pixels, and a tenth less time.
+    """
     drawn = []
-    for plot in plots:
-        fig = plot.draw(context)
-        if fig is not None:
-            drawn.append((plot, fig))
+    with matplotlib.rc_context({"axes.titley": 1.0} if quick else {}):
+        for plot in plots:
+            fig = plot.draw(context)
+            if fig is not None:
+                drawn.append((plot, fig))
     return drawn
 
 
@@ -237,13 +244,28 @@ def save(
     return written
 
 
-def png_bytes(fig: Figure, dpi: int = DPI) -> bytes:
+def drop_minor_ticks(fig: Figure) -> None:
+    """Drop the minor ticks of each log axis that has two or more major ticks in view, which label it
+    on their own: the minor ticks cost about half the time of drawing a figure of many log panels."""
+    for ax in fig.axes:
+        for axis, limits in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            if axis.get_scale() != "log":
+                continue
+            low, high = min(limits), max(limits)
+            if sum(low <= tick <= high for tick in axis.get_major_locator()()) >= 2:
+                axis.set_minor_locator(NullLocator())
+
+
+def png_bytes(fig: Figure, dpi: int = DPI, squeeze: bool = True) -> bytes:
     """A figure as a PNG of 256 colours: a quarter of the bytes of matplotlib's true-colour PNG, and
     the same to the eye for line plots on white. The canvas's pixels are taken as they are drawn
-    (matplotlib's own PNG would be encoded only to be decoded here)."""
+    (matplotlib's own PNG would be encoded only to be decoded here). Without `squeeze` (zlib's
+    slowest level) the file is about a tenth larger and encoded in a third of the time."""
     fig.set_dpi(dpi)
     fig.canvas.draw()
     pixels = Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).convert("RGB")
     out = io.BytesIO()
-    pixels.quantize(256, method=Image.Quantize.FASTOCTREE).save(out, format="png", optimize=True)
+    pixels.quantize(256, method=Image.Quantize.FASTOCTREE).save(
+        out, format="png", **({"optimize": True} if squeeze else {"compress_level": 6})
+    )
     return out.getvalue()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -50,7 +51,9 @@ class HistoryFigure:
         """Draw the points of one case (`history` rows, every GPU) and write them as a PNG to `path`."""
         self.fig.clear()
         self.fig.subplots_adjust(left=0.11, right=0.7, top=0.88, bottom=0.24)
-        ax = self.fig.add_subplot()
+        # The title at the top, where it goes with no x axis there, without a check for one at each draw.
+        with matplotlib.rc_context({"axes.titley": 1.0}):
+            ax = self.fig.add_subplot()
         runs = points.sort_values(["date", "run"]).drop_duplicates("run")
         position = {run: i for i, run in enumerate(runs["run"])}
         entries = {}
@@ -78,4 +81,4 @@ class HistoryFigure:
         ax.grid(True, alpha=0.3)
         ax.set_title(title, fontsize=9)
         self.fig.legend(list(entries.values()), list(entries), loc="center right", fontsize=7)
-        rundir.write_atomic(path, png_bytes(self.fig, DPI))
+        rundir.write_atomic(path, png_bytes(self.fig, DPI, squeeze=False))
