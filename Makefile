@@ -98,6 +98,26 @@ test-quick: $(VENV)/.installed-test
 test-slow: $(VENV)/.installed-test
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m "slow and not slurm"
 
+# $(call debian_packages,TARGET,PACKAGES): install the Debian packages that are missing, as root with
+# apt-get (policy-rc.d keeps their services from starting system-wide); without root or apt-get, say
+# which are missing and go on, so the tests skip and say why.
+define debian_packages
+missing=$$(for p in $(2); do \
+	dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null | grep -qx installed || echo $$p; done); \
+if [ -n "$$missing" ]; then \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then \
+			printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1; fi; \
+		echo "$(1): installing" $$missing; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+		status=$$?; [ -z "$$guard" ] || rm -f /usr/sbin/policy-rc.d; [ $$status = 0 ] || exit $$status; \
+	else \
+		echo "$(1): not installed:" $$missing "(and no root apt-get here)"; \
+	fi; \
+fi
+endef
+
 # Sweeps through a real Slurm: one node on localhost, started and stopped by the tests
 # (tests/slurm_daemons.py), once without accounting, once with slurmdbd over MariaDB, and once with
 # accounting and Slurm's own timeouts and requeue hold (slurmctld stopped and started mid-sweep). Debian's
@@ -106,20 +126,7 @@ test-slow: $(VENV)/.installed-test
 SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
 SLURM_REQUIRED ?=
 test-slurm: $(VENV)/.installed-test
-	@missing=$$(for p in $(SLURM_PACKAGES); do \
-		dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null | grep -qx installed || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then \
-				printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1; fi; \
-			echo "test-slurm: installing" $$missing; \
-			DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-			status=$$?; [ -z "$$guard" ] || rm -f /usr/sbin/policy-rc.d; [ $$status = 0 ] || exit $$status; \
-		else \
-			echo "test-slurm: not installed:" $$missing "(and no root apt-get here)"; \
-		fi; \
-	fi
+	@$(call debian_packages,$@,$(SLURM_PACKAGES))
 	TFLA_BENCH_SLURM_REQUIRED=$(SLURM_REQUIRED) timeout -k 30 900 $(BIN)/python -m pytest -q -rs -m slurm tests/test_slurm.py
 
 # The site (`tfla-bench site`) in a real headless Chromium, driven by selenium through chromedriver:
@@ -128,20 +135,7 @@ test-slurm: $(VENV)/.installed-test
 BROWSER_PACKAGES := chromium chromium-driver
 BROWSER_REQUIRED ?=
 test-browser: $(VENV)/.installed-test
-	@missing=$$(for p in $(BROWSER_PACKAGES); do \
-		dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null | grep -qx installed || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then \
-				printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1; fi; \
-			echo "test-browser: installing" $$missing; \
-			DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-			status=$$?; [ -z "$$guard" ] || rm -f /usr/sbin/policy-rc.d; [ $$status = 0 ] || exit $$status; \
-		else \
-			echo "test-browser: not installed:" $$missing "(and no root apt-get here)"; \
-		fi; \
-	fi
+	@$(call debian_packages,$@,$(BROWSER_PACKAGES))
 	TFLA_BENCH_BROWSER_REQUIRED=$(BROWSER_REQUIRED) timeout -k 30 600 $(BIN)/python -m pytest -q -rs -m browser tests/test_site_browser.py
 
 clean:

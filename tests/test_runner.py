@@ -141,12 +141,17 @@ def test_csv_schema_and_env_json(sweep):
     )
 
 
-def test_resume_reruns_nothing_finished(sweep, tmp_path):
-    spec, cases, report = sweep
-    run_dir = tmp_path / "copy"
+def copy_run(source, run_dir):
+    """A copy of a finished run's results, spec and env, to resume."""
     run_dir.mkdir()
     for name in ("results.csv", "spec.json", "env.json"):
-        (run_dir / name).write_bytes((report.run_dir / name).read_bytes())
+        (run_dir / name).write_bytes((source / name).read_bytes())
+    return run_dir
+
+
+def test_resume_reruns_nothing_finished(sweep, tmp_path):
+    spec, cases, report = sweep
+    run_dir = copy_run(report.run_dir, tmp_path / "copy")
     again = runner.run_sweep(spec, cases, run_dir, resume=True, devices=["cpu"])
     assert again.dispatched == 0 and again.worker_starts == 0
     assert again.decided == 1  # the unavailable row is decided again (free), nothing else
@@ -169,10 +174,7 @@ def test_resume_keeps_every_finished_line_byte_for_byte_in_spec_order(sweep, tmp
     comes back as it was written (NaN cells, a number's digits, its line ending), and the finished
     run lists its rows in the spec's order, however they were ordered before."""
     spec, cases, report = sweep
-    run_dir = tmp_path / "copy"
-    run_dir.mkdir()
-    for name in ("results.csv", "spec.json", "env.json"):
-        (run_dir / name).write_bytes((report.run_dir / name).read_bytes())
+    run_dir = copy_run(report.run_dir, tmp_path / "copy")
     path = run_dir / "results.csv"
     header, *lines = path.read_bytes().decode().splitlines(keepends=True)
     column = next(csv.reader([header])).index("median_ms")
@@ -200,10 +202,7 @@ def test_resume_keeps_every_finished_line_byte_for_byte_in_spec_order(sweep, tmp
 
 def test_a_spec_json_edited_between_a_run_and_its_resume_is_refused_unless_forced(sweep, tmp_path):
     spec, _, report = sweep
-    run_dir = tmp_path / "copy"
-    run_dir.mkdir()
-    for name in ("results.csv", "spec.json", "env.json"):
-        (run_dir / name).write_bytes((report.run_dir / name).read_bytes())
+    run_dir = copy_run(report.run_dir, tmp_path / "copy")
     recorded = json.loads((run_dir / "spec.json").read_text())
     (run_dir / "spec.json").write_text(json.dumps({**recorded, "reps": 7}))
     before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
