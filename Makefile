@@ -46,7 +46,7 @@ else
 TEST_ENV := TRITON_INTERPRET=1
 endif
 
-.PHONY: run test test-quick test-slow test-slurm test-browser lint clean wheelhouse cuda-wheels gpu
+.PHONY: run test test-quick test-slow test-slurm test-browser lint clean wheelhouse cuda-wheels gpu paper
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -165,6 +165,21 @@ cuda-wheels: $(addprefix cuda-wheel-,$(CUDA_WHEELS))
 cuda-wheel-%:
 	-PYTHONPATH=$(CURDIR) $(PYTHON) -m tfla_bench.cuda_wheels $* --wheelhouse $(WHEELHOUSE) \
 		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC))
+
+# Every paper figure's sweep on a GPU after `make gpu`, one after the other into $(PAPER_DIR)/<spec>,
+# each compiling beside its measuring in all cores but two; a sweep that stops is continued with
+# `tfla-bench sweep --resume $(PAPER_DIR)/<spec>`. `tfla-bench compare` and `plot` draw them.
+PAPER_SPECS ?= fig5_consttoken fig6_chunk_tradeoff fig17_headdim tfla_vs_peer tfla_vs_peer_chunks fig16_lightning fig15_fla
+PAPER_DIR ?= runs/paper-$(shell date +%Y%m%d-%H%M%S)
+PRECOMPILE ?= $(shell n=$$(nproc); echo $$(( n > 3 ? n - 2 : 1 )))
+paper:
+	@failed=""; for spec in $(PAPER_SPECS); do \
+		start=$$(date +%s); \
+		$(PYTHON) -m tfla_bench.cli.main sweep $$spec --precompile $(PRECOMPILE) --out $(PAPER_DIR)/$$spec \
+			|| failed="$$failed $$spec"; \
+		echo "make paper: $$spec in $$(( $$(date +%s) - start )) s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make paper: these sweeps did not finish:$$failed"; exit 1; fi
 
 # One command on a GPU machine: the suite into the node's own Python (its torch and triton), the
 # baselines, the CUDA wheels that are missing (built side by side), then `list` and `check`. Offline

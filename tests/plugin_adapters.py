@@ -85,6 +85,19 @@ class Slow(_Tiny):
 
 
 @register
+class SlowToCompile(_Tiny):
+    """Takes `TFLA_TEST_COMPILE_S` seconds (default 5) per call in a process of raised niceness (a
+    precompile process beside a measuring one), as a long compile would; no time elsewhere."""
+
+    name = "test_slow_to_compile"
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        if os.nice(0) > 0:
+            time.sleep(float(os.environ.get("TFLA_TEST_COMPILE_S", "5")))
+        return inputs["x"] * inputs["w"]
+
+
+@register
 class Unavailable(_Tiny):
     """Its library is missing."""
 

@@ -346,3 +346,91 @@ def test_precompile_an_autotuned_library_kernel_on_the_gpu(tmp_path):
     summary = precompile.precompile(cases, 4, ["cuda:0"], tmp_path, on_result=results.append)
     assert (summary.cases, summary.runs) == (2, 8)
     assert [r.status for r in results] == ["ok"] * 8, [r.error for r in results if r.status != "ok"]
+
+
+def test_compile_only_compiles_each_kernel_without_launching_it(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    calls = []
+
+    def recorder(self, *args, grid, warmup, **kwargs):
+        calls.append((args, grid, warmup, kwargs))
+        return "compiled"
+
+    monkeypatch.setattr(JITFunction, "run", recorder)
+    with precompile.compile_only():
+        assert JITFunction.run(object(), 1, 2, grid=(4,), warmup=False, BLOCK=16) == "compiled"
+    assert calls == [((1, 2), (4,), True, {"BLOCK": 16})]
+    assert JITFunction.__dict__["run"] is recorder  # restored
+    JITFunction.run(object(), grid=(4,), warmup=False)
+    assert calls[-1][2] is False
+
+
+def test_the_plan_follows_the_order_the_sweep_measures_in(plugin_adapters):
+    cases = [case("test_counting", 1, 16), case("test_autotuned", 1, 16), case("test_raise", 1, 16)]
+    kernels = [job.case.kernel for job in precompile.plan_jobs(cases, 2, "sum")]
+    assert kernels == ["test_autotuned", "test_autotuned", "test_counting", "test_raise"]
+    ordered = precompile.plan_jobs(cases, 2, "sum", order=["test_raise", "test_counting", "test_autotuned"])
+    assert [job.case.kernel for job in ordered] == [
+        "test_raise",
+        "test_counting",
+        "test_autotuned",
+        "test_autotuned",
+    ]
+    assert [job.shard for job in ordered] == [0, 0, 0, 1]
+
+
+def test_each_kernel_is_told_once_as_soon_as_its_runs_are_done(plugin_adapters, tmp_path):
+    cases = [case("test_abort", 1, t) for t in (16, 32, 64)] + [case("test_counting", 1, 16)]
+    told = []
+    summary = precompile.precompile(
+        cases,
+        1,
+        ["cpu"],
+        tmp_path,
+        timeout_s=120,
+        on_kernel_done=lambda kernel, crashed: told.append((kernel, crashed)),
+    )
+    assert told == [("test_abort", summary.crashed), ("test_counting", {})]
+    assert sorted(summary.crashed) == sorted(c.key for c in cases[:3])
+    # With every run made by an earlier sweep, each kernel is told at once, with that sweep's verdict.
+    again = []
+    precompile.precompile(cases, 1, ["cpu"], tmp_path, on_kernel_done=lambda *told: again.append(told))
+    assert again == told
+
+
+def test_sweep_measures_beside_its_precompile(plugin_adapters, tmp_path, monkeypatch):
+    """On a GPU the precompile runs beside the measuring (forced here on the CPU): the adapters with
+    nothing to compile measure first, each other adapter waits for its compiling, and a case that ran
+    out of memory while the precompile held its share runs again after it."""
+    monkeypatch.setattr(runner, "compile_beside", lambda cuda: True)
+    monkeypatch.setattr(plugin_adapters.OomOnce, "precompile", "none")
+    monkeypatch.setenv("TFLA_TEST_OOM_MARK", str(tmp_path / "oom-once.mark"))
+    raw = {
+        "name": "beside-test",
+        "kernels": ["test_slow_to_compile", "test_oom_once"],
+        "modes": ["fw"],
+        "dtype": "float32",
+        "warmup": 1,
+        "reps": 2,
+        "timeout_s": 120,
+        "published": "nothing",
+        "shape": {"batch": 2, "seq_len": [16, 32], "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
+    }
+    spec = specs.parse_spec(raw, "test")
+    run_dir = tmp_path / "run"
+    report = runner.run_sweep(spec, specs.expand(spec), run_dir, devices=["cpu"], precompile_processes=2)
+    assert [(row.case.kernel, row.status) for row in report.rows] == [
+        ("test_slow_to_compile", "ok"),
+        ("test_slow_to_compile", "ok"),
+        ("test_oom_once", "ok"),
+        ("test_oom_once", "ok"),
+    ]
+    # The precompile ran (5 s per run at its raised niceness), the measuring not (no sleep there).
+    assert all(row.median_ms < 1000 for row in report.rows)
+    env = json.loads((run_dir / "env.json").read_text())
+    assert (env["precompile"]["runs"], env["precompile"]["failed"]) == (2, 0)
+    phases = json.loads((run_dir / "timings.json").read_text())["phases_s"]
+    assert phases["precompile"] >= 5 and phases["precompile_wait"] > 0
+    # The OOM'd case ran once more: its first worker log holds the out-of-memory error.
+    assert "out of memory" in (run_dir / "worker-0.log").read_text().lower()

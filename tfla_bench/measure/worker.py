@@ -115,6 +115,10 @@ class CrashGuard:
         count = self._last[case.kernel][1]
         return f"not run: the previous {count} cases of this kernel crashed the same way: {error}"
 
+    def learn(self, known: dict[str, str]) -> None:
+        """Add cases (by key) that the precompile's verdict decides, as `known` at construction."""
+        self._known.update(known)
+
     def decided(self, case: Case) -> bool:
         """Whether the precompile's verdict decides `case` (it is not run, whatever happens before it)."""
         return case.key in self._known
@@ -492,12 +496,20 @@ def autotune_cache_setting() -> str:
     return os.environ.get(AUTOTUNE_CACHE_ENV, "1")
 
 
-def worker_main(conn: Connection, device: str, log_path: str, preload: tuple[str, str] | None = None) -> None:
+def worker_main(
+    conn: Connection,
+    device: str,
+    log_path: str,
+    preload: tuple[str, str] | None = None,
+    niceness: int = 0,
+) -> None:
     """Entry point of the worker process: redirect output to the log, then serve jobs until told to stop.
 
     `preload`: an adapter's name and module, whose library is imported (`available`) before the
-    worker says it is ready.
+    worker says it is ready. `niceness`: added to the process's niceness (`os.nice`) first.
     """
+    if niceness:
+        os.nice(niceness)
     os.environ[AUTOTUNE_CACHE_ENV] = autotune_cache_setting()
     # Stays open for the process's lifetime: it backs file descriptors 1 and 2.
     log = open(log_path, "a", buffering=1)
@@ -542,11 +554,13 @@ class Worker:
     Args:
         device: `cpu` or `cuda:<i>`.
         log_path: file receiving the worker's stdout and stderr (appended across restarts).
+        niceness: added to each process's niceness (a precompile process beside a measuring one).
     """
 
-    def __init__(self, device: str, log_path: Path) -> None:
+    def __init__(self, device: str, log_path: Path, niceness: int = 0) -> None:
         self.device = device
         self.log_path = log_path
+        self.niceness = niceness
         self.info: DeviceInfo | None = None
         self.starts = 0
         self._process: multiprocessing.process.BaseProcess | None = None
@@ -588,7 +602,9 @@ class Worker:
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
         process = context.Process(
-            target=worker_main, args=(child_conn, self.device, str(self.log_path), preload), daemon=True
+            target=worker_main,
+            args=(child_conn, self.device, str(self.log_path), preload, self.niceness),
+            daemon=True,
         )
         process.start()
         # Without the parent's copy of the child's end, the pipe reports EOF when the worker dies.

@@ -53,6 +53,10 @@ class PhaseClock:
             del self._running[name]
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - began
 
+    def add_phase(self, name: str, seconds: float) -> None:
+        """Add `seconds` to phase `name` (time that several threads may spend at once: waiting)."""
+        self.phases[name] = self.phases.get(name, 0.0) + seconds
+
     def add_case(
         self,
         adapter: str,

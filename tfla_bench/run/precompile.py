@@ -1,11 +1,13 @@
-"""Compiling a sweep's Triton kernels in parallel processes before it is measured (`sweep --precompile N`).
+"""Compiling a sweep's Triton kernels in parallel processes (`sweep --precompile N`): on the CPU before
+it is measured, on a GPU beside the measuring (`tfla_bench.run.runner`) and compiling only
+(`compile_only`).
 
 Triton compiles a kernel on its first call, and an autotuned kernel compiles every config it tries,
 one after the other, in the calling process (fla 0.6's GLA backward has about a hundred). Triton
 keeps what it compiled in its cache directory (`TRITON_CACHE_DIR`, by default `~/.triton/cache`),
 which every process of the machine shares. `precompile` runs each distinct case of the sweep once,
-in N worker processes, before the measuring workers start, so the compiling happens N at a time and
-the measuring workers find it done:
+in N worker processes, so the compiling happens N at a time and the measuring workers find it done
+(beside the measuring, each adapter's first case waits for its own runs: `on_kernel_done`):
 
 - `plan_jobs`: a case of an autotuned adapter (`Adapter.autotuned`) runs N times, once per shard;
   every other case runs once, N different cases at a time;
@@ -63,6 +65,7 @@ and 46 s of first calls (`results/runs/gla_big-20261121-165808`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -87,6 +90,12 @@ MAX_BATCH = 16
 # The share of a GPU's memory that the PyTorch allocations of its precompile processes take together;
 # the rest is left to each process's CUDA context, compiled modules and library workspaces.
 MEMORY_SHARE = 0.8
+# The same while a sweep measures on that GPU beside them (`precompile(..., beside_measuring=True)`):
+# the rest is the measuring worker's.
+MEMORY_SHARE_BESIDE_MEASURING = 0.5
+# The precompile processes' niceness beside a measuring worker (`os.nice`): when the cores are busy,
+# the process that queues the timed calls goes first.
+NICENESS_BESIDE_MEASURING = 10
 MAX_SEQ_LEN = 8192
 # Triton compiles an integer argument divisible by this (and one equal to 1) as its own case.
 SPECIALIZATION = 16
@@ -215,25 +224,29 @@ def run_case(case: Case) -> Case | None:
     return None if adapter.precompile == "none" else warm_case(adapter, case)
 
 
-def plan_jobs(cases: list[Case], processes: int, grad: str) -> list[PrecompileJob]:
+def plan_jobs(
+    cases: list[Case], processes: int, grad: str, order: list[str] | None = None
+) -> list[PrecompileJob]:
     """The precompile runs for `cases`: each distinct `warm_case` once, or once per shard (`processes`
     shards) for an autotuned adapter; none for an adapter with nothing to precompile. The shards of a
-    case are consecutive, so the processes work on one autotuned case together; autotuned cases come
-    first (they take longest)."""
+    case are consecutive, so the processes work on one autotuned case together. Kernels come in
+    `order` (kernels not named there last), by default the autotuned ones first (they take longest)."""
     distinct: dict[str, tuple[Case, registry.Adapter]] = {}
     for case in cases:
         warm = run_case(case)
         if warm is not None:
             distinct.setdefault(warm.key, (warm, registry.get(case.kernel)))
-    tuned = [(c, a) for c, a in distinct.values() if a.autotuned]
-    plain = [(c, a) for c, a in distinct.values() if not a.autotuned]
-    jobs = [
-        PrecompileJob(case, type(adapter).__module__, shard, processes, grad)
-        for case, adapter in tuned
-        for shard in range(processes)
+    if order is None:
+        ranked = sorted(distinct.values(), key=lambda pair: not pair[1].autotuned)
+    else:
+        rank = {kernel: index for index, kernel in enumerate(order)}
+        ranked = sorted(distinct.values(), key=lambda pair: rank.get(pair[0].kernel, len(rank)))
+    return [
+        PrecompileJob(case, type(adapter).__module__, shard, shards, grad)
+        for case, adapter in ranked
+        for shards in [processes if adapter.autotuned else 1]
+        for shard in range(shards)
     ]
-    jobs += [PrecompileJob(case, type(adapter).__module__, 0, 1, grad) for case, adapter in plain]
-    return jobs
 
 
 def _one_untimed_call(kernel_call: Callable[[], None], quantiles: Any = None, **_: Any) -> Any:
@@ -323,8 +336,33 @@ def sharded_autotuning(shard: int, shards: int) -> Iterator[None]:
             setattr(cls, name, original)
 
 
+@contextmanager
+def compile_only() -> Iterator[None]:
+    """Within the block, launching a Triton kernel compiles it (into the cache) and does not run it:
+    every `JITFunction.run` gets `warmup=True`, Triton's own compile-ahead path, inside an autotuner
+    too. The GPU then runs only the torch work around the kernels (making the inputs, the adapter's
+    own tensor ops), so precompile processes take little of a GPU that a sweep measures on. A
+    kernel's outputs stay unwritten, as a skipped launch of another shard leaves them. Restores
+    Triton on exit."""
+    # Triton loads only where our kernels or an autotuner are touched.
+    from triton.runtime.jit import JITFunction
+
+    original = JITFunction.__dict__["run"]
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["warmup"] = True
+        return original(self, *args, **kwargs)
+
+    JITFunction.run = run
+    try:
+        yield
+    finally:
+        JITFunction.run = original
+
+
 def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> PrecompileResult:
-    """Run one precompile job in this process (the worker's side; tests call it directly)."""
+    """Run one precompile job in this process (the worker's side; tests call it directly): on a GPU
+    compiling only (`compile_only`), under Triton's interpreter running the kernels."""
     # torch takes seconds to import; only this path needs it.
     import torch
 
@@ -333,13 +371,14 @@ def run_job(adapter: registry.Adapter, job: PrecompileJob, device: str) -> Preco
 
     start = time.perf_counter()
     status, error = "ok", None
+    cuda = timing.is_cuda(device)
     try:
-        if timing.is_cuda(device):
+        if cuda:
             torch.cuda.set_per_process_memory_fraction(job.memory_share, device)
-        with sharded_autotuning(job.shard, job.shards):
+        with compile_only() if cuda else contextlib.nullcontext(), sharded_autotuning(job.shard, job.shards):
             inputs = adapter.make_inputs(job.case, device)
             make_step(adapter, inputs, job.case.mode, job.grad)()
-            if timing.is_cuda(device):
+            if cuda:
                 torch.cuda.synchronize(device)
     except Exception as exc:  # the sweep runs this case again and reports what happens there
         traceback.print_exc()
@@ -370,9 +409,13 @@ def precompile(
     *,
     grad: str = "sum",
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    order: list[str] | None = None,
+    beside_measuring: bool = False,
+    stop: threading.Event | None = None,
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[PrecompileResult], None] | None = None,
     on_retry: Callable[[PrecompileJob, int], None] | None = None,
+    on_kernel_done: Callable[[str, dict[str, str]], None] | None = None,
 ) -> PrecompileSummary:
     """Run `cases` once each (smaller, sharded: see the module docstring) in `processes` workers.
 
@@ -383,18 +426,28 @@ def precompile(
         log_dir: where each worker writes `precompile-<i>.log`.
         grad: the sweep's upstream-gradient mode.
         timeout_s: per run; a worker that hangs longer is killed and replaced.
+        order: kernels in the order to compile them (the order the sweep measures them in); by
+            default the autotuned ones first, as they take longest.
+        beside_measuring: a sweep measures on the same GPUs meanwhile: the processes take
+            `MEMORY_SHARE_BESIDE_MEASURING` of the memory and run at `NICENESS_BESIDE_MEASURING`.
+        stop: set from another thread to end the runs under way (their workers are interrupted) and
+            start no more.
         on_start: called once with the number of runs, and with 1 for each run made again (progress).
         on_result: called with each run's result as it finishes (retried ones too).
         on_retry: called with a run that ran out of memory and the number of processes whose share
             of the memory it runs again with.
+        on_kernel_done: called once per kernel of `cases`, as soon as none of its runs is left, with
+            its cases (by key) that the sweep does not run because the kernel kept crashing
+            (`PrecompileSummary.crashed`, that kernel's part); at once for a kernel with no run left.
     """
     start = time.monotonic()
-    planned = plan_jobs(cases, processes, grad)
+    planned = plan_jobs(cases, processes, grad, order)
     done_file = DoneFile(devices)
     jobs = [job for job in planned if not done_file.has(job)]
     if on_start is not None:
         on_start(len(jobs))
     width = max(1, min(processes, len(jobs)))
+    kernels = _KernelsLeft(cases, planned, jobs, done_file, on_kernel_done)
 
     def retry(job: PrecompileJob, processes: int) -> None:
         if on_start is not None:
@@ -402,9 +455,20 @@ def precompile(
         if on_retry is not None:
             on_retry(job, processes)
 
-    todo = _Queue(jobs, width, devices, retry)
     crashes = CrashGuard()
-    results = _run_jobs(todo, width, devices, log_dir, timeout_s, crashes, on_result) if jobs else []
+
+    def finished(result: PrecompileResult) -> None:
+        if on_result is not None:
+            on_result(result)
+        if not result.retried:
+            kernels.finished(result, crashes)
+
+    total = MEMORY_SHARE_BESIDE_MEASURING if beside_measuring else MEMORY_SHARE
+    todo = _Queue(jobs, width, devices, retry, total)
+    niceness = NICENESS_BESIDE_MEASURING if beside_measuring else 0
+    results = (
+        _run_jobs(todo, width, devices, log_dir, timeout_s, crashes, finished, niceness, stop) if jobs else []
+    )
     # A run that failed for lack of memory or time may pass another time; any other outcome repeats.
     done_file.add(result.job for result in results if result.status not in ("oom", "timeout"))
     for result in results:
@@ -412,13 +476,8 @@ def precompile(
         if result.status == "crashed" and error is not None:
             done_file.crashes[done_file.job_id(result.job)] = error
     done_file.save()
-    # The sweep's cases of each crashed run (a run is of a smaller case that compiles the same code).
-    crashed_runs = {job.case.key: error for job in planned if (error := done_file.crash(job)) is not None}
-    crashed = {
-        case.key: crashed_runs[warm.key]
-        for case in cases
-        if (warm := run_case(case)) is not None and warm.key in crashed_runs
-    }
+    crashed = _crashed_cases(cases, planned, done_file)
+    kernels.rest(crashed)
     return PrecompileSummary(
         processes=width if jobs else 0,
         cases=len({job.case.key for job in planned}),
@@ -429,6 +488,75 @@ def precompile(
         skipped=len(planned) - len(jobs),
         crashed=crashed,
     )
+
+
+def _crashed_cases(cases: list[Case], planned: list[PrecompileJob], done_file: DoneFile) -> dict[str, str]:
+    """The sweep's cases (by key) whose run crashed, or was not made, for a kernel that kept crashing,
+    with its error, as `done_file` records them (a run is of a smaller case that compiles the same
+    code)."""
+    crashed_runs = {job.case.key: error for job in planned if (error := done_file.crash(job)) is not None}
+    return {
+        case.key: crashed_runs[warm.key]
+        for case in cases
+        if (warm := run_case(case)) is not None and warm.key in crashed_runs
+    }
+
+
+class _KernelsLeft:
+    """How many runs of each kernel are left, to tell `on_kernel_done` of each kernel once its last run
+    finished, with its crashed cases (`precompile`'s argument)."""
+
+    def __init__(
+        self,
+        cases: list[Case],
+        planned: list[PrecompileJob],
+        jobs: list[PrecompileJob],
+        done_file: DoneFile,
+        on_done: Callable[[str, dict[str, str]], None] | None,
+    ) -> None:
+        self.cases, self.planned, self.done_file, self.on_done = cases, planned, done_file, on_done
+        self.left = collections.Counter(job.case.kernel for job in jobs)
+        self.runs: dict[str, list[PrecompileResult]] = collections.defaultdict(list)
+        self.told: set[str] = set()
+        # Kernels with nothing to run now: only an earlier sweep's verdict can decide their cases.
+        for kernel in dict.fromkeys(case.kernel for case in cases):
+            if not self.left[kernel]:
+                self._tell(kernel, _crashed_cases(self._of(kernel), planned, done_file))
+
+    def finished(self, result: PrecompileResult, crashes: CrashGuard) -> None:
+        """A run's final result (not one that goes back to the queue)."""
+        kernel = result.job.case.kernel
+        self.runs[kernel].append(result)
+        self.left[kernel] -= 1
+        if self.left[kernel]:
+            return
+        # Every run of the kernel is in, so whether it kept crashing is settled, as at the end.
+        error = crashes.keeps_crashing(kernel)
+        crashed_runs = {
+            r.job.case.key: error for r in self.runs[kernel] if error is not None and r.status == "crashed"
+        }
+        earlier = _crashed_cases(self._of(kernel), self.planned, self.done_file)
+        crashed = {
+            case.key: crashed_runs[warm.key]
+            for case in self._of(kernel)
+            if (warm := run_case(case)) is not None and warm.key in crashed_runs
+        }
+        self._tell(kernel, earlier | crashed)
+
+    def rest(self, crashed: dict[str, str]) -> None:
+        """Tell every kernel not told yet (its runs were stopped), from the final verdict."""
+        for kernel in dict.fromkeys(case.kernel for case in self.cases):
+            self._tell(kernel, {c.key: crashed[c.key] for c in self._of(kernel) if c.key in crashed})
+
+    def _of(self, kernel: str) -> list[Case]:
+        return [case for case in self.cases if case.kernel == kernel]
+
+    def _tell(self, kernel: str, crashed: dict[str, str]) -> None:
+        if kernel in self.told:
+            return
+        self.told.add(kernel)
+        if self.on_done is not None:
+            self.on_done(kernel, crashed)
 
 
 DONE_FILE = "tfla-bench-precompiled.json"
@@ -537,12 +665,12 @@ class DoneFile:
             pass
 
 
-def memory_share(processes: int, devices: list[str]) -> float:
+def memory_share(processes: int, devices: list[str], total: float = MEMORY_SHARE) -> float:
     """The share of its GPU's memory each of `processes` precompile processes, spread round-robin over
-    `devices`, may allocate: `MEMORY_SHARE` over the processes per GPU (1 on CPU, where it is not used)."""
+    `devices`, may allocate: `total` over the processes per GPU (1 on CPU, where it is not used)."""
     if devices[0] == "cpu":
         return 1.0
-    return MEMORY_SHARE / _per_gpu(processes, devices)
+    return total / _per_gpu(processes, devices)
 
 
 def _per_gpu(processes: int, devices: list[str]) -> int:
@@ -571,10 +699,11 @@ class _Queue:
         processes: int,
         devices: list[str],
         on_retry: Callable[[PrecompileJob, int], None],
+        total: float = MEMORY_SHARE,
     ) -> None:
-        self.devices, self.on_retry = devices, on_retry
+        self.devices, self.on_retry, self.total = devices, on_retry, total
         self.waiting: collections.deque[tuple[PrecompileJob, int]] = collections.deque(
-            (dataclasses.replace(job, memory_share=memory_share(processes, devices)), processes)
+            (dataclasses.replace(job, memory_share=memory_share(processes, devices, total)), processes)
             for job in jobs
         )
         self.held = dict.fromkeys(devices, 0.0)  # of each GPU's budget, by the runs under way
@@ -614,7 +743,7 @@ class _Queue:
             again = out_of_memory and processes > 1 and not self.stopped
             if again:
                 fewer = max(1, processes // 2)
-                job = dataclasses.replace(job, memory_share=memory_share(fewer, self.devices))
+                job = dataclasses.replace(job, memory_share=memory_share(fewer, self.devices, self.total))
                 self.waiting.append((job, fewer))
                 self.on_retry(job, fewer)
             self.changed.notify_all()
@@ -634,10 +763,12 @@ def _run_jobs(
     timeout_s: float,
     crashes: CrashGuard,
     on_result: Callable[[PrecompileResult], None] | None,
+    niceness: int = 0,
+    stop: threading.Event | None = None,
 ) -> list[PrecompileResult]:
-    """Run the jobs of `todo` in `processes` workers; out-of-memory results that go back to the queue
-    are marked retried. A job of a kernel that `crashes` says keeps crashing is not run (status
-    `crashed`)."""
+    """Run the jobs of `todo` in `processes` workers at `niceness`; out-of-memory results that go back
+    to the queue are marked retried. A job of a kernel that `crashes` says keeps crashing is not run
+    (status `crashed`). `stop`, once set, ends it as Ctrl-C does."""
     results: list[PrecompileResult] = []
     lock = threading.Lock()
 
@@ -668,7 +799,7 @@ def _run_jobs(
             worker.stop()
 
     workers = [
-        Worker(devices[index % len(devices)], log_dir / rundir.precompile_log(index))
+        Worker(devices[index % len(devices)], log_dir / rundir.precompile_log(index), niceness)
         for index in range(processes)
     ]
     threads = [threading.Thread(target=serve, args=(worker,), daemon=True) for worker in workers]
@@ -678,9 +809,13 @@ def _run_jobs(
         for thread in threads:
             while thread.is_alive():
                 thread.join(0.2)
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
         todo.stop()
         for worker in workers:
             worker.interrupt()
+        if stop is not None and stop.is_set():
+            return results
         raise
     return results

@@ -113,6 +113,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import Progress
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
@@ -438,8 +439,9 @@ def run_sweep(
         devices: worker devices (`select_devices`); default: every visible GPU, or `cpu`.
         failed_check: adapter names that failed the correctness gate, with the reason; their cases
             get status `failed_check` without running.
-        precompile_processes: with N > 0, compile the cases' kernels in N processes first
-            (`tfla_bench.run.precompile`; what it did goes to `env.json` under `precompile`).
+        precompile_processes: with N > 0, compile the cases' kernels in N processes, first on the
+            CPU and beside the measuring on a GPU (`tfla_bench.run.precompile`, `measuring_order`;
+            what it did goes to `env.json` under `precompile`).
         roofs: on CUDA, record the GPU's measured roofs in `env.json` under `roofs`, loaded, or
             measured when none are saved, by a child process that runs beside the plan
             (`tfla_bench.measure.roofs`).
@@ -575,31 +577,131 @@ class _Sweep:
         elif tune and to_run:
             with clock.phase("tune"):
                 _tune([planned.case for planned in to_run], devices[0], precompile_processes, console)
-        precompiled = None
-        if precompile_processes > 0 and to_run:
+        precompiled = compiling = None
+        if precompile_processes > 0 and to_run and compile_beside(cuda):
+            # Compiling goes on beside the measuring: the adapters with nothing to compile measure first.
+            to_run = measuring_order(to_run)
+            progress = progress_bar(console, eta=True)
+            compiling = _Compiling(self, to_run, precompile_processes, progress)
+        elif precompile_processes > 0 and to_run:
             with clock.phase("precompile"):
                 precompiled = _precompile(
                     to_run, precompile_processes, devices, self.run_dir, self.spec, console, clock
                 )
-        with clock.phase("workers"):
-            workers = _start_workers(
-                devices,
-                to_run,
-                self.run_dir,
-                self.spec,
-                cuda,
-                console,
-                precompiled,
-                measured_roofs,
-                self.forced,
-            )
         try:
-            with clock.phase("measuring"):
-                _dispatch(to_run, workers, self.spec, self.writer, console, clock, self.host, precompiled)
+            with clock.phase("workers"):
+                workers = _start_workers(
+                    devices,
+                    to_run,
+                    self.run_dir,
+                    self.spec,
+                    cuda,
+                    console,
+                    precompiled,
+                    measured_roofs,
+                    self.forced,
+                )
+            try:
+                with clock.phase("measuring"):
+                    dispatch = _Dispatch(self.spec, self.writer, console, clock, self.host)
+                    dispatch.run(to_run, workers, precompiled, compiling)
+            finally:
+                for worker in workers:
+                    worker.stop()
         finally:
-            for worker in workers:
-                worker.stop()
+            if compiling is not None:
+                compiling.end(self.run_dir)
         return sum(worker.starts for worker in workers)
+
+
+def compile_beside(cuda: bool) -> bool:
+    """Whether the precompile runs beside the measuring: on a GPU, where the measuring needs one core
+    and the GPU, and compiling needs the other cores; on the CPU the timed calls need the cores."""
+    return cuda
+
+
+def measuring_order(to_run: list[_Planned]) -> list[_Planned]:
+    """The cases in the order a sweep that compiles beside its measuring takes them: the adapters with
+    nothing to precompile first, then those without an autotuner, then the autotuned ones (they
+    compile longest), each group in spec order. The order is the same whether or not the Triton
+    cache holds the kernels already, so a warm run measures in the same order as a cold one."""
+
+    def group(planned: _Planned) -> int:
+        adapter = planned.adapter
+        return 0 if adapter.precompile == "none" else 2 if adapter.autotuned else 1
+
+    return sorted(to_run, key=group)
+
+
+class _Compiling:
+    """The precompile of a GPU sweep, running in a thread beside the measuring
+    (`precompile.precompile(..., beside_measuring=True)`, compile-only): each adapter's first case
+    waits (`wait`) until none of its runs is left, and learns then which of its cases the precompile's
+    crashes decide. `end` stops what is left, waits for the thread and writes the summary into the
+    latest attempt's env.json (`precompile`)."""
+
+    def __init__(self, sweep: _Sweep, to_run: list[_Planned], processes: int, progress: Progress) -> None:
+        self.progress = progress
+        self.changed = threading.Condition()
+        self.ready: dict[str, dict[str, str]] = {}
+        self.finished = False
+        self.summary: PrecompileSummary | None = None
+        self.stop = threading.Event()
+        order = list(dict.fromkeys(planned.case.kernel for planned in to_run))
+        self.thread = threading.Thread(target=self._run, args=(sweep, to_run, processes, order), daemon=True)
+        self.thread.start()
+
+    def _run(self, sweep: _Sweep, to_run: list[_Planned], processes: int, order: list[str]) -> None:
+        try:
+            with sweep.clock.phase("precompile"):
+                self.summary = _precompile(
+                    to_run,
+                    processes,
+                    sweep.devices,
+                    sweep.run_dir,
+                    sweep.spec,
+                    sweep.console,
+                    sweep.clock,
+                    beside=self,
+                    order=order,
+                )
+        except Exception as exc:  # the sweep goes on: its first calls compile what is missing
+            self.progress.console.print(
+                f"[yellow]precompile stopped: {exc}[/] (the sweep compiles in its first calls)"
+            )
+        finally:
+            with self.changed:
+                self.finished = True
+                self.changed.notify_all()
+
+    def kernel_done(self, kernel: str, crashed: dict[str, str]) -> None:
+        with self.changed:
+            self.ready[kernel] = crashed
+            self.changed.notify_all()
+
+    @property
+    def running(self) -> bool:
+        with self.changed:
+            return not self.finished
+
+    def wait(self, kernel: str | None, stop: threading.Event) -> tuple[dict[str, str], float]:
+        """Wait until `kernel`'s runs are done (None: every run), or the precompile ended, or `stop`;
+        the kernel's crashed cases and the seconds waited."""
+        began = time.monotonic()
+        with self.changed:
+            while not self.finished and not stop.is_set() and (kernel is None or kernel not in self.ready):
+                self.changed.wait(0.2)
+            crashed = self.ready.get(kernel, {}) if kernel is not None else {}
+        return crashed, time.monotonic() - began
+
+    def end(self, run_dir: Path) -> None:
+        self.stop.set()
+        self.thread.join()
+        if self.summary is not None:
+            record = self.summary.to_dict()
+            # env.json is secondary to the rows: failing to write it must not fail the sweep.
+            with contextlib.suppress(OSError):
+                rundir.update_env(run_dir, lambda env: env.update(precompile=record) is None)
 
 
 def _tune(cases: list[Case], device: str, processes: int, console: Console) -> None:
@@ -623,10 +725,14 @@ def _precompile(
     spec: Spec,
     console: Console,
     clock: PhaseClock,
+    *,
+    beside: _Compiling | None = None,
+    order: list[str] | None = None,
 ) -> PrecompileSummary:
-    """`precompile.precompile` on the cases about to run, with a progress bar; failures get one line;
+    """`precompile.precompile` on the cases about to run, with a progress bar (beside the measuring:
+    a task of the measuring's bar, each kernel's completion told to `beside`); failures get one line;
     each run's seconds go to `clock` under its adapter."""
-    progress = progress_bar(console, transient=True)
+    progress = beside.progress if beside is not None else progress_bar(console, transient=True)
     task = progress.add_task(f"precompile ({processes} processes)", total=None)
 
     def done(result: PrecompileResult) -> None:
@@ -656,7 +762,7 @@ def _precompile(
                 f"{job.memory_share:.0%} of the memory (the first: {job.case.key})"
             )
 
-    with progress:
+    with progress if beside is None else contextlib.nullcontext():
         summary = precompile(
             [planned.case for planned in to_run],
             processes,
@@ -664,10 +770,17 @@ def _precompile(
             run_dir,
             grad=spec.measurement.grad,
             timeout_s=spec.measurement.timeout_s,
+            order=order,
+            beside_measuring=beside is not None,
+            stop=beside.stop if beside is not None else None,
             on_start=start,
             on_result=done,
             on_retry=retry,
+            on_kernel_done=beside.kernel_done if beside is not None else None,
         )
+    if beside is not None:
+        progress.remove_task(task)
+        console = progress.console
     retried = f", {summary.retried} retried after running out of memory" if summary.retried else ""
     skipped = (
         f"; {summary.skipped} run(s) skipped, made into this Triton cache by an earlier sweep"
@@ -773,27 +886,10 @@ def _start_workers(
     return workers
 
 
-def _dispatch(
-    to_run: list[_Planned],
-    workers: list[Worker],
-    spec: Spec,
-    writer: rundir.RowWriter,
-    console: Console,
-    clock: PhaseClock,
-    host: str,
-    precompiled: PrecompileSummary | None,
-) -> None:
-    """Run every shard in its own thread (each blocks on its worker's pipe) and write rows as they come,
-    each naming `host` and, for a case that ran on a GPU, the worker's GPU. A case whose kernel kept
-    crashing in the precompile (`precompiled.crashed`) is not run."""
-    if to_run:
-        crashes = CrashGuard(precompiled.crashed if precompiled is not None else None)
-        _Dispatch(spec, writer, console, clock, host, crashes, len(to_run)).run(to_run, workers)
-
-
 class _Dispatch:
     """The state the shards' threads share: one lock around the crash guard, the clock, the row
-    writer and the progress bar; the stop flag; the first bug a thread met."""
+    writer and the progress bar; the stop flag; the first bug a thread met; the precompile beside
+    the measuring, if any (`compiling`)."""
 
     def __init__(
         self,
@@ -802,21 +898,33 @@ class _Dispatch:
         console: Console,
         clock: PhaseClock,
         host: str,
-        crashes: CrashGuard,
-        total: int,
     ) -> None:
         self.spec, self.writer, self.console, self.clock, self.host = spec, writer, console, clock, host
-        self.crashes = crashes
+        self.crashes = CrashGuard()
+        self.compiling: _Compiling | None = None
         self.energy_told = False
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
-        self.progress = progress_bar(console, eta=True)
-        self.task = self.progress.add_task("starting", total=total)
 
-    def run(self, to_run: list[_Planned], workers: list[Worker]) -> None:
-        """Serve each worker's shard in a thread; Ctrl-C, or a job's cancel, preemption or time-limit
-        handler (`tfla_bench.run.shard`, submitit's) raising from inside the wait ends the sweep."""
+    def run(
+        self,
+        to_run: list[_Planned],
+        workers: list[Worker],
+        precompiled: PrecompileSummary | None = None,
+        compiling: _Compiling | None = None,
+    ) -> None:
+        """Serve each worker's shard in a thread and write rows as they come, each naming `host` and,
+        for a case that ran on a GPU, the worker's GPU. A case whose kernel kept crashing in the
+        precompile (`precompiled.crashed`, or as `compiling` tells) is not run. Ctrl-C, or a job's
+        cancel, preemption or time-limit handler (`tfla_bench.run.shard`, submitit's) raising from
+        inside the wait ends the sweep."""
+        if not to_run:
+            return
+        self.crashes = CrashGuard(precompiled.crashed if precompiled is not None else None)
+        self.compiling = compiling
+        self.progress = compiling.progress if compiling is not None else progress_bar(self.console, eta=True)
+        self.task = self.progress.add_task("starting", total=len(to_run))
         shards = {index: [p for p in to_run if p.shard == index] for index in range(len(workers))}
         threads = [
             threading.Thread(target=self.serve, args=(workers[index], shard), daemon=True)
@@ -834,6 +942,8 @@ class _Dispatch:
                 self.stop.set()
                 for worker in workers:
                     worker.interrupt()
+                if self.compiling is not None:
+                    self.compiling.stop.set()
                 for thread in threads:
                     thread.join(15)
                 self.console.print(f"interrupted: rows written so far are kept in {self.writer.path}")
@@ -847,16 +957,21 @@ class _Dispatch:
         Each adapter measures in a process of its own; on a GPU the processes of the next
         SPARES_AHEAD adapters start while it measures (`Worker.start_spare`). On the CPU they would
         take the cores that the timed calls run on. An adapter whose every case the precompile's
-        verdict decides gets no process.
+        verdict decides gets no process. With the precompile beside the measuring, an adapter's
+        first case waits for its compiling, and a case that runs out of memory while the precompile
+        still holds its share is measured again once the precompile has ended.
         """
         try:
             ahead = SPARES_AHEAD if worker.device.startswith("cuda") else 0
             order = list(dict.fromkeys(p.case.kernel for p in shard if not self.crashes.decided(p.case)))
             modules = {planned.case.kernel: type(planned.adapter).__module__ for planned in shard}
             current, started = None, 1  # the first adapter runs in the worker's own process
+            compiled: set[str] = set()
+            later: list[_Planned] = []
             for planned in shard:
                 if self.stop.is_set():
                     return
+                self.wait_for_compiling(planned.case.kernel, compiled)
                 with self.lock:
                     self.progress.update(self.task, description=case_label(planned.case))
                     crashed = self.crashes.reason(planned.case)
@@ -864,22 +979,55 @@ class _Dispatch:
                     if current is not None:
                         worker.switch()
                     current = planned.case.kernel
-                    position = order.index(current)
+                    position = order.index(current) if current in order else len(order)
                     started = max(started, position + 1)  # without a spare it starts afresh
                     while started < min(position + 1 + ahead, len(order)):
                         worker.start_spare(order[started], modules[order[started]])
                         started += 1
-                row = self.measure(worker, planned, crashed)
+                row = self.measure(worker, planned, crashed, hold_oom=self.compiling is not None)
                 if row is None:
                     return  # interrupted: the worker was killed under us, this is not the kernel's fault
+                if row is _HELD:
+                    later.append(planned)
+                    continue
                 self.write(row)
+            if later and self.compiling is not None:
+                self.wait_for_compiling(None, compiled)
+                current = None
+                for planned in later:
+                    if self.stop.is_set():
+                        return
+                    if planned.case.kernel != current:
+                        worker.switch()
+                        current = planned.case.kernel
+                    row = self.measure(worker, planned, None)
+                    if row is None:
+                        return
+                    self.write(row)
         except BaseException as exc:  # a bug: stop the sweep and re-raise it in the main thread
             self.errors.append(exc)
             self.stop.set()
 
-    def measure(self, worker: Worker, planned: _Planned, crashed: str | None) -> ResultRow | None:
+    def wait_for_compiling(self, kernel: str | None, compiled: set[str]) -> None:
+        """Wait for the precompile beside the measuring to finish `kernel` (None: everything), once per
+        kernel, and learn which of its cases it decides; the wait counts as the `precompile_wait`
+        phase."""
+        if self.compiling is None or kernel in compiled:
+            return
+        compiled.add(kernel or "")
+        with self.lock:
+            self.progress.update(self.task, description=f"waiting for the precompile of {kernel or 'all'}")
+        crashed, waited = self.compiling.wait(kernel, self.stop)
+        with self.lock:
+            self.crashes.learn(crashed)
+            self.clock.add_phase("precompile_wait", waited)
+
+    def measure(
+        self, worker: Worker, planned: _Planned, crashed: str | None, hold_oom: bool = False
+    ) -> ResultRow | object | None:
         """The row of one case: `crashed` without running when the crash guard says so; None when the
-        sweep was stopped while it ran."""
+        sweep was stopped while it ran; `_HELD` for a case that ran out of memory while the precompile
+        beside it was still running (with `hold_oom`): nothing is recorded, it runs again later."""
         if crashed is not None:
             return ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=self.host)
         settings = self.spec.measurement_for(planned.adapter)
@@ -888,6 +1036,9 @@ class _Dispatch:
         measurement = worker.run(job)
         if self.stop.is_set():
             return None
+        compiling = self.compiling
+        if hold_oom and measurement.row.status == "oom" and compiling is not None and compiling.running:
+            return _HELD
         row = _row(planned, measurement, self.host, _gpu_name(worker))
         with self.lock:
             if measurement.energy_missing:
@@ -919,6 +1070,10 @@ class _Dispatch:
             self.writer.write(row)
             self.progress.console.print(row_line(row))
             self.progress.advance(self.task)
+
+
+# `_Dispatch.measure`'s answer for a case that runs again after the precompile.
+_HELD = object()
 
 
 def _gpu_name(worker: Worker) -> str:
