@@ -1,5 +1,6 @@
 """Test set-up: Triton kernels run under the interpreter when there is no GPU; `gpu` tests need CUDA;
-the fixtures that put the test adapters of `plugin_adapters` into the registry or the environment."""
+each test has an availability cache of its own; the fixtures that put the test adapters of
+`plugin_adapters` into the registry or the environment."""
 
 import os
 import tempfile
@@ -8,7 +9,7 @@ import pytest
 import torch
 from plugin_support import registered_test_adapters
 
-from tfla_bench.adapters import registry
+from tfla_bench.adapters import availability_cache, registry
 
 if not torch.cuda.is_available():
     # Must be set before any `@triton.jit` function is defined (i.e. before our kernels are imported).
@@ -25,6 +26,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def availability_cache_file(tmp_path_factory, monkeypatch):
+    """Each test its own empty availability cache (`registry.availability`), never the user's: a test
+    that registers or patches an adapter must not meet answers another test left there."""
+    path = tmp_path_factory.mktemp("availability") / "availability.json"
+    monkeypatch.setenv(availability_cache.CACHE_FILE_ENV, str(path))
+    return path
 
 
 @pytest.fixture(scope="module")

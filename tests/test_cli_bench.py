@@ -1,10 +1,13 @@
 """`tfla-bench list`, `run` and `sweep`: output, run directories, and exit code 2 on bad input."""
 
 import json
+import re
+import time
 
 import pytest
 
 from tfla_bench.adapters import registry
+from tfla_bench.cli import bench
 from tfla_bench.cli.main import main
 from tfla_bench.run import rundir
 
@@ -43,6 +46,59 @@ def test_list_json(capsys, plugins):
     assert set(entries["test_chunked"]) >= {"modes", "dtypes", "constraints", "uses_chunk_size", "origin"}
     assert entries["sdpa_math"]["origin"] == "built-in tfla_bench.baselines.sdpa_math"
     assert entries["test_unavailable"]["origin"].endswith("plugin_adapters")
+
+
+@pytest.fixture
+def asked_names(monkeypatch):
+    """The names of the adapters `registry.availability` asks (not found in the cache), per call."""
+    calls = []
+    ask = registry.ask_available
+
+    def counting(chosen, processes=None):
+        calls.append({adapter.name for adapter in chosen})
+        return ask(chosen, processes)
+
+    monkeypatch.setattr(registry, "ask_available", counting)
+    return calls
+
+
+def test_list_says_when_it_answers_from_the_cache_and_fresh_asks_again(capsys, plugins, asked_names):
+    assert main(["list"]) == 0
+    first = capsys.readouterr().out
+    assert "from the cache" not in first and "test_unavailable" in asked_names[0]
+    assert main(["list"]) == 0
+    second = capsys.readouterr().out
+    assert re.fullmatch(
+        r"availability from the cache, asked \d+ s ago \(--fresh asks again\)", second.splitlines()[1]
+    )
+    assert asked_names[1:] == [set()] and second.splitlines()[2:] == first.splitlines()[1:]
+    assert main(["list", "--fresh"]) == 0
+    assert "from the cache" not in capsys.readouterr().out and asked_names[2] == asked_names[0]
+    assert main(["list", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) and "availability from the cache" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("age_s", "said"),
+    [(0.2, "0 s"), (59, "59 s"), (61, "1 min"), (3 * 3600 + 5, "3 h"), (86400, "1 day"), (5e5, "5 days")],
+)
+def test_list_says_the_caches_age_in_one_unit(age_s, said):
+    reasons = {"a": None, "b": "needs frobnicate"}
+    answers = registry.Availability(reasons, frozenset(reasons), time.time() - age_s)
+    assert (
+        bench._cached_line(answers) == f"availability from the cache, asked {said} ago (--fresh asks again)"
+    )
+    answers = registry.Availability(reasons, frozenset("a"), time.time() - age_s)
+    assert bench._cached_line(answers).startswith("availability of 1 of 2 kernels from the cache, asked")
+    assert bench._cached_line(registry.Availability(reasons, frozenset(), None)) == ""
+
+
+def test_list_works_where_the_cache_cannot_be_written(capsys, monkeypatch, tmp_path, plugins, asked_names):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TFLA_BENCH_AVAILABILITY_FILE", str(tmp_path / "a-file" / "availability.json"))
+    assert main(["list"]) == 0 and main(["list"]) == 0
+    assert "from the cache" not in capsys.readouterr().out and asked_names[0] == asked_names[1]
 
 
 @pytest.mark.parametrize("columns", [80, 100])

@@ -269,6 +269,47 @@ def test_check_command_json_and_exit_codes(gate_adapters, capsys):
     assert code == 1 and [row["passed"] for row in json.loads(out)] == [True, False]
 
 
+def test_check_writes_what_it_learned_to_the_availability_cache(gate_adapters, capsys, monkeypatch):
+    names = ["gate_exact", "gate_wrong", "gate_noref", "gate_raise", "gate_missing", "gate_gpu_only"]
+    code, _, _ = run_check(["--kernel", ",".join(names), "--device", "cpu", "--no-isolate", "--json"], capsys)
+    assert code == 1
+    asked = []
+
+    def ask(chosen, processes=None):
+        asked.extend(adapter.name for adapter in chosen)
+        return {adapter.name: registry.available_reason(adapter) for adapter in chosen}
+
+    monkeypatch.setattr(registry, "ask_available", ask)
+    answers = registry.availability_answers([registry.get(name) for name in names])
+    # gate_gpu_only is not CPU-capable: the gate on the CPU did not learn its own answer
+    assert asked == ["gate_gpu_only"] and answers.cached == set(names) - {"gate_gpu_only"}
+    assert answers.reasons == {
+        "gate_exact": None,
+        "gate_wrong": None,
+        "gate_noref": None,
+        "gate_raise": None,
+        "gate_missing": "needs the package frobnicate",
+        "gate_gpu_only": None,
+    }
+
+
+def test_what_the_gate_learns_of_availability():
+    def result(name, status, reason=None):
+        return correctness.GateResult(name, status, None, None, None, reason)
+
+    results = [
+        result("a", "ok"),
+        result("b", "unavailable", "needs fla"),
+        result("c", "unavailable", correctness.NEEDS_CUDA),
+        result("d", "crashed", "died"),
+        result("e", "timeout", "hung"),
+        result("f", "unsupported", "head dim"),
+    ]
+    assert correctness.available_reasons(results, "cuda") == {"a": None, "b": "needs fla", "f": None}
+    assert correctness.available_reasons(results, "cpu") == correctness.available_reasons(results, "cuda:0")
+    assert correctness.available_reasons(results, "cuda:1") == {}
+
+
 def test_check_isolate_help_says_what_it_does():
     isolate = next(param for param in check_cli().commands["check"].params if param.name == "isolate")
     assert "one for all adapters" in isolate.help and "--no-isolate runs them in this process" in isolate.help

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from tfla_bench.adapters import registry
+from tfla_bench.adapters import availability_cache, registry
 from tfla_bench.adapters.registry import Adapter, PlotStyle, PublishedSeries
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.analyse import published
@@ -200,5 +205,195 @@ def test_availability_side_by_side_matches_asking_here(scratch_registry, monkeyp
         "sdpa_math": registry.get("sdpa_math").available(),
         "fa3": registry.get("fa3").available(),
     }
-    assert registry.availability(chosen, processes=1) == expected
-    assert registry.availability(chosen, processes=2) == expected
+    assert registry.availability(chosen, processes=1, fresh=True) == expected
+    assert registry.availability(chosen, processes=2, fresh=True) == expected
+
+
+ASKED = """
+import importlib
+import os
+
+from tfla_bench.adapters.registry import Adapter, register
+
+
+@register
+class Asked(Adapter):
+    name = "test_asked"
+    family = "test"
+
+    def available(self):
+        with open(os.environ["TFLA_TEST_ASKED_LOG"], "a") as log:
+            log.write("asked\\n")
+        importlib.invalidate_caches()
+        return None if importlib.util.find_spec("frobnicate") else "needs the package frobnicate"
+
+    def flops(self, case, mode):
+        return 1.0
+
+    def bytes(self, case, mode):
+        return 1.0
+"""
+
+
+class Asked:
+    """The counting stand-in adapter `test_asked` (a `TFLA_BENCH_PLUGINS` module): available only
+    while the package `frobnicate` is installed into `site`, a folder on `sys.path`."""
+
+    def __init__(self, folder):
+        self.module = folder / "asked_adapter_for_test.py"
+        self.log = folder / "asked.log"
+        self.site = folder / "site"
+        self.site.mkdir()
+        self.module.write_text(ASKED)
+
+    def answer(self, **options) -> str | None:
+        return registry.availability([registry.get("test_asked")], **options)["test_asked"]
+
+    def times_asked(self) -> int:
+        return len(self.log.read_text().splitlines()) if self.log.exists() else 0
+
+    def install(self):
+        (self.site / "frobnicate").mkdir()
+        (self.site / "frobnicate" / "__init__.py").write_text("")
+        (self.site / "frobnicate-1.0.dist-info").mkdir()
+        (self.site / "frobnicate-1.0.dist-info" / "METADATA").write_text("Name: frobnicate\nVersion: 1.0\n")
+
+    def uninstall(self):
+        for path in ("frobnicate/__init__.py", "frobnicate-1.0.dist-info/METADATA"):
+            (self.site / path).unlink()
+        (self.site / "frobnicate").rmdir()
+        (self.site / "frobnicate-1.0.dist-info").rmdir()
+
+
+@pytest.fixture
+def asked(scratch_registry, monkeypatch, tmp_path):
+    stand_in = Asked(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(stand_in.site))
+    monkeypatch.delitem(sys.modules, "asked_adapter_for_test", raising=False)
+    monkeypatch.delitem(sys.modules, "frobnicate", raising=False)
+    monkeypatch.setenv(registry.PLUGINS_ENV, "asked_adapter_for_test")
+    monkeypatch.setenv("TFLA_TEST_ASKED_LOG", str(stand_in.log))
+    return stand_in
+
+
+def test_an_unchanged_key_asks_no_adapter_again(asked, availability_cache_file):
+    assert asked.answer() == "needs the package frobnicate" and asked.times_asked() == 1
+    assert asked.answer() == "needs the package frobnicate" and asked.times_asked() == 1
+    stored = json.loads(availability_cache_file.read_text())["adapters"]["test_asked"]
+    assert stored["reason"] == "needs the package frobnicate"
+    assert stored["adapter"] == "asked_adapter_for_test.Asked" and time.time() - stored["asked_at"] < 600
+    answers = registry.availability_answers([registry.get("test_asked"), registry.get("sdpa_math")])
+    assert asked.times_asked() == 1 and answers.cached_since == pytest.approx(stored["asked_at"])
+    assert answers.cached == {"test_asked"}
+    assert registry.availability_answers([registry.get("test_asked")]).cached_since is not None
+    assert asked.answer(fresh=True) == "needs the package frobnicate" and asked.times_asked() == 2
+
+
+def test_the_spawned_processes_answers_are_kept_too(asked):
+    chosen = [registry.get("test_asked"), registry.get("sdpa_math")]
+    first = registry.availability(chosen, processes=2)
+    assert registry.availability(chosen, processes=2) == first and asked.times_asked() == 1
+
+
+def test_installing_or_uninstalling_a_package_asks_again(asked):
+    assert asked.answer() == "needs the package frobnicate"
+    asked.install()
+    assert asked.answer() is None and asked.times_asked() == 2
+    assert asked.answer() is None and asked.times_asked() == 2
+    asked.uninstall()  # never reported available from the cache once its library is gone
+    assert asked.answer() == "needs the package frobnicate" and asked.times_asked() == 3
+
+
+def test_a_reinstalled_distribution_asks_again(asked):
+    asked.install()
+    assert asked.answer() is None and asked.times_asked() == 1
+    folder = asked.site / "frobnicate-1.0.dist-info"
+    stamp = folder.stat().st_mtime_ns
+    os.utime(folder, ns=(stamp + 10**9, stamp + 10**9))
+    assert asked.answer() is None and asked.times_asked() == 2
+
+
+def test_a_changed_adapter_source_asks_that_adapter_again(asked):
+    asked.answer()
+    asked.module.write_text(ASKED.replace("needs the package", "wants the package"))
+    # A new process imports the new source: so does the registry here.
+    del sys.modules["asked_adapter_for_test"], registry._ADAPTERS["test_asked"]
+    assert asked.answer() == "wants the package frobnicate" and asked.times_asked() == 2
+
+
+def test_a_change_in_the_gpus_visible_asks_again(asked, monkeypatch, tmp_path):
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    monkeypatch.setattr(availability_cache, "DEVICE_DIR", devices)
+    asked.answer()
+    (devices / "nvidia0").touch()
+    (devices / "nvidiactl").touch()
+    asked.answer()
+    assert asked.times_asked() == 2 and availability_cache.visible_gpus() == ["nvidia0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    asked.answer()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    asked.answer()
+    asked.answer()
+    assert asked.times_asked() == 4
+
+
+@pytest.mark.parametrize(
+    "content", ["{not json", '{"version": 1, "key": 3}', '["a list"]', "", '{"adapters": {"x": 1}}']
+)
+def test_a_corrupt_cache_is_asked_afresh_and_rewritten(asked, availability_cache_file, content):
+    asked.answer()
+    stored = json.loads(availability_cache_file.read_text())
+    availability_cache_file.write_text(content)
+    assert asked.answer() == "needs the package frobnicate" and asked.times_asked() == 2
+    assert json.loads(availability_cache_file.read_text())["key"] == stored["key"]
+    stored["adapters"]["test_asked"]["asked_at"] = "yesterday"
+    availability_cache_file.write_text(json.dumps(stored))
+    asked.answer()
+    assert asked.times_asked() == 3
+    asked.answer()
+    assert asked.times_asked() == 3
+
+
+def test_an_unwritable_cache_still_answers(asked, monkeypatch, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(availability_cache.CACHE_FILE_ENV, str(tmp_path / "a-file" / "availability.json"))
+    assert asked.answer() == "needs the package frobnicate"
+    assert asked.answer() == "needs the package frobnicate" and asked.times_asked() == 2
+
+
+def test_the_cache_lives_in_the_users_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv(availability_cache.CACHE_FILE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert availability_cache.cache_path() == tmp_path / "tfla-bench" / "availability.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert availability_cache.cache_path() == Path.home() / ".cache" / "tfla-bench" / "availability.json"
+
+
+def test_the_console_script_and_python_c_share_the_key(tmp_path):
+    # `make gpu` runs `check` as `python -c "... main()"` in the checkout, a user `tfla-bench list`.
+    printing = (
+        "from tfla_bench.adapters import availability_cache as c\nprint(c.key_digest(c.machine_key()))\n"
+    )
+    script = tmp_path / "bin" / "tfla-bench-key"
+    script.parent.mkdir()
+    script.write_text(printing)
+    repo = Path(__file__).resolve().parent.parent
+    keys = [
+        subprocess.run(command, capture_output=True, text=True, check=True, cwd=repo).stdout
+        for command in ([sys.executable, str(script)], [sys.executable, "-c", printing])
+    ]
+    assert keys[0] == keys[1] and len(keys[0].strip()) == 64
+
+
+def test_the_key_imports_no_library():
+    script = (
+        "import sys\n"
+        "from tfla_bench.adapters import availability_cache\n"
+        "availability_cache.key_digest(availability_cache.machine_key())\n"
+        "heavy = ('torch', 'numpy', 'pandas', 'matplotlib', 'triton')\n"
+        "print(*[name for name in heavy if name in sys.modules])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == []

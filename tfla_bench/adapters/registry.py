@@ -26,6 +26,8 @@ the worker without further set-up.
 
 An adapter never imports its library at module import time: `available()` tries the import and
 returns the reason it cannot run, so a missing package is a row with a reason, not a crash.
+Those imports are most of what `list` and a sweep's plan spend, so `availability` keeps the answers
+on disk until something they depend on changes (`tfla_bench.adapters.availability_cache`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from importlib import metadata
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from tfla_bench.adapters import availability_cache
 from tfla_bench.adapters.workloads import DTYPES, MODES, Case, Shape
 from tfla_bench.errors import UserError, exception_line
 
@@ -347,8 +350,64 @@ def available_reason(adapter: Adapter) -> str | None:
         return f"available() raised {exception_line(exc)}"
 
 
-def availability(chosen: list[Adapter], processes: int | None = None) -> dict[str, str | None]:
-    """Each adapter's `available_reason`, by name.
+@dataclass(frozen=True)
+class Availability:
+    """`availability_answers`' result.
+
+    Attributes:
+        reasons: each adapter's `available_reason`, by name.
+        cached: the names whose answer came from the cache.
+        cached_since: when the oldest of those answers was asked (seconds since the epoch); None when
+            every adapter was asked now.
+    """
+
+    reasons: dict[str, str | None]
+    cached: frozenset[str]
+    cached_since: float | None
+
+
+def availability(
+    chosen: list[Adapter], processes: int | None = None, *, fresh: bool = False
+) -> dict[str, str | None]:
+    """Each adapter's `available_reason`, by name (`availability_answers`)."""
+    return availability_answers(chosen, processes, fresh=fresh).reasons
+
+
+def availability_answers(
+    chosen: list[Adapter], processes: int | None = None, *, fresh: bool = False
+) -> Availability:
+    """Each adapter's `available_reason`: from the cache (`availability_cache`) where it holds the
+    adapter's answer under the present key, else asked (`ask_available`) and written to the cache.
+
+    Args:
+        chosen: the adapters.
+        processes: the processes that ask side by side (`ask_available`).
+        fresh: ask every adapter, whatever the cache holds (and write their answers to it).
+    """
+    cache = availability_cache.AvailabilityCache.open()
+    # A broken plugin's reason was found when it loaded: nothing to import, nothing to keep.
+    cacheable = [adapter for adapter in chosen if not isinstance(adapter, BrokenPlugin)]
+    cached = {} if fresh else cache.lookup(cacheable)
+    asked = ask_available([adapter for adapter in chosen if adapter.name not in cached], processes)
+    if any(adapter.name in asked for adapter in cacheable):
+        cache.store(cacheable, asked)
+    reasons = {name: entry.reason for name, entry in cached.items()} | asked
+    since = min((entry.asked_at for entry in cached.values()), default=None)
+    return Availability({adapter.name: reasons[adapter.name] for adapter in chosen}, frozenset(cached), since)
+
+
+def remember_availability(reasons: dict[str, str | None]) -> None:
+    """Write answers of `available_reason` found elsewhere (the correctness gate's workers) to the
+    cache, by adapter name."""
+    chosen = [
+        adapter for name in reasons if (adapter := find(name)) and not isinstance(adapter, BrokenPlugin)
+    ]
+    if chosen:
+        availability_cache.AvailabilityCache.open().store(chosen, reasons)
+
+
+def ask_available(chosen: list[Adapter], processes: int | None = None) -> dict[str, str | None]:
+    """Each adapter's `available_reason`, by name, asked now.
 
     Nearly all of it is importing the libraries, which one process does one after another; so the
     adapters' modules are asked in `processes` spawned processes side by side (default: one per two

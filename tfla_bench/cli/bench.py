@@ -22,6 +22,7 @@ import functools
 import inspect
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -245,19 +246,32 @@ def list_adapters(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of every fact instead")] = False,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="ask every adapter whether it runs here, whatever the cache holds")
+    ] = False,
 ) -> None:
     """List every kernel adapter: its family, whether it runs here and, where not, why (and how to
     install it). --long or --json add layout, modes, dtypes, constraints and origin (built-in module,
-    entry point or TFLA_BENCH_PLUGINS module)."""
+    entry point or TFLA_BENCH_PLUGINS module).
+
+    Whether an adapter runs here is cached (~/.cache/tfla-bench/availability.json, or
+    $TFLA_BENCH_AVAILABILITY_FILE) until the Python, the installed packages, the adapters' source,
+    the visible GPUs or TRITON_INTERPRET and CUDA_VISIBLE_DEVICES change; a line says when the
+    answers came from it, and --fresh asks again. `check` writes what it learns there too."""
     adapters = registry.adapters()
-    reasons = registry.availability(adapters)
-    entries = [_list_entry(adapter, reasons[adapter.name]) for adapter in adapters]
+    answers = registry.availability_answers(adapters, fresh=fresh)
+    entries = [_list_entry(adapter, answers.reasons[adapter.name]) for adapter in adapters]
+    cached = _cached_line(answers)
     if as_json:
         typer.echo(json.dumps(entries, indent=2))
+        if cached:
+            make_console(stderr=True).print(cached, highlight=False)
         return
     available = sum(entry["available"] for entry in entries)
     console = make_console()
     console.print(f"{len(entries)} kernel adapter(s), {available} available here", highlight=False)
+    if cached:
+        console.print(cached, highlight=False)
     if long:
         for entry in entries:
             console.print(_long_entry(entry))
@@ -272,6 +286,23 @@ def list_adapters(
         table.add_row(entry["name"], entry["family"], here, split_reason(entry["reason"] or "")[0])
     console.print(table)
     print_install_hints(console, {entry["name"]: entry["reason"] or "" for entry in entries})
+
+
+def _cached_line(answers: registry.Availability) -> str:
+    """The line that says the availability came from the cache, and how old it is; empty if it did not."""
+    if answers.cached_since is None:
+        return ""
+    age_s = max(0.0, time.time() - answers.cached_since)
+    for unit, seconds in (("day", 86400), ("h", 3600), ("min", 60)):
+        if age_s >= seconds:
+            count = int(age_s // seconds)
+            age = f"{count} {unit}{'s' if unit == 'day' and count > 1 else ''}"
+            break
+    else:
+        age = f"{int(age_s)} s"
+    total = len(answers.reasons)
+    which = "" if len(answers.cached) == total else f" of {len(answers.cached)} of {total} kernels"
+    return f"availability{which} from the cache, asked {age} ago (--fresh asks again)"
 
 
 def _list_entry(adapter: registry.Adapter, reason: str | None) -> dict[str, Any]:

@@ -8,6 +8,9 @@ Exit code: 0 when every adapter that ran passed; 1 when an available adapter fai
 its tolerance, an exception, a crash or a timeout). Unavailable and unsupported adapters and
 adapters without a reference are listed but do not fail the gate. Mistakes in flags: 2.
 
+What the gate's workers learn of each adapter's `available()` goes into the availability cache
+(`tfla_bench.adapters.availability_cache`), so the `list` or sweep plan after it imports no library.
+
 Examples::
 
     tfla-bench check
@@ -40,7 +43,14 @@ from tfla_bench.run.console import (
     progress_bar,
     split_reason,
 )
-from tfla_bench.run.correctness import DEFAULT_TIMEOUT_S, GateResult, failed_names, json_row, run_gate
+from tfla_bench.run.correctness import (
+    DEFAULT_TIMEOUT_S,
+    GateResult,
+    available_reasons,
+    failed_names,
+    json_row,
+    run_gate,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -88,6 +98,8 @@ def check(
     total = len(chosen) if chosen else len(registry.adapters())
     with gate_progress(total, lines=as_json) as callbacks:
         results = run_gate(chosen, device, dtype=dtype, isolate=isolate, timeout_s=timeout, **callbacks)
+    # What the gate's workers learned makes the next `list` and sweep plan quick.
+    registry.remember_availability(available_reasons(results, device))
     if as_json:
         typer.echo(json.dumps([json_row(result) for result in results], indent=2))
     else:

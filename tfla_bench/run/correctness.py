@@ -70,6 +70,9 @@ MAX_GATE_PROCESSES = 8
 # Not the statuses of a results row (`tfla_bench.run.row_schema.STATUSES`): a gate "ok" means compared
 # (passed or not), a gate has no "oom" and no "failed_check", a row has no "no_reference".
 GATE_STATUSES = ("ok", "error", "crashed", "timeout", "unavailable", "unsupported", "no_reference")
+# The reasons of an `unavailable` verdict that come from the gate's device, not from `available()`.
+NO_CUDA = "CUDA not available"
+NEEDS_CUDA = "needs a CUDA GPU"
 
 
 @dataclass(frozen=True)
@@ -157,9 +160,9 @@ def _preflight(adapter: Adapter, case: Case, device: str) -> GateResult | None:
     if reason is not None:
         return _skipped(adapter.name, "unavailable", reason)
     if device.startswith("cuda") and not torch.cuda.is_available():
-        return _skipped(adapter.name, "unavailable", "CUDA not available")
+        return _skipped(adapter.name, "unavailable", NO_CUDA)
     if device == "cpu" and not adapter.cpu_capable:
-        return _skipped(adapter.name, "unavailable", "needs a CUDA GPU")
+        return _skipped(adapter.name, "unavailable", NEEDS_CUDA)
     if case.dtype not in adapter.dtypes:
         return _skipped(adapter.name, "unsupported", f"dtype {case.dtype} not supported")
     reason = adapter.check(case)
@@ -377,6 +380,23 @@ def _no_worker() -> Iterator[None]:
 def failed_names(results: list[GateResult]) -> set[str]:
     """Names of the adapters that ran and failed the gate (`passed is False`)."""
     return {result.name for result in results if result.passed is False}
+
+
+def available_reasons(results: list[GateResult], device: str) -> dict[str, str | None]:
+    """What the gate learned of each adapter's `available_reason` (by name), where its workers asked
+    it as `registry.availability` does (on the CPU or the first GPU): None where the gate went past
+    the question (it compared, or stopped at the case or the reference), the reason where it stopped
+    there. A crash or a timeout, which may have come while asking, and a device's own reason leave the
+    answer unknown, and the adapter out."""
+    if device not in ("cpu", "cuda", "cuda:0"):
+        return {}
+    reasons: dict[str, str | None] = {}
+    for result in results:
+        if result.status in ("ok", "error", "unsupported", "no_reference"):
+            reasons[result.name] = None
+        elif result.status == "unavailable" and result.reason not in (NO_CUDA, NEEDS_CUDA):
+            reasons[result.name] = result.reason
+    return reasons
 
 
 def json_row(result: GateResult) -> dict[str, object]:
