@@ -13,10 +13,11 @@ It runs after the timed series of the case (`tfla_bench.measure.timing`), as a s
 
 1. The device is synchronized and the counter read.
 2. Calls are queued back to back, each after the gradients are set to None (host work, no kernel)
-   and followed by a marker (`cuda_mark`: a CUDA event) that says whether the GPU has passed it;
-   no L2 flush, no spin. `QUEUE_S` of calls by the timed series' fastest, or `SLOW_READS` reads of
-   the counter where those take longer (at least `MIN_QUEUED`, at most `MAX_QUEUED` calls), stay in
-   flight: the GPU does not wait for the host, and the host does not queue seconds of work.
+   and followed by a marker (`cuda_mark`: a CUDA event) that says whether the GPU has passed it
+   (calls shorter than `MARK_S`, on the GPU and on the host, share one); no L2 flush, no spin.
+   `QUEUE_S` of calls by the timed series' fastest, or `SLOW_READS` reads of the counter where
+   those take longer (at least `MIN_QUEUED`, at most `MAX_QUEUED` calls), stay in flight: the GPU
+   does not wait for the host, and the host does not queue seconds of work.
 3. Once the queue is full or a read's time after the last poll, and every `POLL_S` while the queue
    stays full, the counter is read and the markers the GPU passed are counted, oldest first; the
    calls seen done at one poll are spread evenly over the time since the poll before. A value of
@@ -26,10 +27,11 @@ It runs after the timed series of the case (`tfla_bench.measure.timing`), as a s
    the elapsed share of the running call where one call spans many polls (a float count).
 4. The window opens at the first update that comes at least `LEAD_S` after the GPU finished its
    first call, and closes at the first later update that is at least `MIN_SERIES_S` after it and
-   holds at least `MIN_WINDOW_CALLS` calls by the polls' counts; calls so long that these take longer than
-   `MAX_WINDOW_S` close it at the first update past `MAX_WINDOW_S` that holds one call. An update
-   seen only after the host was held up between two polls does not open the window, and the window
-   closes only where the counts at its two updates may be off by at most `COUNT_ERROR` of its calls
+   holds at least `MIN_WINDOW_CALLS` calls by the polls' counts; calls so long that these take
+   longer than `MAX_WINDOW_S` close it at the first update past `MAX_WINDOW_S` that holds one call.
+   An update seen only after the host was held up between two polls (further apart than
+   `SLOW_READS` reads and queued groups of calls) does not bound the window, and the window closes
+   only where the counts at its two updates may be off by at most `COUNT_ERROR` of its calls
    together (a counter slow to read gets a longer window). Then no more calls are queued, the ones
    in flight finish, and the device is synchronized.
 5. `energy_mj` = the counter's rise over the window / the calls done in it;
@@ -95,6 +97,8 @@ MIN_QUEUED = 2
 MAX_QUEUED = 256
 # The work queued covers this many reads of the counter, and polls this many reads apart are usual.
 SLOW_READS = 3
+# The GPU's or the host's time between two markers, whichever is longer: shorter calls share one.
+MARK_S = 0.0002
 # The most calls in one series (a call of microseconds whose launch is quicker still).
 MAX_CALLS = 100_000
 # No GPU board draws more: a larger rise of the counter over a window is not energy.
@@ -174,37 +178,46 @@ def in_flight(per_call_s: float, queue_s: float = QUEUE_S) -> int:
 
 
 class _Calls:
-    """The series' calls: each queued with its marker, and when each was seen done (host clock)."""
+    """The series' calls: queued `per_mark` at a time (fewer once the host takes longer than
+    `MARK_S` a group), each group with its marker, and when each call was seen done (host clock)."""
 
     def __init__(
         self,
         call: Callable[[], Any],
         before_each: Callable[[], None] | None,
         mark: Callable[[], Callable[[], bool]],
+        per_mark: int,
     ) -> None:
-        self._call, self._before_each, self._mark = call, before_each, mark
+        self._call, self._before_each, self._mark, self._per_mark = call, before_each, mark, per_mark
         self.queued = 0
-        self.pending: collections.deque[Callable[[], bool]] = collections.deque()
+        self.pending: collections.deque[tuple[Callable[[], bool], int]] = collections.deque()
         self.done_s: list[float] = []
+        self.host_s = math.inf  # the host's quickest time to queue a group and its marker
 
     @property
     def done(self) -> int:
         return len(self.done_s)
 
     def queue(self) -> None:
-        if self._before_each is not None:
-            self._before_each()
-        self._call()
-        self.pending.append(self._mark())
-        self.queued += 1
+        began_s = time.perf_counter()
+        for _ in range(self._per_mark):
+            if self._before_each is not None:
+                self._before_each()
+            self._call()
+        self.pending.append((self._mark(), self._per_mark))
+        self.queued += self._per_mark
+        # A host slower than MARK_S a group polls between fewer calls: fewer share a marker.
+        group_s = time.perf_counter() - began_s
+        self.host_s = min(self.host_s, group_s)
+        if group_s > 0:
+            self._per_mark = max(1, min(self._per_mark, math.floor(MARK_S * self._per_mark / group_s)))
 
     def poll(self, since_s: float, now_s: float) -> None:
         """Count the markers the device passed, oldest first; the calls they close ended after the poll
         at `since_s` and by `now_s`, and are taken as spread evenly over that time."""
         passed = 0
-        while self.pending and self.pending[0]():
-            self.pending.popleft()
-            passed += 1
+        while self.pending and self.pending[0][0]():
+            passed += self.pending.popleft()[1]
         share = (now_s - since_s) / passed if passed else 0.0
         self.done_s.extend(since_s + (index + 0.5) * share for index in range(passed))
 
@@ -245,24 +258,25 @@ def _window(
     value = counter()
     polled_s = moved_s = time.perf_counter()
     # A counter that takes milliseconds to read (NVML does on some hosts) needs more work queued to
-    # cover a poll, and its polls are that far apart.
+    # cover a poll, and its polls are that far apart: the quickest read so far says how slow it is.
     read_s = polled_s - began_s
-    queued = in_flight(per_call_s, max(queue_s, SLOW_READS * read_s))
-    held_up_s = max(COUNT_ERROR * min_s, SLOW_READS * read_s)
     queued_at_move = 0
     opening: _Update | None = None
     while True:
         # Calls until the queue is full or a poll is due, a read's time after the last (where reads
         # are slow, the host spends about as long queuing as reading).
-        room = len(calls.pending) < queued and calls.queued < max_calls
-        while len(calls.pending) < queued and calls.queued < max_calls:
+        queued = in_flight(per_call_s, max(queue_s, SLOW_READS * read_s))
+        room = calls.queued - calls.done < queued and calls.queued < max_calls
+        while calls.queued - calls.done < queued and calls.queued < max_calls:
             calls.queue()
             if time.perf_counter() - polled_s >= max(POLL_S, read_s):
                 break
         if not room:
             time.sleep(POLL_S)
+        reading_s = time.perf_counter()
         read = counter()
         now_s = time.perf_counter()
+        read_s = min(read_s, now_s - reading_s)
         done_before = calls.done
         calls.poll(polled_s, now_s)
         if read != value:
@@ -271,13 +285,13 @@ def _window(
             share = min(1.0, (now_s - polled_s) / per_call_s) if per_call_s > 0 else 1.0
             spread = between / 2 if between > 1 else share / 2
             update = _Update(read, (polled_s + now_s) / 2, (done_before + calls.done) / 2, spread)
+            # Polls further apart than a few reads and queued calls (a host held up) blur an update.
+            usual = now_s - polled_s <= max(COUNT_ERROR * min_s, SLOW_READS * (read_s + calls.host_s))
             if opening is None:
                 # The GPU has run calls for LEAD_S: a lagging counter's value is the calls' energy too.
-                # Many calls between two polls far apart (a host held up) would blur the count.
-                lead = done_before and update.at_s - calls.done_s[0] >= LEAD_S
-                if lead and (between <= 1 or now_s - polled_s <= held_up_s):
+                if usual and done_before and update.at_s - calls.done_s[0] >= LEAD_S:
                     opening = update
-            elif _closes(opening, update, min_s):
+            elif usual and _closes(opening, update, min_s):
                 return opening, update
             value, moved_s, queued_at_move = read, now_s, calls.queued
         elif now_s - moved_s > UPDATE_WAIT_S:
@@ -360,7 +374,9 @@ def measure_energy(
                                mark=cuda_mark, per_call_s=stats.min_ms / 1e3)
         spent.per_call_mj  # None, and spent.missing says why, where there is no energy
     """
-    calls = _Calls(call, before_each, mark)
+    # Calls shorter than MARK_S share a marker: a marker per call would slow the host's loop of them.
+    per_mark = max(1, min(MAX_QUEUED, math.floor(MARK_S / per_call_s))) if per_call_s > 0 else 1
+    calls = _Calls(call, before_each, mark, per_mark)
     try:
         sync()
         window = _window(calls, counter, per_call_s, min_s, max_calls, queue_s)
