@@ -359,6 +359,7 @@ def _energy(
         timed,
         counter=monitor.energy_mj,
         sync=functools.partial(timing.synchronize, device),
+        mark=energy.cuda_mark if timing.is_cuda(device) else energy.host_mark,
         per_call_s=fastest_ms / 1e3,
         before_each=reset_grads,
     )
