@@ -161,6 +161,29 @@ def test_direct_labels_never_overlap():
         assert not a.overlaps(b)
 
 
+def test_labels_are_placed_on_the_layout_the_figure_is_drawn_with():
+    # Only the layout is settled before placing (no draw): autoscaled log axes and a legend outside
+    # the axes must still put the labels where a full draw finds them, inside the axes, apart.
+    fig = new_figure(6, 4)
+    ax = fig.subplots()
+    xs = [2.0**i for i in range(1, 12)]
+    ax.plot(xs, [x**1.5 for x in xs], label="a line with a long name for the legend")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    fig.legend(loc="outside right center")
+    placed = place_labels(ax, [Label(x, x**1.5, f"T={int(x)}", "black") for x in xs])
+    assert len(placed) >= 4
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    axes_box = ax.get_window_extent(renderer)
+    boxes = [text.get_window_extent(renderer) for text in placed]
+    for box in boxes:
+        assert axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1
+        assert axes_box.y0 <= box.y0 and box.y1 <= axes_box.y1
+    for a, b in itertools.combinations(boxes, 2):
+        assert not a.overlaps(b)
+
+
 def test_model_figures_name_h100_and_h200_beside_their_curves():
     context = FigureContext(roofs=tuple(Roof(a) for a in H100_H200))
     drawn = dict((plot.name, fig) for plot, fig in render(plots(context, ["model"]), context))

@@ -315,7 +315,8 @@ def build_site(
     total, done = len(runs) + len(groups), 0
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork")) as pool:
         pages = {}
-        for run in runs:
+        # The largest runs first, so that no long page is left to draw alone at the end.
+        for run in sorted(runs, key=lambda r: len(r.rows.rows), reverse=True):
             key, folder = run_key(code, run, out), (out / run.page).with_suffix("")
             old = previous / "runs" / run.rows.name
             kept = _reuse(old, folder, key, (old.with_suffix(".html"), out / run.page))
@@ -339,6 +340,10 @@ def build_site(
                     mode,
                 )
         progress("reused", done, total)
+        # The spec pages' comparisons and figures are drawn here while the pool draws the rest.
+        specs = sorted({run.rows.spec for run in runs})
+        of_spec = {spec: [run for run in runs if run.rows.spec == spec] for spec in specs}
+        compared = {spec: _spec_sections(spec, of_spec[spec], out, warn) for spec in specs}
         for future, run in pages.items():
             headline, reason = future.result()
             if reason is not None:
@@ -352,17 +357,15 @@ def build_site(
             done += 1
             progress("history figures", done, total)
     shutil.rmtree(previous, ignore_errors=True)
-    specs = sorted({run.rows.spec for run in runs})
     for spec in specs:
-        of_spec = [run for run in runs if run.rows.spec == spec]
         rundir.write_atomic(
-            out / "specs" / f"{_slug(spec)}.html", _spec_page(spec, of_spec, headlines, out, warn)
+            out / "specs" / f"{_slug(spec)}.html", _spec_page(spec, of_spec[spec], headlines, compared[spec])
         )
         spec_points = points[points["spec"] == spec]
         spec_figures = {(k, m): f for (s, k, m), f in figures.items() if s == spec}
         rundir.write_atomic(
             out / "history" / f"{_slug(spec)}.html",
-            _history_page(spec, spec_points, spec_figures, len(of_spec)),
+            _history_page(spec, spec_points, spec_figures, len(of_spec[spec])),
         )
     index = out / "index.html"
     moved = len(flagged(points))
@@ -576,9 +579,19 @@ def _cross_gpu(spec: str, runs: list[SiteRun], out: Path, warn: Callable[[str], 
     return "\n".join(parts)
 
 
-def _spec_page(
-    spec: str, runs: list[SiteRun], headlines: dict[str, str], out: Path, warn: Callable[[str], None]
-) -> str:
+def _spec_sections(spec: str, runs: list[SiteRun], out: Path, warn: Callable[[str], None]) -> str:
+    """The spec page's runs side by side and across GPUs, with their figures (no run page needed)."""
+    side = _side_by_side(spec, runs, _paper_series(runs, warn), out)
+    shown = f"the latest run of each GPU and commit, the {SERIES_PER_GPU} latest commits of each GPU"
+    return (
+        f"<h2>Side by side</h2><p>Median runtime per case: {shown}, and the paper's published numbers "
+        f"({PAPER}) where the run's data set has the case.</p>{side}"
+        f"<h2>Across GPUs</h2>{_cross_gpu(spec, runs, out, warn)}"
+    )
+
+
+def _spec_page(spec: str, runs: list[SiteRun], headlines: dict[str, str], sections: str) -> str:
+    """The spec page: its runs (with the headlines of their pages), then its `_spec_sections`."""
     gpus = sorted({run.rows.gpu for run in runs})
     commits = {run.rows.commit for run in runs}
     lead = (
@@ -591,14 +604,7 @@ def _spec_page(
         for run in sorted(runs, key=lambda r: (r.rows.gpu, r.rows.date))
     )
     table = _table("spec-runs", ("GPU", "date", "commit", "cases ok", "headline"), rows)
-    side = _side_by_side(spec, runs, _paper_series(runs, warn), out)
-    shown = f"the latest run of each GPU and commit, the {SERIES_PER_GPU} latest commits of each GPU"
-    body = (
-        f"{lead}<h2>Runs</h2>{table}<h2>Side by side</h2><p>Median runtime per case: {shown}, and the "
-        f"paper's published numbers ({PAPER}) where the run's data set has the case.</p>{side}"
-        f"<h2>Across GPUs</h2>{_cross_gpu(spec, runs, out, warn)}"
-    )
-    return _page(f"{spec}: runs side by side", body)
+    return _page(f"{spec}: runs side by side", f"{lead}<h2>Runs</h2>{table}{sections}")
 
 
 def _history_page(

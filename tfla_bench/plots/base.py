@@ -185,8 +185,11 @@ def place_labels(ax: Axes, labels: Sequence[Label], fontsize: str = "x-small") -
         The labels placed.
     """
     fig = ax.get_figure()
-    fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
+    # The layout alone settles where the axes go: a draw without rendering cost as much again.
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        engine.execute(fig)
     axes_box = ax.get_window_extent(renderer)
     placed: list[tuple[matplotlib.text.Text, Bbox]] = []
     for label in labels:

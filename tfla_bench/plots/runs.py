@@ -306,10 +306,11 @@ def _family_figure(
     for column, mode in enumerate(modes):
         values: list[float] = []
         xs: list[float] = []
+        # Each series is drawn grey in every other family's row: its points are picked out once.
+        greys = [(_family(s), _ok_points(s.rows, draw.x, draw.y)) for s in drawable[mode]]
         for row, family in enumerate(families):
             ax = grid[row][column]
-            for other in (s for s in drawable[mode] if _family(s) != family):
-                points = _ok_points(other.rows, draw.x, draw.y)
+            for points in (points for other, points in greys if other != family):
                 ax.plot(points[draw.x], points[draw.y] / draw.scale, label="_other", **CONTEXT_LINE)
             for series in (s for s in drawable[mode] if _family(s) == family):
                 drawn_x, drawn_y, _ = _draw_series(ax, series, draw.x, draw.y, draw.published_y, draw.scale)
