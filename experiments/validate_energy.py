@@ -84,9 +84,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     windows = [0.1, 0.2, 0.5, 2.0, 10.0]
     parser.add_argument("--seconds", type=seconds_list, default=windows, help="the windows' shortest lengths")
     parser.add_argument("--sample-ms", type=float, default=5.0, help="the pause between power readings")
+    parser.add_argument(
+        "--lead-ms",
+        type=float,
+        default=energy.LEAD_S * 1e3,
+        help="how long the calls run before the window opens (the power readings may trail the counter)",
+    )
     args = parser.parse_args(argv)
     if not 0.1 <= args.sample_ms <= 1000:
         parser.error(f"argument --sample-ms: expected milliseconds in [0.1, 1000], got {args.sample_ms}")
+    if not 0 <= args.lead_ms <= 10_000:
+        parser.error(f"argument --lead-ms: expected milliseconds in [0, 10000], got {args.lead_ms}")
     return args
 
 
@@ -144,9 +152,10 @@ def series_row(
     seconds: float,
     per_call_s: float,
     sample_s: float,
+    lead_s: float = energy.LEAD_S,
 ) -> dict[str, Any]:
-    """One energy series whose window lasts at least `seconds`, with NVML's power read beside it: the
-    table's numbers."""
+    """One energy series whose window lasts at least `seconds` and opens after `lead_s` of calls, with
+    NVML's power read beside it: the table's numbers."""
     time.sleep(IDLE_S)
     with contextlib.ExitStack() as stack:
         samplers = {
@@ -162,6 +171,7 @@ def series_row(
             before_each=reset,
             min_s=seconds,
             max_calls=10**9,
+            lead_s=lead_s,
         )
         time.sleep(PAD_S)
     if spent.counted_mj is None:
@@ -206,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for seconds in args.seconds:
         try:
-            row = series_row(step, reset, monitor, readers, seconds, fastest, args.sample_ms / 1e3)
+            row = series_row(
+                step, reset, monitor, readers, seconds, fastest, args.sample_ms / 1e3, args.lead_ms / 1e3
+            )
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -256,6 +256,26 @@ def test_the_queue_starts_a_run_only_where_the_shares_leave_room_and_lets_spare_
     assert not todo.finish("cuda:0", taken[0][0], 1, out_of_memory=True)
 
 
+def test_beside_the_measuring_a_run_that_goes_back_waits_before_the_kernels_measured_later():
+    jobs = [
+        precompile.PrecompileJob(case(kernel, 1, 16), "m", 0, 1, "sum")
+        for kernel in ("test_counting", "test_counting", "test_raise", "test_autotuned")
+    ]
+    order = ["test_counting", "test_raise"]
+    todo = precompile._Queue(jobs, 4, ["cuda:0"], lambda job, width: None, 0.5, order)
+    first, second = todo.take("cuda:0"), todo.take("cuda:0")
+    assert first[0].memory_share == pytest.approx(0.5 / 4)
+    assert todo.finish("cuda:0", *first, out_of_memory=True)
+    # before test_raise (measured after test_counting) and the kernel the order does not name
+    assert [(j.case.kernel, w) for j, w in todo.waiting] == [
+        ("test_counting", 2),
+        ("test_raise", 4),
+        ("test_autotuned", 4),
+    ]
+    assert todo.finish("cuda:0", *second, out_of_memory=True)
+    assert [j.case.kernel for j, _ in todo.waiting][:2] == ["test_counting", "test_counting"]
+
+
 def test_the_queue_ends_once_no_run_is_left_or_under_way():
     jobs = [precompile.PrecompileJob(case("test_counting", 1, 16), "m", 0, 1, "sum")]
     todo, _ = _queue(jobs, 2, devices=("cuda:0", "cuda:1"))
@@ -428,6 +448,8 @@ def test_sweep_measures_beside_its_precompile(plugin_adapters, tmp_path, monkeyp
     ]
     # The precompile ran (5 s per run at its raised niceness), the measuring not (no sleep there).
     assert all(row.median_ms < 1000 for row in report.rows)
+    # Measured while it compiled, the row says so; after it (the held case too), not.
+    assert [runner.BESIDE_NOTE in row.note for row in report.rows] == [False, False, False, True]
     env = json.loads((run_dir / "env.json").read_text())
     assert (env["precompile"]["runs"], env["precompile"]["failed"]) == (2, 0)
     phases = json.loads((run_dir / "timings.json").read_text())["phases_s"]

@@ -251,6 +251,7 @@ def _window(
     min_s: float,
     max_calls: int,
     queue_s: float,
+    lead_s: float = LEAD_S,
 ) -> tuple[_Update, _Update] | str:
     """Queue calls and poll until the updates that open and close the window (the module docstring,
     steps 2-4); or why there is no window."""
@@ -289,7 +290,7 @@ def _window(
             usual = now_s - polled_s <= max(COUNT_ERROR * min_s, SLOW_READS * (read_s + calls.host_s))
             if opening is None:
                 # The GPU has run calls for LEAD_S: a lagging counter's value is the calls' energy too.
-                if usual and done_before and update.at_s - calls.done_s[0] >= LEAD_S:
+                if usual and done_before and update.at_s - calls.done_s[0] >= lead_s:
                     opening = update
             elif usual and _closes(opening, update, min_s):
                 return opening, update
@@ -353,6 +354,7 @@ def measure_energy(
     min_s: float = MIN_SERIES_S,
     max_calls: int = MAX_CALLS,
     queue_s: float = QUEUE_S,
+    lead_s: float = LEAD_S,
 ) -> Energy:
     """One energy series of `call` (the module docstring).
 
@@ -367,6 +369,7 @@ def measure_energy(
         min_s: the window's shortest length (`MIN_SERIES_S`).
         max_calls: the most calls queued before the window closes (`MAX_CALLS`).
         queue_s: the work kept in flight, by `per_call_s` (`in_flight`).
+        lead_s: how long the GPU runs calls before the update that opens the window (`LEAD_S`).
 
     Examples::
 
@@ -379,7 +382,7 @@ def measure_energy(
     calls = _Calls(call, before_each, mark, per_mark)
     try:
         sync()
-        window = _window(calls, counter, per_call_s, min_s, max_calls, queue_s)
+        window = _window(calls, counter, per_call_s, min_s, max_calls, queue_s, lead_s)
     except NoEnergyCounter as exc:
         sync()
         return Energy(missing=str(exc))

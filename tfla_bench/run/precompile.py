@@ -464,7 +464,7 @@ def precompile(
             kernels.finished(result, crashes)
 
     total = MEMORY_SHARE_BESIDE_MEASURING if beside_measuring else MEMORY_SHARE
-    todo = _Queue(jobs, width, devices, retry, total)
+    todo = _Queue(jobs, width, devices, retry, total, order if beside_measuring else None)
     niceness = NICENESS_BESIDE_MEASURING if beside_measuring else 0
     results = (
         _run_jobs(todo, width, devices, log_dir, timeout_s, crashes, finished, niceness, stop) if jobs else []
@@ -691,6 +691,11 @@ class _Queue:
     while more processes are up on its GPU than the run at the front is one of leaves (`take`
     returns None): every process holds memory of its own besides its share (its CUDA context and
     loaded modules, about 2 GB on an H100 in the Fig. 5 sweep), which the larger runs need.
+
+    With `order` (kernels in the order a sweep beside the precompile measures them), a run goes back
+    behind the waiting runs of its own kernel and those before it, not to the end: the sweep waits
+    for each kernel's last run, and a large run of its next kernel queued behind every autotuner's
+    shards kept it waiting (an H200's Fig. 17 sweep waited 100 s for one `tfla_exp` run).
     """
 
     def __init__(
@@ -700,8 +705,10 @@ class _Queue:
         devices: list[str],
         on_retry: Callable[[PrecompileJob, int], None],
         total: float = MEMORY_SHARE,
+        order: list[str] | None = None,
     ) -> None:
         self.devices, self.on_retry, self.total = devices, on_retry, total
+        self.rank = {kernel: index for index, kernel in enumerate(order)} if order is not None else None
         self.waiting: collections.deque[tuple[PrecompileJob, int]] = collections.deque(
             (dataclasses.replace(job, memory_share=memory_share(processes, devices, total)), processes)
             for job in jobs
@@ -744,10 +751,24 @@ class _Queue:
             if again:
                 fewer = max(1, processes // 2)
                 job = dataclasses.replace(job, memory_share=memory_share(fewer, self.devices, self.total))
-                self.waiting.append((job, fewer))
+                self.waiting.insert(self._place(job), (job, fewer))
                 self.on_retry(job, fewer)
             self.changed.notify_all()
             return again
+
+    def _place(self, job: PrecompileJob) -> int:
+        """Where a run that goes back waits: at the end, or with `order` before the first waiting run
+        of a kernel measured later."""
+        if self.rank is None:
+            return len(self.waiting)
+        last = len(self.rank)
+        rank = self.rank.get(job.case.kernel, last)
+        later = (
+            i
+            for i, (waiting, _) in enumerate(self.waiting)
+            if self.rank.get(waiting.case.kernel, last) > rank
+        )
+        return next(later, len(self.waiting))
 
     def stop(self) -> None:
         with self.changed:
