@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import itertools
 
+import matplotlib
 import pytest
+from matplotlib.layout_engine import ConstrainedLayoutEngine
+from matplotlib.ticker import NullLocator
 from synthetic_run import fig5_rows, headdim_rows, write_run
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.registry import PlotStyle
 from tfla_bench.analyse.compare import compare_run, load_run
+from tfla_bench.analyse.report import REPORT_DPI
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
 from tfla_bench.plots.base import (
     HBM,
@@ -19,8 +23,10 @@ from tfla_bench.plots.base import (
     FigureContext,
     Label,
     Roof,
+    drop_minor_ticks,
     new_figure,
     place_labels,
+    png_bytes,
     render,
 )
 from tfla_bench.plots.catalog import GROUPS, plots, run_context
@@ -182,6 +188,23 @@ def test_labels_are_placed_on_the_layout_the_figure_is_drawn_with():
         assert axes_box.y0 <= box.y0 and box.y1 <= axes_box.y1
     for a, b in itertools.combinations(boxes, 2):
         assert not a.overlaps(b)
+
+
+def test_quick_labels_keep_their_layout_and_write_the_pixels_a_full_layout_would(synthetic):
+    # Quick (a site's run page): the labels are placed on the layout without minor ticks, and that
+    # layout is kept for the draw instead of solved again; the PNG is the one a layout solved at the
+    # draw writes.
+    plot = next(p for p in plots(synthetic, ["measured"]) if p.name == "measured_roofline_fwbw")
+    [(_, quick)] = render([plot], synthetic, quick=True)
+    assert not isinstance(quick.get_layout_engine(), ConstrainedLayoutEngine)
+    ax = quick.axes[0]
+    assert isinstance(ax.xaxis.get_minor_locator(), NullLocator)
+    assert isinstance(ax.yaxis.get_minor_locator(), NullLocator)
+    with matplotlib.rc_context({"axes.titley": 1.0}):
+        [(_, full)] = render([plot], synthetic)
+    assert isinstance(full.get_layout_engine(), ConstrainedLayoutEngine)  # `plot` and `roofline` as before
+    drop_minor_ticks(full)
+    assert png_bytes(quick, REPORT_DPI, squeeze=False) == png_bytes(full, REPORT_DPI, squeeze=False)
 
 
 def test_model_figures_name_h100_and_h200_beside_their_curves():

@@ -207,18 +207,18 @@ def _chunk_fits(measured: Any, published: Any, match_chunk: bool) -> bool:
     return measured_na or published_na or int(measured) == int(published)
 
 
-def _describe_miss(row: Mapping[str, Any], candidates: pd.DataFrame) -> str:
+def _describe_miss(row: Mapping[str, Any], candidates: list[dict[str, Any]]) -> str:
     """Why a run row matched no published row, given the candidates that share its kernel, mode and shape."""
     adapter = row["kernel"]
     mapping = mapping_for_adapter(adapter)
     if mapping is None:
         return f"no published kernel maps to adapter {adapter!r}"
-    if candidates.empty:
+    if not candidates:
         return f"no published {mapping.published_kernel} row at this mode/dtype/shape"
-    published_chunks = candidates["published_chunk_size"]
+    published_chunks = [candidate["published_chunk_size"] for candidate in candidates]
     fitting = [_chunk_fits(row["chunk_size"], c, mapping.uses_chunk_size) for c in published_chunks]
     if not any(fitting):
-        sizes = ", ".join(str(int(c)) for c in sorted(published_chunks.dropna().unique()))
+        sizes = ", ".join(str(int(c)) for c in sorted({c for c in published_chunks if not pd.isna(c)}))
         return f"no published row at chunk size {row['chunk_size']} (published: {sizes})"
     wanted = ", ".join(f"{k}={v}" for k, v in mapping.params.items())
     got = ", ".join(f"{k}={_measured_param(row, adapter, k)}" for k in mapping.params)
@@ -282,16 +282,14 @@ _PUBLISHED_SIDE = (
 )
 
 
-def _fitting(row: Mapping[str, Any], group: pd.DataFrame) -> list[int]:
-    """The positions in `group` of the published candidates of a run row whose chunk size and params
-    fit it (positions, not a filtered frame: filtering one per run row took a fifth of a comparison)."""
+def _fitting(row: Mapping[str, Any], candidates: list[dict[str, Any]]) -> list[int]:
+    """The positions in `candidates` (the published rows that share a run row's kernel, mode and
+    shape) of those whose chunk size and params fit it."""
     return [
         position
-        for position, (chunk, match_chunk, params) in enumerate(
-            zip(group["published_chunk_size"], group["match_chunk"], group["required_params"], strict=True)
-        )
-        if _chunk_fits(row["chunk_size"], chunk, match_chunk)
-        and all(_measured_param(row, row["kernel"], k) == v for k, v in params.items())
+        for position, candidate in enumerate(candidates)
+        if _chunk_fits(row["chunk_size"], candidate["published_chunk_size"], candidate["match_chunk"])
+        and all(_measured_param(row, row["kernel"], k) == v for k, v in candidate["required_params"].items())
     ]
 
 
@@ -303,12 +301,15 @@ def _match_rows(
     keyed = results.assign(row_id=results.index)
     cases = published_cases(published).rename(columns={"chunk_size": "published_chunk_size"})
     candidates = keyed.merge(cases, on=list(CASE_KEYS), how="inner")
-    by_row = {row_id: group for row_id, group in candidates.groupby("row_id")}
+    # Plain dicts: a pandas row per run row (or a frame of its candidates), read cell by cell, took
+    # most of a report's comparison.
+    by_row: dict[Any, list[dict[str, Any]]] = {}
+    for candidate in candidates.to_dict("records"):
+        by_row.setdefault(candidate["row_id"], []).append(candidate)
     matched: list[dict[str, Any]] = []
     measured_only: list[dict[str, Any]] = []
-    # Plain dicts: a pandas row per run row, read cell by cell, took most of a report's comparison.
     for row_id, row in zip(keyed.index, keyed[list(results.columns)].to_dict("records"), strict=True):
-        group = by_row.get(row_id, candidates.iloc[0:0])
+        group = by_row.get(row_id, [])
         fits = _fitting(row, group)
         record = {"row_id": row_id, **row}
         if len(fits) != 1:
@@ -317,12 +318,12 @@ def _match_rows(
             )
             measured_only.append({**record, "reason": reason})
             continue
-        matched.append({**record, **_published_side(row, group.iloc[fits[0]], accelerators)})
+        matched.append({**record, **_published_side(row, group[fits[0]], accelerators)})
     return matched, measured_only
 
 
 def _published_side(
-    row: Mapping[str, Any], pub: pd.Series, accelerators: tuple[Accelerator, Accelerator] | None
+    row: Mapping[str, Any], pub: Mapping[str, Any], accelerators: tuple[Accelerator, Accelerator] | None
 ) -> dict[str, Any]:
     """The published row's values beside a run row, and the ratios (NaN unless both sides are ok)."""
     ok = row["status"] == "ok" and pub["published_status"] == "ok"

@@ -145,8 +145,8 @@ def _labels(groups: list[tuple[str, dict[str, Any], pd.DataFrame]]) -> list[str]
 
 
 def _ok_points(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    ok = rows[(rows["status"] == "ok") & rows[y].notna() & rows[x].notna()]
-    return ok[[x, y]].astype(float)
+    # The two columns picked with the rows: not every column of the rows filtered, once per line.
+    return rows.loc[(rows["status"] == "ok") & rows[y].notna() & rows[x].notna(), [x, y]].astype(float)
 
 
 def _throttled_points(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
@@ -154,14 +154,14 @@ def _throttled_points(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     if "throttled" not in rows.columns:
         return pd.DataFrame(columns=[x, y])
     slowed = rows["throttled"].astype(str).str.lower() == "true"
-    return _ok_points(rows[slowed], x, y)
+    return _ok_points(rows.loc[slowed, ["status", x, y]], x, y)
 
 
 def _published_points(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     if y not in rows.columns:
         return pd.DataFrame(columns=[x, y])
-    ok = rows[(rows["published_status"] == "ok") & rows[y].notna() & rows[x].notna()]
-    return ok[[x, y]].astype(float)
+    ok = (rows["published_status"] == "ok") & rows[y].notna() & rows[x].notna()
+    return rows.loc[ok, [x, y]].astype(float)
 
 
 def with_published(run: Run, comparison: Comparison | None) -> pd.DataFrame:
