@@ -276,6 +276,7 @@ ADAPTERS = (
     Abort,
     Sleep,
     Slow,
+    SlowToCompile,
     Unavailable,
     Oom,
     OomOnce,
