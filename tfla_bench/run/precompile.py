@@ -695,7 +695,8 @@ class _Queue:
     With `order` (kernels in the order a sweep beside the precompile measures them), a run goes back
     behind the waiting runs of its own kernel and those before it, not to the end: the sweep waits
     for each kernel's last run, and a large run of its next kernel queued behind every autotuner's
-    shards kept it waiting (an H200's Fig. 17 sweep waited 100 s for one `tfla_exp` run).
+    shards kept it waiting (an H200's Fig. 17 sweep, its `tfla_exp` run at head dim 1024 sent back
+    for memory, was still waiting for it when stopped 100 s later).
     """
 
     def __init__(
