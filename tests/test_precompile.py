@@ -19,6 +19,22 @@ def own_triton_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
 
 
+def tiny_spec(name, kernels, modes, batch):
+    """A spec of the test adapters at two short lengths, float32, two timed calls each."""
+    raw = {
+        "name": name,
+        "kernels": kernels,
+        "modes": modes,
+        "dtype": "float32",
+        "warmup": 1,
+        "reps": 2,
+        "timeout_s": 120,
+        "published": "nothing",
+        "shape": {"batch": batch, "seq_len": [16, 32], "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
+    }
+    return specs.parse_spec(raw, "test")
+
+
 def case(kernel, batch, seq_len, mode="fw", chunk_size=None):
     return Case(kernel, mode, "float32", batch, seq_len, 2, 8, 8, chunk_size)
 
@@ -293,18 +309,7 @@ def test_the_queue_ends_once_no_run_is_left_or_under_way():
 
 def test_sweep_precompiles_first_and_records_it(plugin_adapters, tmp_path, monkeypatch):
     monkeypatch.setenv("TFLA_TEST_BLOCK_LOG", str(tmp_path / "blocks.log"))
-    raw = {
-        "name": "precompile-test",
-        "kernels": ["test_counting", "test_unavailable"],
-        "modes": ["fw", "fwbw"],
-        "dtype": "float32",
-        "warmup": 1,
-        "reps": 2,
-        "timeout_s": 120,
-        "published": "nothing",
-        "shape": {"batch": 4, "seq_len": [16, 32], "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
-    }
-    spec = specs.parse_spec(raw, "test")
+    spec = tiny_spec("precompile-test", ["test_counting", "test_unavailable"], ["fw", "fwbw"], batch=4)
     run_dir = tmp_path / "run"
     report = runner.run_sweep(spec, specs.expand(spec), run_dir, devices=["cpu"], precompile_processes=2)
     assert sorted(row.status for row in report.rows) == ["ok"] * 4 + ["unavailable"] * 4
@@ -426,18 +431,7 @@ def test_sweep_measures_beside_its_precompile(plugin_adapters, tmp_path, monkeyp
     monkeypatch.setattr(runner, "compile_beside", lambda cuda: True)
     monkeypatch.setattr(plugin_adapters.OomOnce, "precompile", "none")
     monkeypatch.setenv("TFLA_TEST_OOM_MARK", str(tmp_path / "oom-once.mark"))
-    raw = {
-        "name": "beside-test",
-        "kernels": ["test_slow_to_compile", "test_oom_once"],
-        "modes": ["fw"],
-        "dtype": "float32",
-        "warmup": 1,
-        "reps": 2,
-        "timeout_s": 120,
-        "published": "nothing",
-        "shape": {"batch": 2, "seq_len": [16, 32], "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
-    }
-    spec = specs.parse_spec(raw, "test")
+    spec = tiny_spec("beside-test", ["test_slow_to_compile", "test_oom_once"], ["fw"], batch=2)
     run_dir = tmp_path / "run"
     report = runner.run_sweep(spec, specs.expand(spec), run_dir, devices=["cpu"], precompile_processes=2)
     assert [(row.case.kernel, row.status) for row in report.rows] == [

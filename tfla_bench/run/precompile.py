@@ -492,9 +492,14 @@ def precompile(
 
 def _crashed_cases(cases: list[Case], planned: list[PrecompileJob], done_file: DoneFile) -> dict[str, str]:
     """The sweep's cases (by key) whose run crashed, or was not made, for a kernel that kept crashing,
-    with its error, as `done_file` records them (a run is of a smaller case that compiles the same
-    code)."""
+    with its error, as `done_file` records them."""
     crashed_runs = {job.case.key: error for job in planned if (error := done_file.crash(job)) is not None}
+    return _of_runs(cases, crashed_runs)
+
+
+def _of_runs(cases: list[Case], crashed_runs: dict[str, str]) -> dict[str, str]:
+    """The sweep's cases (by key) whose run (of a smaller case that compiles the same code) is among
+    `crashed_runs` (by the run case's key), with that run's error."""
     return {
         case.key: crashed_runs[warm.key]
         for case in cases
@@ -536,12 +541,7 @@ class _KernelsLeft:
             r.job.case.key: error for r in self.runs[kernel] if error is not None and r.status == "crashed"
         }
         earlier = _crashed_cases(self._of(kernel), self.planned, self.done_file)
-        crashed = {
-            case.key: crashed_runs[warm.key]
-            for case in self._of(kernel)
-            if (warm := run_case(case)) is not None and warm.key in crashed_runs
-        }
-        self._tell(kernel, earlier | crashed)
+        self._tell(kernel, earlier | _of_runs(self._of(kernel), crashed_runs))
 
     def rest(self, crashed: dict[str, str]) -> None:
         """Tell every kernel not told yet (its runs were stopped), from the final verdict."""

@@ -111,6 +111,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from rich.console import Console
 from rich.progress import Progress
@@ -603,8 +604,8 @@ class _Sweep:
                 )
             try:
                 with clock.phase("measuring"):
-                    dispatch = _Dispatch(self.spec, self.writer, console, clock, self.host)
-                    dispatch.run(to_run, workers, precompiled, compiling)
+                    sides = _Sides(precompiled, compiling)
+                    _Dispatch(self.spec, self.writer, console, clock, self.host, sides).run(to_run, workers)
             finally:
                 for worker in workers:
                     worker.stop()
@@ -888,6 +889,14 @@ def _start_workers(
     return workers
 
 
+class _Sides(NamedTuple):
+    """What ran before or beside the measuring: the precompile's summary (run first), or the
+    precompile running beside it (`compiling`); both None without a precompile."""
+
+    precompiled: PrecompileSummary | None
+    compiling: _Compiling | None
+
+
 class _Dispatch:
     """The state the shards' threads share: one lock around the crash guard, the clock, the row
     writer and the progress bar; the stop flag; the first bug a thread met; the precompile beside
@@ -900,33 +909,28 @@ class _Dispatch:
         console: Console,
         clock: PhaseClock,
         host: str,
+        sides: _Sides,
     ) -> None:
         self.spec, self.writer, self.console, self.clock, self.host = spec, writer, console, clock, host
-        self.crashes = CrashGuard()
-        self.compiling: _Compiling | None = None
+        # A case whose kernel kept crashing in the precompile is not run.
+        precompiled, self.compiling = sides
+        self.crashes = CrashGuard(precompiled.crashed if precompiled is not None else None)
         self.energy_told = False
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
+        compiling = self.compiling
+        self.progress = compiling.progress if compiling is not None else progress_bar(console, eta=True)
+        self.task = self.progress.add_task("starting", total=None)
 
-    def run(
-        self,
-        to_run: list[_Planned],
-        workers: list[Worker],
-        precompiled: PrecompileSummary | None = None,
-        compiling: _Compiling | None = None,
-    ) -> None:
+    def run(self, to_run: list[_Planned], workers: list[Worker]) -> None:
         """Serve each worker's shard in a thread and write rows as they come, each naming `host` and,
-        for a case that ran on a GPU, the worker's GPU. A case whose kernel kept crashing in the
-        precompile (`precompiled.crashed`, or as `compiling` tells) is not run. Ctrl-C, or a job's
-        cancel, preemption or time-limit handler (`tfla_bench.run.shard`, submitit's) raising from
-        inside the wait ends the sweep."""
+        for a case that ran on a GPU, the worker's GPU. Ctrl-C, or a job's cancel, preemption or
+        time-limit handler (`tfla_bench.run.shard`, submitit's) raising from inside the wait ends
+        the sweep."""
         if not to_run:
             return
-        self.crashes = CrashGuard(precompiled.crashed if precompiled is not None else None)
-        self.compiling = compiling
-        self.progress = compiling.progress if compiling is not None else progress_bar(self.console, eta=True)
-        self.task = self.progress.add_task("starting", total=len(to_run))
+        self.progress.update(self.task, total=len(to_run))
         shards = {index: [p for p in to_run if p.shard == index] for index in range(len(workers))}
         threads = [
             threading.Thread(target=self.serve, args=(workers[index], shard), daemon=True)
@@ -986,7 +990,7 @@ class _Dispatch:
                     while started < min(position + 1 + ahead, len(order)):
                         worker.start_spare(order[started], modules[order[started]])
                         started += 1
-                row = self.measure(worker, planned, crashed, hold_oom=self.compiling is not None)
+                row = self.measure(worker, planned, crashed)
                 if row is None:
                     return  # interrupted: the worker was killed under us, this is not the kernel's fault
                 if row is _HELD:
@@ -1024,12 +1028,10 @@ class _Dispatch:
             self.crashes.learn(crashed)
             self.clock.add_phase("precompile_wait", waited)
 
-    def measure(
-        self, worker: Worker, planned: _Planned, crashed: str | None, hold_oom: bool = False
-    ) -> ResultRow | object | None:
+    def measure(self, worker: Worker, planned: _Planned, crashed: str | None) -> ResultRow | object | None:
         """The row of one case: `crashed` without running when the crash guard says so; None when the
         sweep was stopped while it ran; `_HELD` for a case that ran out of memory while the precompile
-        beside it was still running (with `hold_oom`): nothing is recorded, it runs again later."""
+        beside it still had runs left: nothing is recorded, it runs again later."""
         if crashed is not None:
             return ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=self.host)
         settings = self.spec.measurement_for(planned.adapter)
@@ -1040,7 +1042,7 @@ class _Dispatch:
         measurement = worker.run(job)
         if self.stop.is_set():
             return None
-        if hold_oom and measurement.row.status == "oom" and compiling is not None and compiling.running:
+        if measurement.row.status == "oom" and compiling is not None and compiling.running:
             return _HELD
         row = _row(planned, measurement, self.host, _gpu_name(worker))
         if beside and row.status == "ok":
@@ -1078,7 +1080,7 @@ class _Dispatch:
 
 
 # The note of a row measured while the precompile compiled beside it: its processes' torch work
-# shares the GPU (on an H200, long attention calls measured so took up to 5% longer than warm).
+# shares the GPU (on an H200, long attention calls measured so took 2.5-5.3% longer than warm).
 BESIDE_NOTE = "measured beside the precompile"
 # `_Dispatch.measure`'s answer for a case that runs again after the precompile.
 _HELD = object()
