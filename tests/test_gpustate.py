@@ -181,3 +181,49 @@ def test_retime_times_a_case_again_only_when_its_cap_set_in(policy):
     else:
         assert calls == [{}] and monitor.settled == 0 and again.settle_s == 0.0
         assert again.note.startswith("timed again under sw_power_cap")
+
+
+class ThrottleMonitor(ScriptedMonitor):
+    """`throttled` answers in order (False once they run out); `read` after the series reads CAPPED."""
+
+    def __init__(self, answers):
+        super().__init__(CAPPED, FULL)
+        self.answers = list(answers)
+        self.asked = 0
+
+    def throttled(self):
+        self.asked += 1
+        return self.answers.pop(0) if self.answers else False
+
+
+def test_a_fired_cap_watch_times_the_case_again_and_asks_no_more():
+    monitor = ThrottleMonitor([False, False, True])
+    watch = gpustate.CapWatch(monitor, FULL)
+    assert [watch(), watch(), watch(), watch()] == [False, False, True, True]
+    assert watch.fired and monitor.asked == 3
+
+    first = types.SimpleNamespace(reps=3, median_ms=5.0)
+    again = gpustate.retime(lambda **options: "second", first, monitor, FULL, "gaps", watch)
+    assert again.stats == "second" and again.warmup == 3 and "sw_power_cap set in" in again.note
+
+
+def test_the_cap_watch_never_fires_for_a_gpu_throttled_before_the_case_or_without_nvml():
+    monitor = ThrottleMonitor([True, True])
+    for watch in (
+        gpustate.CapWatch(monitor, CAPPED),
+        gpustate.CapWatch(None, FULL),
+        gpustate.CapWatch(monitor, None),
+    ):
+        assert not watch() and not watch.fired
+    assert monitor.asked == 0
+
+
+def test_a_fired_watch_times_the_case_again_even_when_the_reading_after_shows_no_cap():
+    watch = gpustate.CapWatch(ThrottleMonitor([True]), FULL)
+    assert watch()
+    first = types.SimpleNamespace(reps=1, median_ms=5.0)
+    monitor = ScriptedMonitor(FULL, FULL)  # the cap lifted before the reading after the series
+    again = gpustate.retime(lambda **options: "second", first, monitor, FULL, "gaps", watch)
+    assert again.stats == "second" and again.note.startswith(
+        "a throttling reason set in (SM 1980 -> 1980 MHz"
+    )

@@ -8,6 +8,7 @@ import torch
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
+from tfla_bench.measure.roofs import MeasuredRoofs
 from tfla_bench.run import precompile, runner, specs
 
 pytestmark = pytest.mark.usefixtures("plugin_adapters")
@@ -450,3 +451,33 @@ def test_sweep_measures_beside_its_precompile(plugin_adapters, tmp_path, monkeyp
     assert phases["precompile"] >= 5 and phases["precompile_wait"] > 0
     # The OOM'd case ran once more: its first worker log holds the out-of-memory error.
     assert "out of memory" in (run_dir / "worker-0.log").read_text().lower()
+
+
+def test_the_long_calls_of_every_adapter_are_measured_last_when_the_roofs_are_known(
+    plugin_adapters, monkeypatch
+):
+    roofs = MeasuredRoofs("GPU", "1", 1e15, 8192, 4e12, 1e13, 1 << 20, "now", "torch").to_dict()
+
+    def planned(kernel, seq_len, flops):
+        return runner._Planned(case(kernel, 1, seq_len), registry.get(kernel), flops, 0.0)
+
+    to_run = [
+        planned("test_autotuned", 16, 1e9),
+        planned("test_counting", 16, 1e9),
+        planned("test_counting", 32, 25e12),  # 25 ms at 1 PFLOP/s: a long call
+        planned("test_slow_to_compile", 16, 1e9),
+        planned("test_autotuned", 32, 19e12),  # 19 ms: not
+    ]
+    monkeypatch.setattr(plugin_adapters.SlowToCompile, "precompile", "none")
+    keys = [(p.case.kernel, p.case.seq_len) for p in runner.measuring_order(to_run, roofs)]
+    assert keys == [
+        ("test_slow_to_compile", 16),
+        ("test_counting", 16),
+        ("test_autotuned", 16),
+        ("test_autotuned", 32),
+        ("test_counting", 32),
+    ]
+    # Without measured roofs (or with their error) the groups are the adapters' alone.
+    for unknown in (None, {"error": "measuring the roofs failed"}):
+        assert [p.case.seq_len for p in runner.measuring_order(to_run, unknown)][-1] == 32
+        assert runner.measuring_order(to_run, unknown)[3].case.kernel == "test_autotuned"

@@ -287,13 +287,17 @@ class CappingMonitor:
     """A stand-in NVML monitor: full clock before a case, the power cap from its first timed calls on;
     no energy counter, so no energy series adds calls to the count."""
 
-    def __init__(self, caps: bool):
+    def __init__(self, caps: bool, seen_early: bool = False):
         later = gpustate.Reading(1755, 2619, 60, 690.0, "sw_power_cap") if caps else None
         full = gpustate.Reading(1980, 2619, 50, 300.0, "none")
         self.readings = iter([full, later or full, later or full])
+        self.seen_early = caps and seen_early
 
     def settle(self):
         return 0.0
+
+    def throttled(self):  # asked after each batch of the first series
+        return self.seen_early
 
     def read(self):
         return next(self.readings)
@@ -330,6 +334,19 @@ def test_a_case_whose_power_cap_sets_in_while_timed_is_timed_again(
     else:
         assert (result.warmup, result.reps, counter.forwards) == (1, 3, 1 + 1 + 3)
         assert "timed again" not in result.note and not gaps
+
+
+def test_a_first_series_stops_at_the_batch_where_its_power_cap_is_seen(plugin_adapters, monkeypatch):
+    monkeypatch.setattr(worker, "_monitor", lambda device: CappingMonitor(caps=True, seen_early=True))
+    monkeypatch.setattr(timing.time, "sleep", lambda seconds: None)
+    adapter = registry.get("test_counting")
+    adapter.reset()
+    settings = MeasureSettings(warmup=1, reps=3, power_cap="gaps")
+    result = measure_case(adapter, counting_case("fw"), settings, "cpu").row
+    assert result.status == "ok", result.error
+    # The first series stopped after its first batch, one call, which became warm-up.
+    assert (result.warmup, result.reps, plugin_adapters.Counting.counter.forwards) == (2, 3, 1 + 1 + 1 + 3)
+    assert "sw_power_cap set in (SM 1980 -> 1755 MHz" in result.note
 
 
 def test_percentiles_and_summary():

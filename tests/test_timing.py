@@ -226,3 +226,37 @@ def test_the_kernels_clock_needs_cuda_and_a_known_name():
         timing.time_calls(lambda: None, rule=StopRule(reps=1), device="cpu", clock="kernels")
     with pytest.raises(ValueError, match="clock must be one of"):
         timing.time_calls(lambda: None, rule=StopRule(reps=1), device="cpu", clock="wall")
+
+
+def test_a_series_that_may_stop_early_times_one_call_then_batches_of_at_most_the_check_interval():
+    batches = []
+    calls = []
+
+    def call():  # about 10 ms of host work
+        calls.append(1)
+        end = time.perf_counter() + 0.01
+        while time.perf_counter() < end:
+            pass
+
+    def stop_early():
+        batches.append(len(calls) - sum(batches))
+        return False
+
+    stats = timing.time_calls(call, rule=StopRule(reps=12), device="cpu", stop_early=stop_early)
+    assert stats.reps == 12 and stats.stop == "fixed"
+    assert batches[0] == 1 and max(batches) <= int(timing.EARLY_CHECK_S / 0.01)
+    assert sum(batches) == 12
+
+
+def test_a_series_ends_at_the_batch_where_stop_early_says_so():
+    answers = iter([False, False, True])
+    calls = []
+
+    def call():  # about 5 ms of host work: batches of one call, then of about ten
+        calls.append(1)
+        end = time.perf_counter() + 0.005
+        while time.perf_counter() < end:
+            pass
+
+    stats = timing.time_calls(call, rule=StopRule(reps=50), device="cpu", stop_early=lambda: next(answers))
+    assert stats.stop == timing.STOPPED_EARLY and stats.reps == len(calls) < 50

@@ -17,7 +17,9 @@ A case whose own power cap (or slowdown) sets in during its timed calls is timed
 (`set_in`): the cap took tens to hundreds of milliseconds to set in, so part of the first series
 ran at the full clock and part at the capped one, and its median fell in one group or the other
 depending on when the cap came (`sdpa_cudnn` fw at 512 steps, Fig. 5: 0.978 or 1.04-1.07 ms from
-run to run). The first series' calls count as warm-up and the row's note says so. By default
+run to run). The first series' calls count as warm-up and the row's note says so. The first series
+asks NVML after each batch of calls whether the cap has set in (`CapWatch`) and ends there when it
+has, so a case of long calls spends one call, not its whole series, before it is timed again. By default
 (`power_cap = "gaps"`) the second series starts from a settled GPU and leaves it idle after each
 call for as long as the call took, so it is busy half the time: calls shorter than the cap's
 reaction time run at (nearly) the full clock, and longer ones each start from a GPU that is not
@@ -69,7 +71,12 @@ class Reading:
 
     @property
     def throttled(self) -> bool:
-        return bool(THROTTLING & set(self.throttle.split("+")))
+        return throttling(self.throttle)
+
+
+def throttling(names: str) -> bool:
+    """Whether reason names as `reason_names` joins them hold a throttling one."""
+    return bool(THROTTLING & set(names.split("+")))
 
 
 def reason_names(mask: int) -> str:
@@ -135,15 +142,22 @@ class Monitor:
                 return waited
             time.sleep(poll_s)
 
+    def throttled(self) -> bool:
+        """Whether a throttling reason holds now (one NVML call; False without NVML)."""
+        if self._nvml is None:
+            return False
+        try:
+            return throttling(reason_names(_reasons(self._nvml)(self._handle)))
+        except self._nvml.NVMLError:
+            return False
+
     def read(self) -> Reading | None:
         """The current clocks, temperature, power and clock-event reasons."""
         if self._nvml is None:
             return None
         nvml, handle = self._nvml, self._handle
         try:
-            reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
-                nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-            )
+            reasons = _reasons(nvml)
             return Reading(
                 sm_mhz=nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
                 mem_mhz=nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM),
@@ -184,6 +198,13 @@ class Monitor:
             return {"note": f"NVML did not give the limits: {exc}"}
 
 
+def _reasons(nvml: Any) -> Callable[[Any], int]:
+    """NVML's call for the clock-event reasons (renamed from throttle reasons in newer bindings)."""
+    return getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
+        nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
+
+
 def device_monitor(device: str) -> Monitor | None:
     """The NVML monitor of a CUDA device, None on the CPU."""
     # torch takes seconds to import; only this path needs it.
@@ -200,6 +221,22 @@ def set_in(before: Reading | None, after: Reading | None) -> bool:
     return before is not None and after is not None and after.throttled and not before.throttled
 
 
+class CapWatch:
+    """The first series' `stop_early` (`timing.time_calls`): after each batch of calls, whether a
+    throttling reason holds that did not in `before`, the reading before the case. It then ends the
+    series, whose calls only count as warm-up once `retime` times the case again, and remembers that
+    it did (`fired`). Never fires without a monitor or a reading, or when `before` was throttled."""
+
+    def __init__(self, monitor: Monitor | None, before: Reading | None) -> None:
+        self.monitor = monitor if before is not None and not before.throttled else None
+        self.fired = False
+
+    def __call__(self) -> bool:
+        if self.monitor is not None and not self.fired:
+            self.fired = self.monitor.throttled()
+        return self.fired
+
+
 @dataclass(frozen=True)
 class Retimed:
     """The outcome of `retime`: the series to keep and the reading after it; where the case was timed
@@ -213,9 +250,15 @@ class Retimed:
 
 
 def retime(
-    series: Callable[..., Any], stats: Any, monitor: Monitor | None, before: Reading | None, policy: str
+    series: Callable[..., Any],
+    stats: Any,
+    monitor: Monitor | None,
+    before: Reading | None,
+    policy: str,
+    watch: CapWatch | None = None,
 ) -> Retimed:
-    """Time a case again if its power cap (or a slowdown) set in during its first series (`set_in`).
+    """Time a case again if its power cap (or a slowdown) set in during its first series (`set_in`,
+    or `watch` fired and ended that series early).
 
     Args:
         series: runs one timed series; `series(idle_gap=1.0)` with an idle gap after each call as
@@ -225,20 +268,24 @@ def retime(
         before: the reading before the first series.
         policy: `gaps` (settle, then the series with idle gaps) or `again` (the series at once, back
             to back, at the capped clock); the module docstring says why.
+        watch: the first series' `stop_early`, if it had one.
     """
     after = monitor.read() if monitor is not None else None
-    if monitor is None or not set_in(before, after):
+    fired = watch is not None and watch.fired
+    if monitor is None or before is None or not (fired or set_in(before, after)):
         return Retimed(stats, after)
     warmup = "during the first timed calls, which count as warm-up"
-    clocks = f"(SM {before.sm_mhz} -> {after.sm_mhz} MHz {warmup})"
+    sm_after = after.sm_mhz if after is not None else "?"
+    throttle = after.throttle if after is not None and after.throttled else "a throttling reason"
+    clocks = f"(SM {before.sm_mhz} -> {sm_after} MHz {warmup})"
     if policy == "gaps":
         settle_s = monitor.settle() or 0.0
         again = series(idle_gap=1.0)
         gaps = "timed again from a settled GPU, an idle gap after each call"
-        note = f"{after.throttle} set in {clocks}: {gaps}"
+        note = f"{throttle} set in {clocks}: {gaps}"
     else:
         settle_s, again = 0.0, series()
-        note = f"timed again under {after.throttle} {clocks}"
+        note = f"timed again under {throttle} {clocks}"
     return Retimed(again, monitor.read(), stats.reps, settle_s, note)
 
 

@@ -79,6 +79,10 @@ SPIN_MAX_S = 2e-3
 BATCH_BUDGET_SHARE = 0.1
 # The kernel of `torch.cuda._sleep`, which delimits the calls in the kernel clock's record.
 MARKER_KERNEL = "spin_kernel"
+# The stop of a series that `time_calls(stop_early=...)` ended, and the longest a batch of calls then
+# runs between two of its checks.
+STOPPED_EARLY = "stopped_early"
+EARLY_CHECK_S = 0.05
 # An idle GPU inside a call for longer than this waited for the host (the kernels clock): the GPU's
 # own dispatch of a queued kernel took 1.0-1.5 us on an H100.
 HOST_WAIT_NS = 5_000
@@ -263,6 +267,7 @@ def time_calls(
     spin: Callable[[], None] | None = None,
     clock: str = "events",
     idle_gap: float = 0.0,
+    stop_early: Callable[[], bool] | None = None,
 ) -> TimingStats:
     """Time calls of `fn` until `rule` says stop, each preceded by an untimed `before_each()`.
 
@@ -276,6 +281,10 @@ def time_calls(
         idle_gap: before each call after the first, leave the device idle for this many times the
             time of the call before it (one call per batch; the gaps count towards the rule's
             measuring time; none after the last call, so what follows sees the GPU as it ended).
+        stop_early: asked after each batch of calls; True ends the series there, with the stop
+            `STOPPED_EARLY` (the worker asks whether the GPU's power cap set in: the series is then
+            timed again, `gpustate.retime`). Batches then last at most `EARLY_CHECK_S` after the
+            first, which is one call, so a series of long calls stops one call after the cap.
 
     Returns:
         `TimingStats` over the timed calls.
@@ -305,6 +314,8 @@ def time_calls(
         record = KernelRecord() if clock == "kernels" else None
         record_s += time.perf_counter() - began
         batch = 1 if idle_gap > 0 else rule.next_batch(len(times_ms), elapsed_s)
+        if stop_early is not None:
+            batch = min(batch, _checked_batch(times_ms))
         for _ in range(batch):
             if before_each is not None:
                 before_each()
@@ -333,7 +344,19 @@ def time_calls(
             times_ms += [start.elapsed_time(end) for start, end in marks]
         else:
             times_ms += [(end - start) * 1e3 for start, end in marks]
+        if stop_early is not None and stop_early():
+            stop = STOPPED_EARLY
+            break
     return summarize(times_ms, stop, gaps / len(times_ms) if cuda else None)
+
+
+def _checked_batch(times_ms: list[float]) -> int:
+    """The most calls in a batch of a series that `stop_early` may end: one first, then as many as
+    the calls so far say fit in `EARLY_CHECK_S`."""
+    if not times_ms:
+        return 1
+    per_call_s = percentile(times_ms, 50) / 1e3
+    return max(1, int(EARLY_CHECK_S / per_call_s)) if per_call_s > 0 else len(times_ms)
 
 
 def split_calls(activities: list[tuple[str, int, int]], calls: int) -> list[tuple[int, bool]]:

@@ -300,7 +300,8 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         spin=spin,
         clock=clock,
     )
-    capped = gpustate.retime(series, series(), monitor, before, settings.power_cap)
+    watch = gpustate.CapWatch(monitor, before)
+    capped = gpustate.retime(series, series(stop_early=watch), monitor, before, settings.power_cap, watch)
     stats, after, warmup = capped.stats, capped.after, warmup + capped.warmup
     spent = _energy(timed, reset_grads, monitor, device, stats.min_ms) if settings.energy else None
     note = "" if cuda else "peak memory not measured on CPU" + host_clock

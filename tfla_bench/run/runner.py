@@ -124,6 +124,7 @@ from tfla_bench.measure import roofs as roofs_module
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
 from tfla_bench.measure.worker import CrashGuard, Job, Measurement, Worker, autotune_cache_setting
+from tfla_bench.model import roofline
 from tfla_bench.run import rundir
 from tfla_bench.run.console import case_label, make_console, progress_bar, row_line, timing_notes
 from tfla_bench.run.phases import PhaseClock
@@ -581,7 +582,7 @@ class _Sweep:
         precompiled = compiling = None
         if precompile_processes > 0 and to_run and compile_beside(cuda):
             # Compiling goes on beside the measuring: the adapters with nothing to compile measure first.
-            to_run = measuring_order(to_run)
+            to_run = measuring_order(to_run, measured_roofs)
             progress = progress_bar(console, eta=True)
             compiling = _Compiling(self, to_run, precompile_processes, progress)
         elif precompile_processes > 0 and to_run:
@@ -621,17 +622,35 @@ def compile_beside(cuda: bool) -> bool:
     return cuda
 
 
-def measuring_order(to_run: list[_Planned]) -> list[_Planned]:
+def measuring_order(to_run: list[_Planned], roofs: dict | None = None) -> list[_Planned]:
     """The cases in the order a sweep that compiles beside its measuring takes them: the adapters with
     nothing to precompile first, then those without an autotuner, then the autotuned ones (they
-    compile longest), each group in spec order. The order is the same whether or not the Triton
-    cache holds the kernels already, so a warm run measures in the same order as a cold one."""
+    compile longest), then the long calls of every adapter (`long_call`), each group in spec order.
+    The order is the same whether or not the Triton cache holds the kernels already, so a warm run
+    measures in the same order as a cold one.
+
+    The long calls come last because the precompile has ended by then: the last group before them
+    waits for its kernels' runs, and those are the precompile's last. A call shares the GPU with the
+    precompile processes' torch work as long as it runs, so on an H200 `sdpa` calls of 50-800 ms took
+    2.5-5.3% longer beside it than after it, while the median of many short calls kept clear of it
+    (`results/runs/fig5_consttoken-20261202-h200-beside-warm/diff_vs_beside.csv`)."""
 
     def group(planned: _Planned) -> int:
         adapter = planned.adapter
+        if long_call(planned, roofs):
+            return 3
         return 0 if adapter.precompile == "none" else 2 if adapter.autotuned else 1
 
     return sorted(to_run, key=group)
+
+
+def long_call(planned: _Planned, roofs: dict | None) -> bool:
+    """Whether the model puts one call of the case at `LONG_CALL_S` or longer at the GPU's measured
+    roofs (`roofs`, the sweep's env.json record; False without them)."""
+    if roofs is None or "error" in roofs:
+        return False
+    accelerator = roofs_module.MeasuredRoofs.from_dict(roofs).accelerator()
+    return roofline.runtime_ms_lower(planned.flops, planned.bytes, accelerator) / 1e3 >= LONG_CALL_S
 
 
 class _Compiling:
@@ -1079,6 +1098,9 @@ class _Dispatch:
             self.progress.advance(self.task)
 
 
+# A call the model puts at this long or longer is measured after the precompile (`measuring_order`):
+# the calls of 50 ms or more that took longer beside it on an H200 had model times from 20 ms up.
+LONG_CALL_S = 0.02
 # The note of a row measured while the precompile compiled beside it: its processes' torch work
 # shares the GPU (on an H200, long attention calls measured so took 2.5-5.3% longer than warm).
 BESIDE_NOTE = "measured beside the precompile"
