@@ -1,25 +1,23 @@
 """Check the energy per call (`tfla_bench.measure.energy`) against NVML's power integrated over time.
 
-python experiments/validate_energy.py OUT [--kernel tfla_sig] [--mode fwbw] [--seconds 0.1,0.2,0.5,2,10]
+python experiments/validate_energy.py OUT [--kernel tfla_sig] [--mode fwbw] [--seconds 0.5,2,10]
     [--sample-ms 5]      (OUT: the CSV table; docs/energy.md, "Validation", has the H200's)
 
 On one CUDA GPU with nvidia-ml-py: the kernel at the Fig. 5 shape of its family (bf16, B8, 16 heads,
 Dqk 128, Dv 256, T 8192, chunk 128 where it takes one), its first call and `WARMUP_S` of calls
-made, then, for each window length in `--seconds`, one energy series as the sweep's worker runs it
-(`energy.measure_energy`, with that length as its window's minimum) while a background thread reads
-NVML's power every `--sample-ms` ms (`energy.PowerSampler`). The readings are integrated with the
-trapezoid rule over the series' window, from the counter's update that opened it to the one that
-closed it (`Energy.started_s`, `Energy.ended_s`; `energy.integrate_mj`): the span over whose calls
-the counter's rise is divided. Two readings where the driver has both: `nvmlDeviceGetPowerUsage`,
-which NVML documents as the average over the last second on Ampere and later GPUs (GA100 aside), so
-its integral trails the calls by up to a second and the longer windows show how much that moves the
+made, then, for each series length in `--seconds`, one energy series as the sweep's worker runs it
+(`energy.measure_energy`, with that length as its minimum) while a background thread reads NVML's
+power every `--sample-ms` ms (`energy.PowerSampler`). The readings are integrated with the trapezoid
+rule over the series' own window, from the counter's read that opened it to the one that closed it
+(`energy.integrate_mj`). Two readings where the driver has both: `nvmlDeviceGetPowerUsage`, which
+NVML documents as the average over the last second on Ampere and later GPUs (GA100 aside), so its
+integral trails the calls by up to a second and the longer series show how much that moves the
 ratio; and the instantaneous power field (`NVML_FI_DEV_POWER_INSTANT`). The GPU idles `IDLE_S`
 between series.
 
-Columns: kernel, mode, calls (done in the window, a fraction of one at each end), seconds (the
-window), counter_mj (the counter's rise), integrated_mj (nvmlDeviceGetPowerUsage), ratio (counter /
-integrated), instant_mj and instant_ratio (empty without the field), samples (readings inside the
-window), mean_power_w (counter_mj / seconds / 1000).
+Columns: kernel, mode, calls, seconds (the window), counter_mj (the counter's rise), integrated_mj
+(nvmlDeviceGetPowerUsage), ratio (counter / integrated), instant_mj and instant_ratio (empty
+without the field), samples (readings inside the window), mean_power_w (counter_mj / seconds / 1000).
 """
 
 from __future__ import annotations
@@ -66,11 +64,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def seconds_list(text: str) -> list[float]:
-    """`0.1,0.5,2` as positive, finite seconds."""
+    """`0.5,2,10` as positive, finite seconds."""
     try:
         values = [float(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds such as 0.1,0.5,2, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected seconds such as 0.5,2,10, got {text!r}") from None
     if not values or not all(0 < value < 3600 for value in values):
         raise argparse.ArgumentTypeError(f"expected seconds in (0, 3600), got {text!r}")
     return values
@@ -81,20 +79,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("out", type=Path, help="the CSV file to write")
     parser.add_argument("--kernel", default="tfla_sig", help="an adapter of the suite (tfla-bench list)")
     parser.add_argument("--mode", choices=("fw", "fwbw"), default="fwbw")
-    windows = [0.1, 0.2, 0.5, 2.0, 10.0]
-    parser.add_argument("--seconds", type=seconds_list, default=windows, help="the windows' shortest lengths")
+    parser.add_argument("--seconds", type=seconds_list, default=[0.5, 2.0, 10.0], help="series lengths")
     parser.add_argument("--sample-ms", type=float, default=5.0, help="the pause between power readings")
-    parser.add_argument(
-        "--lead-ms",
-        type=float,
-        default=energy.LEAD_S * 1e3,
-        help="how long the calls run before the window opens (the power readings may trail the counter)",
-    )
     args = parser.parse_args(argv)
     if not 0.1 <= args.sample_ms <= 1000:
         parser.error(f"argument --sample-ms: expected milliseconds in [0.1, 1000], got {args.sample_ms}")
-    if not 0 <= args.lead_ms <= 10_000:
-        parser.error(f"argument --lead-ms: expected milliseconds in [0, 10000], got {args.lead_ms}")
     return args
 
 
@@ -152,10 +141,8 @@ def series_row(
     seconds: float,
     per_call_s: float,
     sample_s: float,
-    lead_s: float = energy.LEAD_S,
 ) -> dict[str, Any]:
-    """One energy series whose window lasts at least `seconds` and opens after `lead_s` of calls, with
-    NVML's power read beside it: the table's numbers."""
+    """One energy series of `seconds` with NVML's power read beside it: the table's numbers."""
     time.sleep(IDLE_S)
     with contextlib.ExitStack() as stack:
         samplers = {
@@ -166,12 +153,10 @@ def series_row(
             step,
             counter=monitor.energy_mj,
             sync=torch.cuda.synchronize,
-            mark=energy.cuda_mark,
             per_call_s=per_call_s,
             before_each=reset,
             min_s=seconds,
             max_calls=10**9,
-            lead_s=lead_s,
         )
         time.sleep(PAD_S)
     if spent.counted_mj is None:
@@ -183,7 +168,7 @@ def series_row(
         raise UserError(f"NVML's power readings around the {seconds:g} s series: {exc}") from None
     instant = integrated.get("instant")
     return {
-        "calls": round(spent.calls, 2),
+        "calls": spent.calls,
         "seconds": round(spent.seconds, 4),
         "counter_mj": spent.counted_mj,
         "integrated_mj": round(integrated["average"], 1),
@@ -216,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for seconds in args.seconds:
         try:
-            row = series_row(
-                step, reset, monitor, readers, seconds, fastest, args.sample_ms / 1e3, args.lead_ms / 1e3
-            )
+            row = series_row(step, reset, monitor, readers, seconds, fastest, args.sample_ms / 1e3)
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -1,10 +1,9 @@
-"""Energy per call: the series against a simulated GPU and its counter, the cells and their CSV, the reason in
+"""Energy per call: the counter series against a stand-in NVML, the cells and their CSV, the reason in
 env.json when there is no energy, the setting, the figure and the report; on a GPU, the counter
 against power x time."""
 
 from __future__ import annotations
 
-import bisect
 import csv
 import json
 import math
@@ -32,7 +31,6 @@ from tfla_bench.plots.runs import energy_vs_seq_len_figure, run_plots, runtime_v
 from tfla_bench.run import rundir, runner, specs
 
 CASE = Case("sdpa_math", "fw", "float32", 4, 128, 2, 32, 64)
-QUEUE_S = 0.03  # the simulated GPU's work in flight (`SimulatedGpu.measure`)
 
 
 def monitor_with(monkeypatch, value) -> tuple[gpustate.Monitor, CounterNvml]:
@@ -42,189 +40,95 @@ def monitor_with(monkeypatch, value) -> tuple[gpustate.Monitor, CounterNvml]:
     return gpustate.Monitor("GPU-1"), fake
 
 
-class SimulatedGpu:
-    """A GPU on the host's clock. A queued call runs `call_s` at `call_w` from when the host has queued
-    it (which takes the host `launch_s`) or the call before it ends, whichever is later; the GPU idles
-    at `idle_w` otherwise. Its counter sums that power from `offset` mJ, modulo 2**64, and is updated
-    every `step_s`, each update `lag_s` behind (the energy up to `lag_s` before it); `shift(elapsed_s)`
-    is added to it (a reset, a jump); a read takes `read_s`."""
+def scripted(*values):
+    """A counter that reads `values` in order and then keeps the last one."""
+    return lambda read: values[min(read, len(values) - 1)]
 
-    def __init__(self, call_s, *, call_w=300.0, idle_w=60.0, step_s=0.02, lag_s=0.0, launch_s=0.0, **counter):
-        self.call_s, self.call_w, self.idle_w, self.launch_s = call_s, call_w, idle_w, launch_s
-        self.step_s, self.lag_s = step_s, lag_s
-        self.offset, self.shift = counter.get("offset", 10**9), counter.get("shift")
-        self.read_s = counter.get("read_s", 0.0)
-        self.began_s = time.perf_counter()
-        self.starts, self.ends, self.busy_before = [], [], [0.0]
-        self.most_ahead_s = 0.0  # the most queued work the GPU had ahead of it when a call was queued
-        self.marks = 0
+
+class Calls:
+    """A call and a reset that count themselves, and a sync that counts too."""
+
+    def __init__(self):
+        self.calls = self.resets = self.syncs = 0
 
     def call(self):
-        queued_s = time.perf_counter()
-        while time.perf_counter() - queued_s < self.launch_s:
-            pass
-        now_s = time.perf_counter()
-        start_s = max(now_s, self.ends[-1]) if self.ends else now_s
-        self.starts.append(start_s)
-        self.ends.append(start_s + self.call_s)
-        self.busy_before.append(self.busy_before[-1] + self.call_s)
-        self.most_ahead_s = max(self.most_ahead_s, self.ends[-1] - now_s)
+        self.calls += 1
 
-    def mark(self):
-        self.marks += 1
-        end_s = self.ends[-1] if self.ends else -math.inf
-        return lambda: time.perf_counter() >= end_s
+    def reset(self):
+        self.resets += 1
 
     def sync(self):
-        while self.ends and time.perf_counter() < self.ends[-1]:
-            time.sleep(1e-4)
-
-    def busy_s(self, until_s):
-        """The GPU's time running calls up to `until_s`."""
-        ended = bisect.bisect_right(self.ends, until_s)
-        running = ended < len(self.starts) and self.starts[ended] < until_s
-        return self.busy_before[ended] + (until_s - self.starts[ended] if running else 0.0)
-
-    def counter(self):
-        time.sleep(self.read_s)
-        elapsed_s = time.perf_counter() - self.began_s
-        steps = math.floor(elapsed_s / self.step_s)  # 0 for a counter that is never updated
-        updated_s = self.began_s + (self.step_s * steps if steps else 0.0) - self.lag_s
-        idle_j = self.idle_w * (updated_s - self.began_s)
-        joules = idle_j + (self.call_w - self.idle_w) * self.busy_s(updated_s)
-        shift = self.shift(elapsed_s) if self.shift else 0
-        return (self.offset + int(joules * 1e3) + shift) % energy.COUNTER_MODULUS
-
-    @property
-    def call_mj(self):
-        return self.call_w * self.call_s * 1e3
-
-    @property
-    def calls(self):
-        return len(self.starts)
-
-    def measure(self, **options) -> energy.Energy:
-        # QUEUE_S of calls in flight: the 2 shared cores of a test machine can hold this process up for
-        # longer than the default's, and a GPU left idle inside the window is not the method's error.
-        return energy.measure_energy(
-            self.call,
-            counter=self.counter,
-            sync=self.sync,
-            mark=self.mark,
-            per_call_s=self.call_s,
-            **{"queue_s": QUEUE_S, **options},
-        )
+        self.syncs += 1
 
 
-@pytest.mark.parametrize(
-    "gpu",
-    [
-        dict(call_s=1e-3),
-        dict(call_s=1e-3, lag_s=0.015),
-        dict(call_s=3e-3, step_s=0.05, lag_s=0.01),
-        dict(call_s=0.03, lag_s=0.01),  # longer than a step of the counter
-        dict(call_s=2e-5, launch_s=2e-4, idle_w=0.0),  # the host queues a call 10x slower than it runs
-    ],
-    ids=["steady", "lagging", "slower-counter", "long-calls", "launch-bound"],
-)
-def test_the_counter_between_two_updates_gives_the_energy_per_call(gpu):
-    gpu = SimulatedGpu(**gpu)
-    spent = gpu.measure()
-    assert spent.missing == ""
-    assert spent.per_call_mj == pytest.approx(gpu.call_mj, rel=0.01)
-    # The window: from one update to another at least MIN_SERIES_S and MIN_WINDOW_CALLS later.
-    # (MIN_WINDOW_CALLS by the polls' counts: long calls' interpolated count may be one less.)
-    assert spent.calls > energy.MIN_WINDOW_CALLS - 1 and energy.MIN_SERIES_S <= spent.seconds
-    # Up to a step longer, or a few where updates seen after a held-up host are skipped.
-    assert spent.seconds <= max(energy.MIN_SERIES_S, energy.MIN_WINDOW_CALLS * gpu.call_s) + 0.15
-    assert gpu.began_s < spent.started_s < spent.ended_s < gpu.ends[-1]  # calls on both sides
-    assert gpu.calls > spent.calls  # and calls outside it, which run but are not counted
-    # Only a bounded queue of work ahead of the GPU.
-    # (QUEUE_S, or three reads of the counter where one was slow: tens of ms, never seconds.)
-    assert gpu.most_ahead_s <= max(QUEUE_S, 0.05) + 2 * gpu.call_s
+def series(monitor, calls: Calls, **options) -> energy.Energy:
+    return energy.measure_energy(
+        calls.call,
+        counter=monitor.energy_mj,
+        sync=calls.sync,
+        per_call_s=options.pop("per_call_s", 0.01),
+        before_each=calls.reset,
+        min_s=options.pop("min_s", 0.05),
+        **options,
+    )
 
 
-@pytest.mark.parametrize(("step_s", "most_s"), [(0.02, 0.25), (0.05, 0.35)])
-def test_a_short_step_of_the_counter_gives_a_short_series(step_s, most_s):
-    gpu = SimulatedGpu(call_s=1e-3, step_s=step_s)
-    spent = gpu.measure()
-    assert spent.per_call_mj == pytest.approx(gpu.call_mj, rel=0.01)
-    # The GPU's time on the series: LEAD_S and a step to the opening update, MIN_SERIES_S and a step
-    # to the closing one (another where a held-up host skips one), and the queue: far less than the
-    # 0.5 s of calls and up to two steps of a series read around back-to-back calls.
-    assert gpu.calls * gpu.call_s < most_s
+def test_a_counter_that_rises_gives_the_energy_per_call_and_the_tokens_per_joule(monkeypatch):
+    # Two reads before an update at the start (2,000 mJ), two before one at the end (12,000 mJ).
+    monitor, fake = monitor_with(monkeypatch, scripted(1_000, 1_000, 2_000, 9_000, 9_000, 12_000))
+    calls = Calls()
+    spent = series(monitor, calls)
+    assert calls.calls == calls.resets == 5  # 0.05 s planned from 0.01 s a call
+    assert calls.syncs == 2 and fake.reads == 6
+    assert spent.counted_mj == 12_000 - 2_000 and spent.missing == ""
+    assert spent.per_call_mj == pytest.approx((12_000 - 2_000) / calls.calls)
+    assert 0 < spent.seconds < 5
+    cells = energy.row_cells(CASE.batch * CASE.seq_len, spent)
+    joules = spent.per_call_mj / 1e3
+    assert cells == {"energy_mj": spent.per_call_mj, "tokens_per_joule": pytest.approx(4 * 128 / joules)}
 
 
-def test_calls_shorter_than_a_marker_share_one_unless_the_host_is_slower():
-    gpu = SimulatedGpu(call_s=2e-5, idle_w=0.0)  # the host queues a call in microseconds
-    spent = gpu.measure()
-    assert spent.missing == "" and spent.per_call_mj == pytest.approx(gpu.call_mj, rel=0.01)
-    assert gpu.marks <= gpu.calls / 2
-    slow_host = SimulatedGpu(call_s=2e-5, launch_s=2e-4, idle_w=0.0)
-    spent = slow_host.measure()
-    assert spent.per_call_mj == pytest.approx(slow_host.call_mj, rel=0.01)
-    assert slow_host.marks >= slow_host.calls - energy.MARK_S / slow_host.call_s  # one a call after the first
+def test_calls_stop_at_the_host_time_when_the_planned_count_would_take_longer():
+    calls = Calls()
 
+    def slow():
+        calls.call()
+        time.sleep(0.01)
 
-def test_a_counter_slow_to_read_gives_the_energy_within_the_count_error():
-    # As seen on an H200 in a sandbox: 100 ms steps, 4 ms a read of NVML's counter.
-    gpu = SimulatedGpu(call_s=1.4e-3, step_s=0.1, lag_s=0.005, read_s=0.004)
-    spent = gpu.measure(queue_s=energy.QUEUE_S)
-    assert spent.missing == "" and spent.per_call_mj == pytest.approx(gpu.call_mj, rel=energy.COUNT_ERROR)
-    # The work queued covers the reads: SLOW_READS of them, not the default QUEUE_S.
-    assert gpu.most_ahead_s > energy.QUEUE_S + gpu.call_s
-
-
-def test_calls_longer_than_the_window_close_it_after_max_window_s():
-    gpu = SimulatedGpu(call_s=0.09, step_s=0.05)
-    spent = gpu.measure()
-    assert spent.missing == "" and spent.per_call_mj == pytest.approx(gpu.call_mj, rel=0.01)
-    assert energy.MAX_WINDOW_S <= spent.seconds < energy.MAX_WINDOW_S + 0.06 and spent.calls < 13
-
-
-def test_the_calls_in_flight_are_the_queue_time_of_the_fastest_call_within_bounds():
-    assert energy.in_flight(1e-3) == math.ceil(energy.QUEUE_S / 1e-3)
-    assert energy.in_flight(1.0) == energy.MIN_QUEUED
-    assert energy.in_flight(1e-9) == energy.MAX_QUEUED
-    assert energy.in_flight(math.nan) == energy.in_flight(0.0) == energy.MIN_QUEUED
+    made = energy.back_to_back(slow, None, per_call_s=1e-6, min_s=0.05, max_calls=10**6)
+    assert made == calls.calls and 3 <= made <= 6  # 0.05 s of 0.01 s calls, not a million
+    assert energy.back_to_back(calls.call, None, per_call_s=1e-9, min_s=10.0, max_calls=7) == 7
+    assert energy.back_to_back(calls.call, None, per_call_s=60.0, min_s=0.5) == 1  # at least one
 
 
 @pytest.mark.parametrize(
-    ("gpu", "reason"),
+    ("value", "reason"),
     [
-        (dict(step_s=math.inf), "the counter did not move over "),
-        (dict(shift=lambda s: -(10**9) if s > 0.08 else 0), "the counter went backwards ("),
-        (dict(shift=lambda s: 10**12 if s > 0.08 else 0), "more than a GPU draws (2000 W)"),
+        (scripted(5_000), "the counter did not move over 5 calls"),
+        (scripted(10**9, 10**9, 10**9 + 500, 7, 7, 8), "the counter went backwards (1000000500 -> 8 mJ"),
+        (scripted(10, 10, 20, 10**12), "more than a GPU draws (2000 W)"),
     ],
-    ids=["stuck", "backwards", "jump"],
+    ids=["stuck", "backwards", "too-much"],
 )
-def test_a_counter_that_does_not_rise_gives_no_energy_and_says_why(gpu, reason):
-    gpu = SimulatedGpu(call_s=1e-3, **gpu)
-    spent = gpu.measure()
+def test_a_counter_that_does_not_rise_gives_no_energy_and_says_why(monkeypatch, value, reason):
+    monitor, _ = monitor_with(monkeypatch, value)
+    spent = series(monitor, Calls())
     assert spent.counted_mj is None and spent.per_call_mj is None and reason in spent.missing
     assert energy.row_cells(128, spent) == {"energy_mj": None, "tokens_per_joule": None}
-    # A counter that does not move stops the series after UPDATE_WAIT_S of calls, not later.
-    assert gpu.calls * gpu.call_s < energy.UPDATE_WAIT_S + 0.1
 
 
-def test_a_series_that_reaches_max_calls_before_its_window_closes_says_so():
-    gpu = SimulatedGpu(call_s=1e-3)
-    spent = gpu.measure(max_calls=10)
-    assert spent.per_call_mj is None and spent.missing == "the counter's window did not close within 10 calls"
-    assert gpu.calls == 10
-
-
-def test_a_wrap_past_two_to_the_64_is_unwrapped():
-    gpu = SimulatedGpu(call_s=1e-3, offset=energy.COUNTER_MODULUS - 15_000)  # wraps after 50 ms at 300 W
-    spent = gpu.measure()
-    assert spent.missing == "" and spent.per_call_mj == pytest.approx(gpu.call_mj, rel=0.01)
+def test_a_wrap_past_two_to_the_64_is_unwrapped(monkeypatch):
+    top = energy.COUNTER_MODULUS - 1_000
+    monitor, _ = monitor_with(monkeypatch, scripted(top - 5, top, top, 4_000))
+    spent = series(monitor, Calls())
+    assert spent.counted_mj == 5_000 and spent.missing == ""
 
 
 @given(
     start=st.integers(0, 2**64 - 1),
     end=st.integers(0, 2**64 - 1),
     seconds=st.floats(0.0, 1e4),
-    calls=st.floats(1e-3, 1e6),
+    calls=st.integers(1, 10**6),
 )
 def test_an_energy_is_never_zero_negative_or_infinite(start, end, seconds, calls):
     rise, missing = energy.rise_mj(start, end, seconds, calls)
@@ -233,36 +137,28 @@ def test_an_energy_is_never_zero_negative_or_infinite(start, end, seconds, calls
     if rise is None:
         assert cells == {"energy_mj": None, "tokens_per_joule": None}
     else:
-        assert 0 < rise <= energy.MAX_BOARD_W * 1e3 * (seconds + energy.RISE_SLACK_S)
+        assert 0 < rise <= energy.MAX_BOARD_W * 1e3 * (seconds + energy.TICK_WAIT_S)
         assert 0 < cells["energy_mj"] < math.inf and 0 < cells["tokens_per_joule"] < math.inf
 
 
 def test_without_nvml_or_its_counter_no_call_runs_and_the_reason_is_nvmls(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
-    gpu = SimulatedGpu(call_s=1e-3)
-
-    def series():
-        monitor = gpustate.Monitor("GPU-1")
-        return energy.measure_energy(
-            gpu.call, counter=monitor.energy_mj, sync=gpu.sync, mark=gpu.mark, per_call_s=1e-3
-        )
-
-    spent = series()
-    assert spent.missing == "nvidia-ml-py is not installed" and gpu.calls == 0
+    calls = Calls()
+    spent = series(gpustate.Monitor("GPU-1"), calls)
+    assert spent.missing == "nvidia-ml-py is not installed" and calls.calls == 0
     assert energy.unavailable(gpustate.Monitor("GPU-1")) == "nvidia-ml-py is not installed"
 
     fake = CounterNvml(lambda read: CounterNvml.NVMLError("Not Supported"))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    spent = series()
-    assert spent.missing == "NVML gives no energy counter for this GPU (Not Supported)" and gpu.calls == 0
+    spent = series(gpustate.Monitor("GPU-1"), calls)
+    assert spent.missing == "NVML gives no energy counter for this GPU (Not Supported)" and calls.calls == 0
     assert energy.unavailable(gpustate.Monitor("GPU-1")) == spent.missing
     assert energy.unavailable(None) == energy.NO_GPU
 
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_worker_puts_the_cells_in_the_row_unless_the_setting_is_off(monkeypatch, enabled):
-    # A counter that moves at every read, at 300 W of the host's time.
-    monitor, fake = monitor_with(monkeypatch, lambda read: 10**6 + int(300 * time.perf_counter() * 1e3))
+    monitor, fake = monitor_with(monkeypatch, lambda read: 10**6 + 1_000 * read)
     monkeypatch.setattr(worker, "_monitor", lambda device: monitor)
     settings = MeasureSettings(warmup=1, reps=3, energy=enabled)
     result = worker.measure_case(registry.get("sdpa_math"), CASE, settings, "cpu")
@@ -471,12 +367,7 @@ def test_on_a_gpu_the_counter_agrees_with_power_times_time_within_a_loose_factor
     with energy.PowerSampler(watts, interval_s=0.005) as sampler:
         time.sleep(1.0)
         spent = energy.measure_energy(
-            call,
-            counter=monitor.energy_mj,
-            sync=torch.cuda.synchronize,
-            mark=energy.cuda_mark,
-            per_call_s=fastest,
-            min_s=3.0,
+            call, counter=monitor.energy_mj, sync=torch.cuda.synchronize, per_call_s=fastest, min_s=3.0
         )
         time.sleep(1.5)
     assert spent.missing == "" and spent.counted_mj > 0 and spent.calls > 10

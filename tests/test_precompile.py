@@ -8,6 +8,7 @@ import torch
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
+from tfla_bench.measure import worker
 from tfla_bench.measure.roofs import MeasuredRoofs
 from tfla_bench.run import precompile, runner, specs
 
@@ -481,3 +482,16 @@ def test_the_long_calls_of_every_adapter_are_measured_last_when_the_roofs_are_kn
     for unknown in (None, {"error": "measuring the roofs failed"}):
         assert [p.case.seq_len for p in runner.measuring_order(to_run, unknown)][-1] == 32
         assert runner.measuring_order(to_run, unknown)[3].case.kernel == "test_autotuned"
+
+
+def test_the_workers_keep_fa4s_compiled_kernels_in_tritons_cache_unless_told_otherwise(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.delenv(worker.CUTE_CACHE_ENV, raising=False)
+    monkeypatch.delenv(worker.CUTE_CACHE_DIR_ENV, raising=False)
+    folder = str(tmp_path / "triton" / worker.CUTE_CACHE_FOLDER)
+    assert worker.cute_cache_settings() == {worker.CUTE_CACHE_ENV: "1", worker.CUTE_CACHE_DIR_ENV: folder}
+    assert worker.cute_cache_dir() == folder
+    monkeypatch.setenv(worker.CUTE_CACHE_DIR_ENV, str(tmp_path / "mine"))
+    assert worker.cute_cache_dir() == str(tmp_path / "mine")
+    monkeypatch.setenv(worker.CUTE_CACHE_ENV, "0")
+    assert worker.cute_cache_settings()[worker.CUTE_CACHE_ENV] == "0" and worker.cute_cache_dir() is None

@@ -98,8 +98,14 @@ def check(
     total = len(chosen) if chosen else len(registry.adapters())
     with gate_progress(total, lines=as_json) as callbacks:
         results = run_gate(chosen, device, dtype=dtype, isolate=isolate, timeout_s=timeout, **callbacks)
-    # What the gate's workers learned makes the next `list` and sweep plan quick.
-    registry.remember_availability(available_reasons(results, device))
+    # What the gate's workers learned makes the next `list` and sweep plan quick; an adapter whose
+    # worker crashed or hung left its answer unknown, so it is asked now (a few seconds of imports
+    # here, not in the next command).
+    learned = available_reasons(results, device)
+    registry.remember_availability(learned)
+    unknown = [registry.get(result.name) for result in results if result.name not in learned]
+    if unknown and device in ("cpu", "cuda", "cuda:0"):
+        registry.availability_answers(unknown)
     if as_json:
         typer.echo(json.dumps([json_row(result) for result in results], indent=2))
     else:

@@ -1,70 +1,47 @@
-"""Energy per call: NVML's total-energy counter between two of its updates, with the GPU running
-back-to-back calls across both.
+"""Energy per call: NVML's total-energy counter read around a series of back-to-back calls.
 
 The counter (`nvmlDeviceGetTotalEnergyConsumption`, read by `gpustate.Monitor.energy_mj`) is the
 GPU board's energy in millijoules since the driver was loaded. It moves in steps: the driver
-updates it every 20-100 ms, depending on the GPU. Between two of its updates its rise is exact; what
-the series has to find is how many calls the GPU finished between the same two moments. So the
-host keeps the GPU busy with calls, polls the counter, and counts the calls done at each update.
+updates it every 20-100 ms, depending on the GPU. One call is far shorter than a step, so the
+worker reads the counter around a series of calls that lasts at least `MIN_SERIES_S`, and divides.
 
 The series (`measure_energy`)
 -----------------------------
 It runs after the timed series of the case (`tfla_bench.measure.timing`), as a series of its own:
 
-1. The device is synchronized and the counter read.
-2. Calls are queued back to back, each after the gradients are set to None (host work, no kernel)
-   and followed by a marker (`cuda_mark`: a CUDA event) that says whether the GPU has passed it
-   (calls shorter than `MARK_S`, on the GPU and on the host, share one); no L2 flush, no spin.
-   `QUEUE_S` of calls by the timed series' fastest, or `SLOW_READS` reads of the counter where
-   those take longer (at least `MIN_QUEUED`, at most `MAX_QUEUED` calls), stay in flight: the GPU
-   does not wait for the host, and the host does not queue seconds of work.
-3. Once the queue is full or a read's time after the last poll, and every `POLL_S` while the queue
-   stays full, the counter is read and the markers the GPU passed are counted, oldest first; the
-   calls seen done at one poll are spread evenly over the time since the poll before. A value of
-   the counter that differs from the last is an update made between two polls: it is placed at
-   their midpoint on the host's clock, and the calls done then are interpolated between the calls'
-   completion times: the midpoint of the two polls' counts where many calls end between two polls,
-   the elapsed share of the running call where one call spans many polls (a float count).
-4. The window opens at the first update that comes at least `LEAD_S` after the GPU finished its
-   first call, and closes at the first later update that is at least `MIN_SERIES_S` after it and
-   holds at least `MIN_WINDOW_CALLS` calls by the polls' counts; calls so long that these take
-   longer than `MAX_WINDOW_S` close it at the first update past `MAX_WINDOW_S` that holds one call.
-   An update seen only after the host was held up between two polls (further apart than
-   `SLOW_READS` reads and queued groups of calls) does not bound the window, and the window closes
-   only where the counts at its two updates may be off by at most `COUNT_ERROR` of its calls
-   together (a counter slow to read gets a longer window). Then no more calls are queued, the ones
-   in flight finish, and the device is synchronized.
-5. `energy_mj` = the counter's rise over the window / the calls done in it;
-   `tokens_per_joule` = batch x seq_len / (energy_mj / 1000).
+1. The device is synchronized, then the counter is read every `TICK_POLL_S` until its value changes
+   (at most `TICK_WAIT_S`): the series starts right after an update of the counter, so the energy
+   it counts begins where the calls begin, not up to one step earlier.
+2. Calls back to back, each after the gradients are set to None (host work, no kernel), without
+   the L2 flush and the spin that precede every timed call: neither is charged to the kernel. The
+   calls stop once the count planned from the timed series' fastest call would last
+   `MIN_SERIES_S`, or once `MIN_SERIES_S` of the host's time has passed (a call whose launch takes
+   longer than its kernel), or at `MAX_CALLS`.
+3. The device is synchronized, and the counter is read until its next update (at most
+   `TICK_WAIT_S`), so the step that holds the end of the last call is counted.
+4. `energy_mj` = the counter's rise / calls; `tokens_per_joule` = batch x seq_len / (energy_mj / 1000).
 
-What one call's energy includes: everything the board drew while the GPU ran the calls, the GPU's
-idle (static) power and its memory's included: the GPU's energy while it runs the kernel. The L2
-holds what the call before left in it (the timed calls start from a flushed L2). Where the host
-queues a call more slowly than the GPU runs it, the GPU idles between calls and that idle time is
-charged too, as in any loop of such calls. Otherwise no idle GPU is inside the window: calls run
-before it opens and after it closes, and those calls, the synchronization at both ends and the
-host's start and stop are not counted. The counter may trail the power it sums (its value at an
-update is the energy up to a moment before): the window's energy is then that of an equally long
-span a little earlier, which is the same energy while the GPU runs the same calls on both sides;
-the calls before the window (at least `LEAD_S`) cover a lag up to that. A GPU at its power cap runs the
-series at the capped clock, as a sustained workload does. The series costs `LEAD_S` plus up to two
-steps of the counter plus `MIN_SERIES_S` of calls: about 0.15-0.35 s a case (docs/energy.md).
+What one call's energy includes: everything the board drew while the calls ran, the GPU's idle
+(static) power and its memory's included: the GPU's energy while it runs the kernel. The L2 holds
+what the call before left in it (the timed calls start from a flushed L2). Where the host queues a
+call more slowly than the GPU runs it, the GPU idles between calls and that idle time is charged
+too, as in any loop of such calls. The series ends with less than one step of the counter (20-100
+ms) of the GPU idling after the last call, at idle power; with `MIN_SERIES_S` of calls that is a
+few percent at most. A GPU at its power cap runs the series at the capped clock, as a sustained
+workload does.
 
 When there is no energy
 -----------------------
 The cells stay empty, never zero, and `env.json` says why (`measurement.energy.missing`, one line):
 the setting is off (`energy = false`), the case ran on the CPU, nvidia-ml-py is not installed or
-NVML is unusable, NVML gives no counter for the GPU (`Not Supported`), the counter did not move for
-`UPDATE_WAIT_S`, the series reached `MAX_CALLS` before its window closed, or the counter went
-backwards over the window (a driver reload resets it). A 64-bit counter in millijoules wraps after
-585 million years at 1 kW; a fall is taken as a wrap only when the wrapped rise is one a GPU can
-draw in the window's time (`MAX_BOARD_W`), and so is any rise.
+NVML is unusable, NVML gives no counter for the GPU (`Not Supported`), the counter did not move
+over the series, or it went backwards (a driver reload resets it). A 64-bit counter in millijoules
+wraps after 585 million years at 1 kW; a fall is taken as a wrap only when the wrapped rise is one
+a GPU can draw in the series' time (`MAX_BOARD_W`), and so is any rise.
 """
 
 from __future__ import annotations
 
-import bisect
-import collections
 import math
 import threading
 import time
@@ -74,46 +51,23 @@ from typing import Any
 
 from tfla_bench.measure.gpustate import Monitor, NoEnergyCounter
 
-# The window's shortest length, between the two updates of the counter that bound it.
-MIN_SERIES_S = 0.1
-# The fewest calls done inside the window, so that the count's error at its ends (a share of one
-# call's energy, where the power changes within a call) is a small share of it.
-MIN_WINDOW_CALLS = 20
-# Calls so long that MIN_WINDOW_CALLS of them take longer: a window of this length, one call or more.
-MAX_WINDOW_S = 1.0
-# How long the GPU runs calls before the update that opens the window: the counter's lag.
-LEAD_S = 0.02
-# The most the count of calls at the window's two updates may be off, as a share of its calls (the
-# error is spread evenly up to it, so typically a third of it): the polls around an update, of
-# a slow counter or of a host held up, make its time, and so its count, uncertain.
-COUNT_ERROR = 0.02
-# No update of the counter for this long ends the series without energy.
-UPDATE_WAIT_S = 1.0
-# The pause between two polls while the queue is full.
-POLL_S = 0.0002
-# The GPU work kept in flight, by the timed series' fastest call, and the bounds on its calls.
-QUEUE_S = 0.01
-MIN_QUEUED = 2
-MAX_QUEUED = 256
-# The work queued covers this many reads of the counter, and polls this many reads apart are usual.
-SLOW_READS = 3
-# The GPU's or the host's time between two markers, whichever is longer: shorter calls share one.
-MARK_S = 0.0002
+# The shortest series of calls the counter is read around: with a step of 20-100 ms, the steps at
+# its ends are a small share of it.
+MIN_SERIES_S = 0.5
 # The most calls in one series (a call of microseconds whose launch is quicker still).
 MAX_CALLS = 100_000
-# No GPU board draws more: a larger rise of the counter over a window is not energy.
+# How long to wait for an update of the counter at each end of the series, and how often to look.
+TICK_WAIT_S = 0.2
+TICK_POLL_S = 0.001
+# No GPU board draws more: a larger rise of the counter over a series is not energy.
 MAX_BOARD_W = 2_000.0
-# The counter's window may be longer than the host's by its lag and the polls' spacing.
-RISE_SLACK_S = 0.2
 # NVML's counter is an unsigned 64-bit integer.
 COUNTER_MODULUS = 2**64
 METHOD = (
-    "NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption) between two of its updates at "
-    f"least {MIN_SERIES_S:g} s and {MIN_WINDOW_CALLS} calls apart, polled while the GPU runs back-to-back "
-    "calls (no L2 flush, no spin) that follow the timed calls and continue across both updates; the "
-    "calls done at each update counted by CUDA events after each call, interpolated; energy_mj = the "
-    "counter's rise / those calls, idle power during the calls included, no idle GPU in the window "
-    "(docs/energy.md)"
+    "NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption), read after an update of it "
+    f"before and after at least {MIN_SERIES_S:g} s of back-to-back calls that follow the timed calls "
+    "(no L2 flush, no spin), the device synchronized at both ends; energy_mj = its rise / calls, idle "
+    "power during the calls included (docs/energy.md)"
 )
 OFF = "turned off (the spec's energy = false, or --no-energy)"
 NO_GPU = "no GPU: the energy counter is NVML's, for a CUDA device"
@@ -121,19 +75,17 @@ NO_GPU = "no GPU: the energy counter is NVML's, for a CUDA device"
 
 @dataclass(frozen=True)
 class Energy:
-    """One energy series: the calls done in its window, the host's clock (`time.perf_counter`) at the
-    counter's updates that open and close the window, and the counter's rise over it in mJ; or why
-    there is no energy.
+    """One energy series: the calls, the host's clock (`time.perf_counter`) at the counter's reads
+    that open and close it, and the counter's rise over it in mJ; or why there is no energy.
 
     Attributes:
-        calls: the calls done inside the window, interpolated at its ends (a float).
-        started_s, ended_s: when the updates that open and close the window were made, each the
-            midpoint of the two polls of the counter around it.
+        calls: back-to-back calls made.
+        started_s, ended_s: when the reads that opened and closed the series returned.
         counted_mj: the counter's rise, None when there is no energy.
         missing: why there is no energy, empty when there is.
     """
 
-    calls: float = 0.0
+    calls: int = 0
     started_s: float = 0.0
     ended_s: float = 0.0
     counted_mj: int | None = None
@@ -146,186 +98,46 @@ class Energy:
     @property
     def per_call_mj(self) -> float | None:
         """The energy of one call in mJ, or None."""
-        return self.counted_mj / self.calls if self.counted_mj is not None and self.calls > 0 else None
+        return self.counted_mj / self.calls if self.counted_mj is not None and self.calls else None
 
 
-def host_mark() -> Callable[[], bool]:
-    """The marker of a device whose calls are done when they return (the CPU): passed at once."""
-    return _passed
+def next_update(counter: Callable[[], int], wait_s: float = TICK_WAIT_S, poll_s: float = TICK_POLL_S) -> int:
+    """The counter's value once it has changed from its first read, or that value after `wait_s`."""
+    first = counter()
+    deadline = time.perf_counter() + wait_s
+    while time.perf_counter() < deadline:
+        time.sleep(poll_s)
+        value = counter()
+        if value != first:
+            return value
+    return first
 
 
-def _passed() -> bool:
-    return True
-
-
-def cuda_mark() -> Callable[[], bool]:
-    """A CUDA event recorded on the current stream after the calls queued so far (as the timed calls'
-    events are); its `query` says whether the GPU has passed it."""
-    # The suite imports torch only where it runs calls; the CLI's paths load no torch.
-    import torch
-
-    event = torch.cuda.Event()
-    event.record()
-    return event.query
-
-
-def in_flight(per_call_s: float, queue_s: float = QUEUE_S) -> int:
-    """How many calls to keep queued: `queue_s` of them by `per_call_s`, within [`MIN_QUEUED`,
-    `MAX_QUEUED`]; `MIN_QUEUED` when `per_call_s` is not a positive number (NaN, zero)."""
-    if not per_call_s > 0:
-        return MIN_QUEUED
-    return max(MIN_QUEUED, min(MAX_QUEUED, math.ceil(queue_s / per_call_s)))
-
-
-class _Calls:
-    """The series' calls: queued `per_mark` at a time (fewer once the host takes longer than
-    `MARK_S` a group), each group with its marker, and when each call was seen done (host clock)."""
-
-    def __init__(
-        self,
-        call: Callable[[], Any],
-        before_each: Callable[[], None] | None,
-        mark: Callable[[], Callable[[], bool]],
-        per_mark: int,
-    ) -> None:
-        self._call, self._before_each, self._mark, self._per_mark = call, before_each, mark, per_mark
-        self.queued = 0
-        self.pending: collections.deque[tuple[Callable[[], bool], int]] = collections.deque()
-        self.done_s: list[float] = []
-        self.host_s = math.inf  # the host's quickest time to queue a group and its marker
-
-    @property
-    def done(self) -> int:
-        return len(self.done_s)
-
-    def queue(self) -> None:
-        began_s = time.perf_counter()
-        for _ in range(self._per_mark):
-            if self._before_each is not None:
-                self._before_each()
-            self._call()
-        self.pending.append((self._mark(), self._per_mark))
-        self.queued += self._per_mark
-        # A host slower than MARK_S a group polls between fewer calls: fewer share a marker.
-        group_s = time.perf_counter() - began_s
-        self.host_s = min(self.host_s, group_s)
-        if group_s > 0:
-            self._per_mark = max(1, min(self._per_mark, math.floor(MARK_S * self._per_mark / group_s)))
-
-    def poll(self, since_s: float, now_s: float) -> None:
-        """Count the markers the device passed, oldest first; the calls they close ended after the poll
-        at `since_s` and by `now_s`, and are taken as spread evenly over that time."""
-        passed = 0
-        while self.pending and self.pending[0][0]():
-            passed += self.pending.popleft()[1]
-        share = (now_s - since_s) / passed if passed else 0.0
-        self.done_s.extend(since_s + (index + 0.5) * share for index in range(passed))
-
-    def done_at(self, when_s: float) -> float:
-        """The calls done at `when_s` on the host's clock, linear between the completion times of the
-        calls around it (one must end before `when_s` and one after)."""
-        after = bisect.bisect_right(self.done_s, when_s)
-        if not 0 < after < len(self.done_s):
-            raise ValueError(f"no call ended on both sides of {when_s}")
-        earlier, later = self.done_s[after - 1], self.done_s[after]
-        return after + (when_s - earlier) / (later - earlier)
-
-
-@dataclass(frozen=True)
-class _Update:
-    """An update of the counter seen by a poll: its value, when it was made (the midpoint of the poll
-    before and this one), the calls done then by the midpoint of both polls' counts, and how far that
-    count may be off (half the calls done between the polls, or half the share of one call that the
-    time between them is)."""
-
-    value: int
-    at_s: float
-    done: float
-    spread: float
-
-
-def _window(
-    calls: _Calls,
-    counter: Callable[[], int],
+def back_to_back(
+    call: Callable[[], Any],
+    before_each: Callable[[], None] | None,
     per_call_s: float,
-    min_s: float,
-    max_calls: int,
-    queue_s: float,
-    lead_s: float = LEAD_S,
-) -> tuple[_Update, _Update] | str:
-    """Queue calls and poll until the updates that open and close the window (the module docstring,
-    steps 2-4); or why there is no window."""
-    began_s = time.perf_counter()
-    value = counter()
-    polled_s = moved_s = time.perf_counter()
-    # A counter that takes milliseconds to read (NVML does on some hosts) needs more work queued to
-    # cover a poll, and its polls are that far apart: the quickest read so far says how slow it is.
-    read_s = polled_s - began_s
-    queued_at_move = 0
-    opening: _Update | None = None
-    while True:
-        # Calls until the queue is full or a poll is due, a read's time after the last (where reads
-        # are slow, the host spends about as long queuing as reading).
-        queued = in_flight(per_call_s, max(queue_s, SLOW_READS * read_s))
-        room = calls.queued - calls.done < queued and calls.queued < max_calls
-        while calls.queued - calls.done < queued and calls.queued < max_calls:
-            calls.queue()
-            if time.perf_counter() - polled_s >= max(POLL_S, read_s):
-                break
-        if not room:
-            time.sleep(POLL_S)
-        reading_s = time.perf_counter()
-        read = counter()
-        now_s = time.perf_counter()
-        read_s = min(read_s, now_s - reading_s)
-        done_before = calls.done
-        calls.poll(polled_s, now_s)
-        if read != value:
-            between = calls.done - done_before
-            # Calls of known length that end less than twice between two polls: the share of one.
-            share = min(1.0, (now_s - polled_s) / per_call_s) if per_call_s > 0 else 1.0
-            spread = between / 2 if between > 1 else share / 2
-            update = _Update(read, (polled_s + now_s) / 2, (done_before + calls.done) / 2, spread)
-            # Polls further apart than a few reads and queued calls (a host held up) blur an update.
-            usual = now_s - polled_s <= max(COUNT_ERROR * min_s, SLOW_READS * (read_s + calls.host_s))
-            if opening is None:
-                # The GPU has run calls for LEAD_S: a lagging counter's value is the calls' energy too.
-                if usual and done_before and update.at_s - calls.done_s[0] >= lead_s:
-                    opening = update
-            elif usual and _closes(opening, update, min_s):
-                return opening, update
-            value, moved_s, queued_at_move = read, now_s, calls.queued
-        elif now_s - moved_s > UPDATE_WAIT_S:
-            return rise_mj(value, read, now_s - moved_s, calls.queued - queued_at_move)[1]
-        if calls.queued >= max_calls and not calls.pending:
-            return f"the counter's window did not close within {max_calls} calls"
-        polled_s = now_s
+    min_s: float = MIN_SERIES_S,
+    max_calls: int = MAX_CALLS,
+) -> int:
+    """Queue calls until `per_call_s` says they last `min_s`, or `min_s` of the host's time has passed,
+    or `max_calls`; at least one. Returns the number of calls."""
+    # A time that is not a positive number (NaN, zero) plans nothing: the host's time stops the calls.
+    planned = max_calls if not per_call_s > 0 else max(1, min(max_calls, math.ceil(min_s / per_call_s)))
+    calls = 0
+    began = time.perf_counter()
+    while calls < planned and (calls == 0 or time.perf_counter() - began < min_s):
+        if before_each is not None:
+            before_each()
+        call()
+        calls += 1
+    return calls
 
 
-def _closes(opening: _Update, update: _Update, min_s: float) -> bool:
-    """Whether `update` closes the window that `opening` opened (the module docstring, step 4)."""
-    span_s, inside = update.at_s - opening.at_s, update.done - opening.done
-    enough = inside >= MIN_WINDOW_CALLS or (span_s >= MAX_WINDOW_S and inside >= 1)
-    return span_s >= min_s and enough and opening.spread + update.spread <= COUNT_ERROR * inside
-
-
-def _finish(calls: _Calls, closing_s: float) -> None:
-    """Let the calls in flight end, seen by polls, with one more call where none ends after
-    `closing_s` (a host that queues more slowly than the GPU runs)."""
-    if not calls.pending and calls.done_s[-1] <= closing_s:
-        calls.queue()
-    polled_s = time.perf_counter()
-    while calls.pending:
-        time.sleep(POLL_S)
-        now_s = time.perf_counter()
-        calls.poll(polled_s, now_s)
-        polled_s = now_s
-
-
-def rise_mj(start: int, end: int, seconds: float, calls: float) -> tuple[int | None, str]:
-    """The counter's rise from `start` to `end` over a window of `seconds` and `calls`, or None and why
+def rise_mj(start: int, end: int, seconds: float, calls: int) -> tuple[int | None, str]:
+    """The counter's rise from `start` to `end` over a series of `seconds` and `calls`, or None and why
     it is not an energy (it did not move, went backwards, or rose more than a GPU can draw)."""
-    most = MAX_BOARD_W * 1e3 * (seconds + RISE_SLACK_S)
+    most = MAX_BOARD_W * 1e3 * (seconds + TICK_WAIT_S)
     rise = end - start
     if rise < 0 and rise + COUNTER_MODULUS <= most:
         rise += COUNTER_MODULUS  # a wrap past 2**64: the only fall a GPU can make in this time
@@ -335,8 +147,7 @@ def rise_mj(start: int, end: int, seconds: float, calls: float) -> tuple[int | N
             "reloaded or the counter reset"
         )
     if rise == 0:
-        count = calls if isinstance(calls, int) else f"{calls:.1f}"
-        return None, f"the counter did not move over {count} calls in {seconds:.2f} s"
+        return None, f"the counter did not move over {calls} calls in {seconds:.2f} s"
     if rise > most:
         most_w = f"{MAX_BOARD_W:g} W"
         return None, f"the counter rose {rise} mJ in {seconds:.2f} s, more than a GPU draws ({most_w})"
@@ -348,13 +159,10 @@ def measure_energy(
     *,
     counter: Callable[[], int],
     sync: Callable[[], None],
-    mark: Callable[[], Callable[[], bool]],
     per_call_s: float,
     before_each: Callable[[], None] | None = None,
     min_s: float = MIN_SERIES_S,
     max_calls: int = MAX_CALLS,
-    queue_s: float = QUEUE_S,
-    lead_s: float = LEAD_S,
 ) -> Energy:
     """One energy series of `call` (the module docstring).
 
@@ -362,39 +170,22 @@ def measure_energy(
         call: the call (a kernel launch, forward + backward, or a CUDA graph replay).
         counter: reads the energy counter in mJ (`Monitor.energy_mj`); raises `NoEnergyCounter`.
         sync: waits for the device (`timing.synchronize`).
-        mark: queues a marker after the calls queued so far and returns whether the device has
-            passed it (`cuda_mark`; `host_mark` for a device whose calls end when they return).
-        per_call_s: the time of one call, for the calls kept in flight (the timed series' fastest).
+        per_call_s: the time of one call, for the number of calls (the timed series' fastest).
         before_each: state reset before each call (gradients to None); no GPU work.
-        min_s: the window's shortest length (`MIN_SERIES_S`).
-        max_calls: the most calls queued before the window closes (`MAX_CALLS`).
-        queue_s: the work kept in flight, by `per_call_s` (`in_flight`).
-        lead_s: how long the GPU runs calls before the update that opens the window (`LEAD_S`).
-
-    Examples::
-
-        spent = measure_energy(step, counter=monitor.energy_mj, sync=torch.cuda.synchronize,
-                               mark=cuda_mark, per_call_s=stats.min_ms / 1e3)
-        spent.per_call_mj  # None, and spent.missing says why, where there is no energy
+        min_s, max_calls: `back_to_back`'s.
     """
-    # Calls shorter than MARK_S share a marker: a marker per call would slow the host's loop of them.
-    per_mark = max(1, min(MAX_QUEUED, math.floor(MARK_S / per_call_s))) if per_call_s > 0 else 1
-    calls = _Calls(call, before_each, mark, per_mark)
     try:
         sync()
-        window = _window(calls, counter, per_call_s, min_s, max_calls, queue_s, lead_s)
+        start = next_update(counter)
+        started_s = time.perf_counter()
+        calls = back_to_back(call, before_each, per_call_s, min_s, max_calls)
+        sync()
+        end = next_update(counter)
     except NoEnergyCounter as exc:
-        sync()
         return Energy(missing=str(exc))
-    if isinstance(window, str):
-        sync()
-        return Energy(missing=window)
-    opening, closing = window
-    _finish(calls, closing.at_s)
-    sync()
-    counted = calls.done_at(closing.at_s) - calls.done_at(opening.at_s)
-    rise, missing = rise_mj(opening.value, closing.value, closing.at_s - opening.at_s, counted)
-    return Energy(counted, opening.at_s, closing.at_s, rise, missing)
+    ended_s = time.perf_counter()
+    rise, missing = rise_mj(start, end, ended_s - started_s, calls)
+    return Energy(calls, started_s, ended_s, rise, missing)
 
 
 class PowerSampler:
@@ -409,7 +200,7 @@ class PowerSampler:
     Examples::
 
         with PowerSampler(read_watts) as sampler:
-            series = measure_energy(call, counter=..., sync=..., mark=cuda_mark, per_call_s=...)
+            series = measure_energy(call, counter=..., sync=..., per_call_s=...)
         integrate_mj(sampler.samples, series.started_s, series.ended_s)
     """
 

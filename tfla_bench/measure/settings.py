@@ -47,9 +47,9 @@ class MeasureSettings:
         timeout_s: wall-clock limit per case, first call (compile/autotune) included.
         autotune_ms: timed milliseconds per config when a library's Triton autotuner tunes in the
             first call (`tfla_bench.measure.timing.autotuning_budget`); Triton's own is 100.
-        energy: after the timed calls, read NVML's energy counter between two of its updates while
-            back-to-back calls run, for the row's `energy_mj` and `tokens_per_joule` (GPU only, about
-            0.15-0.35 s a case; `tfla_bench.measure.energy`).
+        energy: after the timed calls, read NVML's energy counter around at least 0.5 s of
+            back-to-back calls, each read after one of its updates, for the row's `energy_mj` and
+            `tokens_per_joule` (GPU only, about 0.6-0.7 s a case; `tfla_bench.measure.energy`).
     """
 
     warmup: int | None = None

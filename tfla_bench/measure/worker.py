@@ -19,7 +19,8 @@ Outcomes: Python exceptions are caught inside the worker (`oom` for CUDA out-of-
 which the cache is emptied and the worker goes on; `error` for anything else, with the message's
 last line). A worker that dies or does not answer within the case timeout is killed by the parent
 and replaced before the next case (`crashed` / `timeout`); autotuners keep their choices on disk
-(`AUTOTUNE_CACHE_ENV`), so a replaced worker does not time them again. A CUDA error that poisons
+(`AUTOTUNE_CACHE_ENV`), so a replaced worker does not time them again, and FlashAttention 4 keeps
+its compiled kernels there too (`CUTE_CACHE_ENV`). A CUDA error that poisons
 the context (illegal memory access, device-side assert) retires the worker after its row.
 """
 
@@ -72,6 +73,14 @@ INTERRUPT_JOIN_S = 10.0
 # the environment says otherwise, so a worker replaced after a crash, a second GPU's worker and a
 # later sweep with the same cache do not time the same configs again (fla's kernels do this anyway).
 AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
+# FlashAttention 4's CuTe DSL compiles a kernel at its first call in each process and keeps it in
+# memory only, unless its persistent cache is on (flash_attn/cute/cache_utils.py). The workers turn
+# it on, in a folder of Triton's cache directory, so a later process of the same adapter (its long
+# calls, a replaced worker, a warm sweep) loads what an earlier one compiled, and an empty Triton
+# cache directory means a cold FA4 too (`cute_cache_settings`).
+CUTE_CACHE_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+CUTE_CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+CUTE_CACHE_FOLDER = "flash_attention_cute_dsl"
 
 
 class WorkerJob(Protocol):
@@ -360,7 +369,6 @@ def _energy(
         timed,
         counter=monitor.energy_mj,
         sync=functools.partial(timing.synchronize, device),
-        mark=energy.cuda_mark if timing.is_cuda(device) else energy.host_mark,
         per_call_s=fastest_ms / 1e3,
         before_each=reset_grads,
     )
@@ -498,6 +506,34 @@ def autotune_cache_setting() -> str:
     return os.environ.get(AUTOTUNE_CACHE_ENV, "1")
 
 
+def triton_cache_dir() -> Path:
+    """The directory Triton compiles into: `TRITON_CACHE_DIR`, else Triton's default."""
+    # Triton loads only where our kernels or an autotuner are touched.
+    from triton import knobs
+
+    return Path(knobs.cache.dir)
+
+
+def cute_cache_settings() -> dict[str, str]:
+    """The environment of FlashAttention 4's persistent CuTe DSL cache that the workers run with: on
+    (`CUTE_CACHE_ENV`), in `CUTE_CACHE_FOLDER` of Triton's cache directory (`CUTE_CACHE_DIR_ENV`),
+    where the environment does not say otherwise; nothing without Triton."""
+    settings = {CUTE_CACHE_ENV: os.environ.get(CUTE_CACHE_ENV, "1")}
+    if CUTE_CACHE_DIR_ENV in os.environ:
+        return settings | {CUTE_CACHE_DIR_ENV: os.environ[CUTE_CACHE_DIR_ENV]}
+    try:
+        return settings | {CUTE_CACHE_DIR_ENV: str(triton_cache_dir() / CUTE_CACHE_FOLDER)}
+    except ImportError:
+        return {}
+
+
+def cute_cache_dir() -> str | None:
+    """Where the workers keep FlashAttention 4's compiled kernels (env.json's `cute_cache`); None
+    when its persistent cache is off."""
+    settings = cute_cache_settings()
+    return settings.get(CUTE_CACHE_DIR_ENV) if settings.get(CUTE_CACHE_ENV) == "1" else None
+
+
 def worker_main(
     conn: Connection,
     device: str,
@@ -513,6 +549,7 @@ def worker_main(
     if niceness:
         os.nice(niceness)
     os.environ[AUTOTUNE_CACHE_ENV] = autotune_cache_setting()
+    os.environ.update(cute_cache_settings())
     # Stays open for the process's lifetime: it backs file descriptors 1 and 2.
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)

@@ -83,7 +83,15 @@ from typing import Any
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
-from tfla_bench.measure.worker import CrashGuard, Failure, Worker, failure_of, log_outcome, make_step
+from tfla_bench.measure.worker import (
+    CrashGuard,
+    Failure,
+    Worker,
+    failure_of,
+    log_outcome,
+    make_step,
+    triton_cache_dir,
+)
 from tfla_bench.run import rundir
 
 MAX_BATCH = 16
@@ -562,14 +570,6 @@ class _KernelsLeft:
 DONE_FILE = "tfla-bench-precompiled.json"
 # How many fingerprints the done file keeps (the newest), so it does not grow without bound.
 MAX_FINGERPRINTS = 8
-
-
-def triton_cache_dir() -> Path:
-    """The directory Triton compiles into: `TRITON_CACHE_DIR`, else Triton's default."""
-    # Triton loads only where our kernels or an autotuner are touched.
-    from triton import knobs
-
-    return Path(knobs.cache.dir)
 
 
 def fingerprint(devices: list[str]) -> str:

@@ -43,12 +43,12 @@ Each case runs in a worker process that owns one device (`tfla_bench.measure.wor
    timed call (`tfla_bench.measure.gpustate`); `throttled` flags a row measured under a power, thermal or
    hardware slowdown. A case whose power cap sets in while it is timed is timed again
    (`power_cap`: with an idle gap after each call, or back to back).
-7. Energy (CUDA, with nvidia-ml-py; `energy = false` turns it off): after the timed calls, the GPU
-   runs back-to-back calls without flush or spin while the host polls NVML's energy counter;
-   `energy_mj` is the counter's rise between two of its updates at least 0.1 s apart over the
-   calls done between them (the GPU's idle power included, no idle GPU inside), and
-   `tokens_per_joule` batch x seq_len over it in joules (`tfla_bench.measure.energy`). Where a row
-   has none, `env.json`'s `measurement.energy.missing` says why.
+7. Energy (CUDA, with nvidia-ml-py; `energy = false` turns it off): after the timed calls, NVML's
+   energy counter is read, after one of its updates, around at least 0.5 s of back-to-back calls
+   without flush or spin, the device synchronized at both ends; `energy_mj` is its rise over the
+   calls (the GPU's idle power included) and `tokens_per_joule` batch x seq_len over it in joules
+   (`tfla_bench.measure.energy`). Where a row has none, `env.json`'s `measurement.energy.missing`
+   says why.
 
 A call is, in `fw`, the forward under `torch.no_grad()`; in `fwbw`, the forward and then the
 backward from a fixed upstream gradient (`grad = "fixed"`: one `randn_like(out)` made on the
@@ -123,7 +123,14 @@ from tfla_bench.measure import energy, envinfo
 from tfla_bench.measure import roofs as roofs_module
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
-from tfla_bench.measure.worker import CrashGuard, Job, Measurement, Worker, autotune_cache_setting
+from tfla_bench.measure.worker import (
+    CrashGuard,
+    Job,
+    Measurement,
+    Worker,
+    autotune_cache_setting,
+    cute_cache_dir,
+)
 from tfla_bench.model import roofline
 from tfla_bench.run import rundir
 from tfla_bench.run.console import case_label, make_console, progress_bar, row_line, timing_notes
@@ -885,6 +892,7 @@ def _start_workers(
         "memory": "torch.cuda.max_memory_allocated" if cuda else "not measured on CPU",
         "flush_bytes": info.flush_bytes if info and spec.measurement.l2_flush else None,
         "autotune_cache": autotune_cache_setting(),
+        "cute_cache": cute_cache_dir(),
         "kernel_configs": kernel_config.tuned_source(),
         # The setting's value, the method and why there is no energy, where a device says so already.
         "energy": energy.env_record(
