@@ -346,6 +346,15 @@ def _distance(key: tuple, head_dim_qk: int, head_dim_v: int, chunk_size: int) ->
     return steps + CHUNK_STEP_WEIGHT * abs(math.log2(chunk / chunk_size))
 
 
+def _shortfall(key: tuple, head_dim_qk: int, head_dim_v: int) -> float:
+    """How far the tuned shape's head dims fall below these (doublings): `adapted` cuts head-dim
+    blocks to fit but never widens them, so an entry tuned at smaller head dims brings blocks
+    smaller than these dims need (for mLSTMexp a d_qk block below the head dim also turns on float32
+    states). Among equally near shapes the one with the least shortfall wins."""
+    _, _, dqk, dv, _, _, _ = key
+    return max(0.0, math.log2(head_dim_qk / dqk)) + max(0.0, math.log2(head_dim_v / dv))
+
+
 @lru_cache(maxsize=256)
 def config_for(
     kernel: str,
@@ -358,7 +367,8 @@ def config_for(
 ) -> KernelConfig:
     """The config of one call on a GPU (`gpu_target`): the entry tuned for this GPU's name at this
     shape, else the entry for its architecture, else the nearest tuned shape of the same kernel,
-    gate and dtype on this GPU or architecture that can run here (`adapted`), else `default_config`.
+    gate and dtype on this GPU or architecture that can run here (`adapted`; among equally near ones,
+    the one tuned at head dims no smaller than these, `_shortfall`), else `default_config`.
     """
     arch, name = gpu
     shape = (kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
@@ -367,11 +377,17 @@ def config_for(
             return TUNED_CONFIGS[(target, *shape)]
     nearby = sorted(
         (
-            (_distance(key, head_dim_qk, head_dim_v, chunk_size), key[0] != name, str(key), config)
+            (
+                _distance(key, head_dim_qk, head_dim_v, chunk_size),
+                _shortfall(key, head_dim_qk, head_dim_v),
+                key[0] != name,
+                str(key),
+                config,
+            )
             for key, config in TUNED_CONFIGS.items()
             if key[0] in (name, arch) and key[0] and (key[1], key[5], key[6]) == (kernel, dtype, gate)
         ),
-        key=lambda item: item[:3],
+        key=lambda item: item[:4],
     )
     for *_, config in nearby:
         carried = adapted(kernel, config, head_dim_qk, head_dim_v, chunk_size, dtype)

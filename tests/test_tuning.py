@@ -334,3 +334,21 @@ def test_a_winner_less_accurate_than_the_default_is_not_kept(monkeypatch):
         assert entry["config"] == dataclasses.asdict(kept)
         assert entry["default_reference_rel_err"] == 1e-2
         assert entry["tuned_reference_rel_err"] == errors[kept]
+
+
+def test_between_equally_near_shapes_the_one_tuned_at_head_dims_no_smaller_wins(monkeypatch):
+    # Head dims 256/256 lie one doubling from 128/256 and from 256/512: the 256/512 entry's blocks
+    # cut to fit, the 128/256 entry's d_qk block (128) cannot grow to the head dim.
+    monkeypatch.setattr(kconfig, "TUNED_CONFIGS", {})
+    kconfig.config_for.cache_clear()
+    tuned = {}
+    for dqk, dv, warps in ((128, 256, 2), (256, 512, 16)):
+        base = kconfig.default_config("tfla", dqk, dv, 128, torch.bfloat16, "exp")
+        tuned[dqk] = kconfig.KernelConfig(**{**base.__dict__, "num_warps": warps, "qk": min(dqk, 256)})
+        kconfig.register_tuned("sm90", "tfla", dqk, dv, 128, torch.bfloat16, "exp", tuned[dqk])
+    got = kconfig.config_for("tfla", 256, 256, 128, torch.bfloat16, "exp", ("sm90", "NVIDIA H200"))
+    assert got.num_warps == 16 and got.qk == 256
+    assert not kconfig.float32_states("tfla", "exp", 256, got)
+    # Nearer is still nearer: at 128/256 itself the entry tuned there wins.
+    assert kconfig.config_for("tfla", 128, 256, 128, torch.bfloat16, "exp", ("sm90", "x")).num_warps == 2
+    kconfig.config_for.cache_clear()
