@@ -74,7 +74,7 @@ INTERRUPT_JOIN_S = 10.0
 # later sweep with the same cache do not time the same configs again (fla's kernels do this anyway).
 AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
 # FlashAttention 4's CuTe DSL compiles a kernel at its first call in each process and keeps it in
-# memory only, unless its persistent cache is on (flash_attn/cute/cache_utils.py). The workers turn
+# memory only, unless its persistent cache is on (`flash_attn.cute.cache_utils`). The workers turn
 # it on, in a folder of Triton's cache directory, so a later process of the same adapter (its long
 # calls, a replaced worker, a warm sweep) loads what an earlier one compiled, and an empty Triton
 # cache directory means a cold FA4 too (`cute_cache_settings`).
