@@ -549,7 +549,6 @@ def worker_main(
     if niceness:
         os.nice(niceness)
     os.environ[AUTOTUNE_CACHE_ENV] = autotune_cache_setting()
-    os.environ.update(cute_cache_settings())
     # Stays open for the process's lifetime: it backs file descriptors 1 and 2.
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
@@ -568,6 +567,8 @@ def worker_main(
     # imports torch at import time, which only this path needs.
     from tfla_bench.measure import timing
 
+    # Before any adapter's library loads; finding Triton's cache directory imports Triton.
+    os.environ.update(cute_cache_settings())
     registry.load()
     if timing.is_cuda(device):
         torch.cuda.set_device(device)
