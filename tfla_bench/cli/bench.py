@@ -146,7 +146,7 @@ class _Flags:
         bool | None,
         typer.Option(
             "--energy/--no-energy",
-            help="energy per call: NVML's counter over calls after the timed ones (0.6-0.7 s a case)",
+            help="energy per call: NVML's counter over calls after the timed ones (H200: 0.6-0.7 s a case)",
         ),
     ] = None
     clock: Annotated[

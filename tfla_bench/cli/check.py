@@ -46,6 +46,7 @@ from tfla_bench.run.console import (
 from tfla_bench.run.correctness import (
     DEFAULT_TIMEOUT_S,
     GateResult,
+    answers_availability,
     available_reasons,
     failed_names,
     json_row,
@@ -104,7 +105,7 @@ def check(
     learned = available_reasons(results, device)
     registry.remember_availability(learned)
     unknown = [registry.get(result.name) for result in results if result.name not in learned]
-    if unknown and device in ("cpu", "cuda", "cuda:0"):
+    if unknown and answers_availability(device):
         registry.availability_answers(unknown)
     if as_json:
         typer.echo(json.dumps([json_row(result) for result in results], indent=2))

@@ -49,7 +49,7 @@ class MeasureSettings:
             first call (`tfla_bench.measure.timing.autotuning_budget`); Triton's own is 100.
         energy: after the timed calls, read NVML's energy counter around at least 0.5 s of
             back-to-back calls, each read after one of its updates, for the row's `energy_mj` and
-            `tokens_per_joule` (GPU only, about 0.6-0.7 s a case; `tfla_bench.measure.energy`).
+            `tokens_per_joule` (GPU only, 0.6-0.7 s a case on an H200; `tfla_bench.measure.energy`).
     """
 
     warmup: int | None = None

@@ -382,13 +382,19 @@ def failed_names(results: list[GateResult]) -> set[str]:
     return {result.name for result in results if result.passed is False}
 
 
+def answers_availability(device: str) -> bool:
+    """Whether a gate on `device` asks `available_reason` where `registry.availability` does (the CPU
+    or the first GPU), so what it learns can go into the availability cache."""
+    return device in ("cpu", "cuda", "cuda:0")
+
+
 def available_reasons(results: list[GateResult], device: str) -> dict[str, str | None]:
     """What the gate learned of each adapter's `available_reason` (by name), where its workers asked
     it as `registry.availability` does (on the CPU or the first GPU): None where the gate went past
     the question (it compared, or stopped at the case or the reference), the reason where it stopped
     there. A crash or a timeout, which may have come while asking, and a device's own reason leave the
     answer unknown, and the adapter out."""
-    if device not in ("cpu", "cuda", "cuda:0"):
+    if not answers_availability(device):
         return {}
     reasons: dict[str, str | None] = {}
     for result in results:

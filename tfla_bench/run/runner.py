@@ -132,6 +132,7 @@ from tfla_bench.measure.worker import (
     cute_cache_dir,
 )
 from tfla_bench.model import roofline
+from tfla_bench.model.hardware import Accelerator
 from tfla_bench.run import rundir
 from tfla_bench.run.console import case_label, make_console, progress_bar, row_line, timing_notes
 from tfla_bench.run.phases import PhaseClock
@@ -642,21 +643,21 @@ def measuring_order(to_run: list[_Planned], roofs: dict | None = None) -> list[_
     2.5-5.3% longer beside it than after it, while the median of many short calls kept clear of it
     (`results/runs/fig5_consttoken-20261202-h200-beside-warm/diff_vs_beside.csv`)."""
 
+    known = roofs is not None and "error" not in roofs
+    accelerator = roofs_module.MeasuredRoofs.from_dict(roofs).accelerator() if known else None
+
     def group(planned: _Planned) -> int:
         adapter = planned.adapter
-        if long_call(planned, roofs):
+        if accelerator is not None and long_call(planned, accelerator):
             return 3
         return 0 if adapter.precompile == "none" else 2 if adapter.autotuned else 1
 
     return sorted(to_run, key=group)
 
 
-def long_call(planned: _Planned, roofs: dict | None) -> bool:
-    """Whether the model puts one call of the case at `LONG_CALL_S` or longer at the GPU's measured
-    roofs (`roofs`, the sweep's env.json record; False without them)."""
-    if roofs is None or "error" in roofs:
-        return False
-    accelerator = roofs_module.MeasuredRoofs.from_dict(roofs).accelerator()
+def long_call(planned: _Planned, accelerator: Accelerator) -> bool:
+    """Whether the model puts one call of the case at `LONG_CALL_S` or longer at `accelerator`'s
+    roofs (the GPU's measured ones)."""
     return roofline.runtime_ms_lower(planned.flops, planned.bytes, accelerator) / 1e3 >= LONG_CALL_S
 
 
