@@ -567,10 +567,11 @@ def worker_main(
     # imports torch at import time, which only this path needs.
     from tfla_bench.measure import timing
 
-    # Before any adapter's library loads; finding Triton's cache directory imports Triton.
-    os.environ.update(cute_cache_settings())
     registry.load()
     if timing.is_cuda(device):
+        # Before any adapter's library loads (FA4 runs on a GPU only); finding Triton's cache
+        # directory imports Triton.
+        os.environ.update(cute_cache_settings())
         torch.cuda.set_device(device)
     info = _device_info(device)
     if preload is not None:
