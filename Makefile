@@ -167,16 +167,17 @@ cuda-wheel-%:
 		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC))
 
 # Every paper figure's sweep on a GPU after `make gpu`, one after the other into $(PAPER_DIR)/<spec>,
-# each compiling beside its measuring in all cores but two; a sweep that stops is continued with
-# `tfla-bench sweep --resume $(PAPER_DIR)/<spec>`. `tfla-bench compare` and `plot` draw them.
+# each compiling beside its measuring in all cores but two. Run again with the same PAPER_DIR after a
+# stop (a machine's time limit): a spec begun there is resumed, a finished one kept as it is.
+# `tfla-bench compare` and `plot` draw them.
 PAPER_SPECS ?= fig5_consttoken fig6_chunk_tradeoff fig17_headdim tfla_vs_peer tfla_vs_peer_chunks fig16_lightning fig15_fla
 PAPER_DIR ?= runs/paper-$(shell date +%Y%m%d-%H%M%S)
 PRECOMPILE ?= $(shell n=$$(nproc); echo $$(( n > 3 ? n - 2 : 1 )))
 paper:
 	@failed=""; for spec in $(PAPER_SPECS); do \
-		start=$$(date +%s); \
-		$(PYTHON) -m tfla_bench.cli.main sweep $$spec --precompile $(PRECOMPILE) --out $(PAPER_DIR)/$$spec \
-			|| failed="$$failed $$spec"; \
+		start=$$(date +%s); run=$(PAPER_DIR)/$$spec; \
+		if [ -f $$run/spec.json ]; then what="--resume $$run"; else what="$$spec --out $$run"; fi; \
+		$(PYTHON) -m tfla_bench.cli.main sweep $$what --precompile $(PRECOMPILE) || failed="$$failed $$spec"; \
 		echo "make paper: $$spec in $$(( $$(date +%s) - start )) s"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "make paper: these sweeps did not finish:$$failed"; exit 1; fi
