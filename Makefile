@@ -46,7 +46,7 @@ else
 TEST_ENV := TRITON_INTERPRET=1
 endif
 
-.PHONY: run test test-quick test-slow test-slurm test-browser lint clean wheelhouse cuda-wheels gpu paper
+.PHONY: run test test-quick test-slow test-slurm test-browser lint clean wheelhouse cuda-wheels gpu paper kernel-cache
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -169,7 +169,8 @@ cuda-wheel-%:
 # Every paper figure's sweep on a GPU after `make gpu`, one after the other into $(PAPER_DIR)/<spec>,
 # each compiling beside its measuring in all cores but two. Run again with the same PAPER_DIR after a
 # stop (a machine's time limit): a spec begun there is resumed, a finished one kept as it is.
-# `tfla-bench compare` and `plot` draw them.
+# `tfla-bench compare` and `plot` draw them. Where $(WHEELHOUSE) exists, Triton's kernel cache is then
+# packed into it (`make kernel-cache`) for the next machine of this GPU architecture.
 PAPER_SPECS ?= fig5_consttoken fig6_chunk_tradeoff fig17_headdim tfla_vs_peer tfla_vs_peer_chunks fig16_lightning fig15_fla
 PAPER_DIR ?= runs/paper-$(shell date +%Y%m%d-%H%M%S)
 PRECOMPILE ?= $(shell n=$$(nproc); echo $$(( n > 3 ? n - 2 : 1 )))
@@ -180,12 +181,19 @@ paper:
 		$(PYTHON) -m tfla_bench.cli.main sweep $$what --precompile $(PRECOMPILE) || failed="$$failed $$spec"; \
 		echo "make paper: $$spec in $$(( $$(date +%s) - start )) s"; \
 	done; \
+	if [ -d "$(WHEELHOUSE)" ]; then $(PYTHON) -m tfla_bench.kernel_cache pack --wheelhouse $(WHEELHOUSE) \
+		|| echo "make paper: the kernel cache was not packed"; fi; \
 	if [ -n "$$failed" ]; then echo "make paper: these sweeps did not finish:$$failed"; exit 1; fi
 
+# Triton's compiled kernels and autotuning choices into $(WHEELHOUSE), for the next machine of this GPU
+# architecture, whose `make gpu` unpacks them (tfla_bench/kernel_cache.py).
+kernel-cache:
+	$(PYTHON) -m tfla_bench.kernel_cache pack --wheelhouse $(WHEELHOUSE)
+
 # One command on a GPU machine: the suite into the node's own Python (its torch and triton), the
-# baselines, the CUDA wheels that are missing (built side by side), then `list` and `check`. Offline
-# when $(WHEELHOUSE) holds wheels (`make wheelhouse` elsewhere); FA3's source from FLASH_ATTN_SRC or a
-# clone. A second run only checks.
+# baselines, the CUDA wheels that are missing (built side by side), the kernel cache an earlier machine
+# packed (`make kernel-cache`), then `list` and `check`. Offline when $(WHEELHOUSE) holds wheels (`make
+# wheelhouse` elsewhere); FA3's source from FLASH_ATTN_SRC or a clone. A second run only checks.
 gpu:
 ifneq ($(wildcard $(WHEELHOUSE)/*.whl),)
 	$(PYTHON) -m pip install -q --no-index --find-links $(WHEELHOUSE) --no-deps "setuptools>=77" wheel

@@ -33,12 +33,14 @@ FOLDER_LAYERS = (
     ("cli",),  # the command line
 )
 # Modules at the top of `tfla_bench/`: the package itself and what every layer may use (the error
-# type) sit at the bottom; the wheel builder and the GPU set-up stand above the command line.
+# type) sit at the bottom; the wheel builder, the kernel cache's carrier and the GPU set-up stand above
+# the command line.
 TOP_MODULES = {
     "tfla_bench": 0,
     "tfla_bench.errors": 0,
     "tfla_bench.cuda_wheels": len(FOLDER_LAYERS),
     "tfla_bench.gpu_setup": len(FOLDER_LAYERS),
+    "tfla_bench.kernel_cache": len(FOLDER_LAYERS),
 }
 LAYERS = tuple(tuple(f"tfla_bench.{folder}" for folder in folders) for folders in FOLDER_LAYERS)
 

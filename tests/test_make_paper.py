@@ -21,7 +21,7 @@ done
 
 
 def make_paper(
-    tmp_path: Path, paper_dir: Path, fail: str = "none"
+    tmp_path: Path, paper_dir: Path, fail: str = "none", wheelhouse: Path | None = None
 ) -> tuple[subprocess.CompletedProcess, list[str]]:
     python = tmp_path / "python"
     python.write_text(STAND_IN)
@@ -37,6 +37,7 @@ def make_paper(
             f"PAPER_DIR={paper_dir}",
             "PRECOMPILE=3",
             "PAPER_SPECS=fig6_chunk_tradeoff fig17_headdim",
+            f"WHEELHOUSE={wheelhouse or tmp_path / 'no-wheelhouse'}",
         ],
         cwd=REPO,
         capture_output=True,
@@ -65,3 +66,11 @@ def test_make_paper_starts_each_spec_then_resumes_the_ones_begun(tmp_path):
     third, sweeps = make_paper(tmp_path, paper)
     assert third.returncode == 0 and all(line.startswith("sweep --resume") for line in sweeps)
     assert "make paper: fig17_headdim in" in third.stdout
+
+
+def test_make_paper_packs_the_kernel_cache_where_a_wheelhouse_is(tmp_path):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    done, sweeps = make_paper(tmp_path, tmp_path / "paper", fail="fig17_headdim", wheelhouse=wheelhouse)
+    assert done.returncode != 0  # a sweep that did not finish still fails the command
+    assert sweeps[-1] == f"pack --wheelhouse {wheelhouse}" and len(sweeps) == 3

@@ -11,7 +11,10 @@ Steps, each timed:
    (`tfla_bench.cuda_wheels`), a wheel already in the wheelhouse used as it is;
 3. those wheels installed over whatever is there: a pure-Python mamba-ssm of the same version stays
    installed otherwise, and `mamba` unavailable;
-4. `tfla-bench check`: every adapter's verdict, and for each one that cannot run here, why.
+4. the kernel cache that an earlier machine of this GPU architecture packed into the wheelhouse
+   (`tfla_bench.kernel_cache`), unpacked into Triton's cache directory: its kernels need not compile
+   here, nor its autotuners time their configs again;
+5. `tfla-bench check`: every adapter's verdict, and for each one that cannot run here, why.
 
 The wheels it builds stay in the wheelhouse, and it says so: carried to the next machine with it, they
 are installed there in seconds instead of built for minutes. A second run finds everything installed
@@ -246,6 +249,8 @@ def main(argv: list[str] | None = None, runner: Runner = run) -> int:
     try:
         step("baselines", lambda: install_wheels(args.wheelhouse, runner))
         step("CUDA wheels", lambda: build_and_install(args, wheelhouse, runner))
+        if args.wheelhouse is not None:
+            step("kernel cache", lambda: unpack_kernel_cache(args.wheelhouse))
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -303,6 +308,17 @@ def build_and_install(args: argparse.Namespace, wheelhouse: Path, runner: Runner
         "`make gpu` installs them there instead of building them"
     )
     return "; ".join([done, *(f"FAILED {line}" for line in failed), *([carry] if built else [])])
+
+
+def unpack_kernel_cache(wheelhouse: Path) -> str:
+    """Step 4, in this process: Triton and torch are installed by now."""
+    from tfla_bench import kernel_cache
+
+    try:
+        arch, version = kernel_cache.this_machine()
+        return kernel_cache.unpack(wheelhouse, kernel_cache.triton_cache_dir(), arch, version)
+    except kernel_cache.CacheError as exc:
+        return f"FAILED: {exc}"
 
 
 def step(name: str, action: Callable[[], str]) -> None:

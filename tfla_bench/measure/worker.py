@@ -30,6 +30,7 @@ import dataclasses
 import faulthandler
 import functools
 import importlib
+import json
 import multiprocessing
 import os
 import platform
@@ -81,6 +82,9 @@ AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
 CUTE_CACHE_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 CUTE_CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 CUTE_CACHE_FOLDER = "flash_attention_cute_dsl"
+# The manifest that `tfla_bench.kernel_cache` leaves in Triton's cache directory where it unpacked an
+# archive of another machine's kernels and autotuning choices.
+KERNEL_CACHE_MANIFEST = "tfla-bench-kernel-cache.json"
 
 
 class WorkerJob(Protocol):
@@ -512,6 +516,15 @@ def triton_cache_dir() -> Path:
     from triton import knobs
 
     return Path(knobs.cache.dir)
+
+
+def carried_kernel_cache() -> dict | None:
+    """The manifest of the kernel cache carried into Triton's cache directory (`kernel_cache`), which
+    a sweep records in env.json: where its kernels and autotuning choices were made. None: none was."""
+    try:
+        return json.loads((triton_cache_dir() / KERNEL_CACHE_MANIFEST).read_text())
+    except (ImportError, OSError, ValueError):
+        return None
 
 
 def cute_cache_settings() -> dict[str, str]:

@@ -15,7 +15,9 @@ Each case runs in a worker process that owns one device (`tfla_bench.measure.wor
    `timing.autotuning_budget`). Those are kept in Triton's cache directory
    (`worker.AUTOTUNE_CACHE_ENV`, recorded as `autotune_cache` in env.json): a case whose
    autotuners were timed before, in this sweep or an earlier one with the same cache, reuses
-   their choice and its first call holds neither.
+   their choice and its first call holds neither. A cache carried from another machine of the
+   same GPU architecture (`tfla_bench.kernel_cache`) brings both; env.json's `kernel_cache` names
+   where it was packed.
 3. Warmup: untimed calls for `warmup_s` (25 ms, at least one), or exactly `warmup` calls when the
    spec fixes them (paper: 10). They also measure the host's time to queue one call.
 4. Peak memory (CUDA): `torch.cuda.reset_peak_memory_stats`, one call, `max_memory_allocated` is
@@ -129,6 +131,7 @@ from tfla_bench.measure.worker import (
     Measurement,
     Worker,
     autotune_cache_setting,
+    carried_kernel_cache,
     cute_cache_dir,
 )
 from tfla_bench.model import roofline
@@ -894,6 +897,7 @@ def _start_workers(
         "flush_bytes": info.flush_bytes if info and spec.measurement.l2_flush else None,
         "autotune_cache": autotune_cache_setting(),
         "cute_cache": cute_cache_dir(),
+        "kernel_cache": carried_kernel_cache(),
         "kernel_configs": kernel_config.tuned_source(),
         # The setting's value, the method and why there is no energy, where a device says so already.
         "energy": energy.env_record(
