@@ -727,3 +727,29 @@ def test_a_switch_goes_on_in_the_oldest_spare_which_imported_its_adapters_module
     assert len({first, second, third, fourth}) == 4 and imported
     assert process.starts == 4
     assert multiprocessing.active_children() == []
+
+
+def test_the_time_outside_the_phases_leaves_out_what_ran_beside_them():
+    clock = phases.PhaseClock()
+    with clock.phase("measuring"), clock.phase("precompile", beside=True):
+        time.sleep(0.05)
+    clock.add_phase("precompile_wait", 0.04)
+    record = clock.to_dict()
+    assert record["beside"] == ["precompile", "precompile_wait"]
+    assert 0 <= phases.outside_s(record) < 0.02
+    # A record written before `beside` was kept: the phases of a GPU sweep of 421 s whose precompile
+    # ran beside its measuring.
+    older = {
+        "wall_s": 421.47,
+        "phases_s": {
+            "plan": 0.3,
+            "roofs": 3.659,
+            "workers": 4.259,
+            "precompile_wait": 275.885,
+            "precompile": 352.464,
+            "measuring": 410.072,
+        },
+    }
+    assert phases.outside_s(older) == pytest.approx(3.18)
+    sequential = {"wall_s": 10.0, "phases_s": {"precompile": 4.0, "measuring": 5.0}}  # on the CPU
+    assert phases.outside_s(sequential) == pytest.approx(1.0)

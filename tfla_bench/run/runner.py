@@ -685,7 +685,7 @@ class _Compiling:
 
     def _run(self, sweep: _Sweep, to_run: list[_Planned], processes: int, order: list[str]) -> None:
         try:
-            with sweep.clock.phase("precompile"):
+            with sweep.clock.phase("precompile", beside=True):
                 self.summary = _precompile(
                     to_run,
                     processes,
