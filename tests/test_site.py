@@ -12,6 +12,7 @@ from tfla_bench.analyse.history import RunRows, flagged, history
 from tfla_bench.analyse.site import build_site
 from tfla_bench.cli.main import main
 from tfla_bench.measure.row import ResultRow
+from tfla_bench.plots.history import HistoryFigure
 from tfla_bench.run import rundir
 
 # The site's budget, 50 MB for 100 runs of 300 rows, per run (its page and figures).
@@ -94,6 +95,25 @@ def test_history_of_two_identical_runs_flags_nothing_and_a_slowdown_is_flagged_b
     slowed = RunRows("c", "s", "gpu", "2026-11-03", "c", _rows(0, {PLANTED: 1.015}))
     moved = flagged(history([*same, slowed]))
     assert list(moved["verdict"]) == ["slower"] and moved["key"].iloc[0].startswith(PLANTED)
+
+
+def test_a_history_figure_drawn_after_another_case_is_the_one_drawn_anew(tmp_path):
+    # Cases of different run counts and runtimes: nothing of the case drawn before may stay on the axes.
+    runs = [RunRows(n, "s", "gpu", f"2026-11-0{d}", n, _rows(d)) for d, n in enumerate("abcd", 1)]
+    slowed = RunRows("e", "s", "gpu", "2026-11-06", "e", _rows(0, {PLANTED: 3.0}))
+    points = history([*runs, slowed])
+    planted = points[points["key"].str.startswith(PLANTED)]
+    other = points[~points["key"].str.startswith(PLANTED)]
+    short = other[other["key"] == other["key"].iloc[0]].head(2)
+    assert (planted["verdict"] == "slower").any() and len(short) == 2 and planted["key"].nunique() == 1
+    ratio = planted["median_ms"].max() / short["median_ms"].max()
+    assert not 0.5 < ratio < 2  # their y axes differ
+    reused = HistoryFigure()
+    for number, (case, title) in enumerate(((planted, "planted"), (short, "short"), (planted, "planted"))):
+        again, anew = tmp_path / f"reused-{number}.png", tmp_path / f"new-{number}.png"
+        reused.save(case, title, again)
+        HistoryFigure().save(case, title, anew)
+        assert again.read_bytes() == anew.read_bytes()
 
 
 def test_a_site_weighs_less_than_its_share_of_50_mb_per_run(site):

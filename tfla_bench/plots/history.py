@@ -4,7 +4,8 @@ x is the runs that measured the case, in date order, each labelled with its date
 line per GPU, in that GPU's look (`accelerator_style`), with its p20-p80 band shaded. A point that
 changed beyond the noise of both runs from the one before it is marked: a red triangle up when
 slower, a green triangle down when faster. The site draws every case of a kernel and mode on one
-figure, one case at a time, so the figure is made once and redrawn per case (`HistoryFigure`).
+figure, one case at a time, so the figure and its axes are made once and only the case's data is
+replaced per case (`HistoryFigure`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.transforms import Bbox
 
 from tfla_bench.model.hardware import detect_accelerator
 from tfla_bench.plots.base import png_bytes
@@ -39,21 +41,37 @@ def _gpu_look(gpu: str, index: int) -> tuple[str, str]:
 
 
 class HistoryFigure:
-    """One figure, redrawn for each case of a kernel and mode (drawing it anew per case costs more
-    than the drawing itself)."""
+    """One figure and its axes, redrawn for each case of a kernel and mode: only the case's lines,
+    bands, ticks, title and legend are replaced, so the axes and their tick artists are made once
+    (making them anew per case cost more than drawing the case). Each PNG is the one a new
+    `HistoryFigure` draws for that case."""
 
     def __init__(self) -> None:
         # A fixed layout: the constrained one would be solved again for every case.
         self.fig = Figure(figsize=(WIDTH, HEIGHT))
         FigureCanvasAgg(self.fig)
-
-    def save(self, points: pd.DataFrame, title: str, path: Path) -> None:
-        """Draw the points of one case (`history` rows, every GPU) and write them as a PNG to `path`."""
-        self.fig.clear()
         self.fig.subplots_adjust(left=0.11, right=0.7, top=0.88, bottom=0.24)
         # The title at the top, where it goes with no x axis there, without a check for one at each draw.
         with matplotlib.rc_context({"axes.titley": 1.0}):
-            ax = self.fig.add_subplot()
+            self.ax = self.fig.add_subplot()
+        self.ax.set_ylabel("median runtime [ms]")
+        self.ax.grid(True, alpha=0.3)
+
+    def _clear(self) -> None:
+        """Take the last case's data off the axes, which then autoscale to the next case alone."""
+        ax = self.ax
+        for artist in [*ax.lines, *ax.collections]:
+            artist.remove()
+        for legend in list(self.fig.legends):
+            legend.remove()
+        ax.dataLim.set_points(Bbox.null().get_points())
+        ax.ignore_existing_data_limits = True
+        ax.set_autoscaley_on(True)
+
+    def save(self, points: pd.DataFrame, title: str, path: Path) -> None:
+        """Draw the points of one case (`history` rows, every GPU) and write them as a PNG to `path`."""
+        self._clear()
+        ax = self.ax
         runs = points.sort_values(["date", "run"]).drop_duplicates("run")
         position = {run: i for i, run in enumerate(runs["run"])}
         entries = {}
@@ -77,8 +95,6 @@ class HistoryFigure:
             fontsize=7,
         )
         ax.set_xlim(-0.5, len(runs) - 0.5)
-        ax.set_ylabel("median runtime [ms]")
-        ax.grid(True, alpha=0.3)
         ax.set_title(title, fontsize=9)
         self.fig.legend(list(entries.values()), list(entries), loc="center right", fontsize=7)
         rundir.write_atomic(path, png_bytes(self.fig, DPI, squeeze=False))
