@@ -81,7 +81,8 @@ def _kept(cache: Path) -> list[Path]:
 def _tar(args: list[str]) -> None:
     done = subprocess.run(["tar", *args], env=os.environ | {"XZ_OPT": "-T0"}, capture_output=True, text=True)
     if done.returncode != 0:
-        raise CacheError(f"tar {args[0]} failed: {done.stderr.strip().splitlines()[-1:]}")
+        said = done.stderr.strip().splitlines()
+        raise CacheError(f"tar {args[0]} failed: {said[0] if said else f'exit code {done.returncode}'}")
 
 
 def pack(wheelhouse: Path, cache: Path, arch: str, triton_version: str, gpu: str) -> str:
