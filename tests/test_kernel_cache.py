@@ -124,7 +124,7 @@ def test_pack_refuses_an_empty_cache_in_one_line(tmp_path):
 
 
 def test_the_command_without_a_gpu_exits_2_on_pack_and_0_on_unpack(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(kernel_cache, "this_machine", lambda: (None, "3.6.0"))
+    monkeypatch.setattr(kernel_cache, "this_machine", lambda: (None, "", "3.6.0"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     assert kernel_cache.main(["pack", "--wheelhouse", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: no CUDA GPU here")
@@ -138,7 +138,7 @@ def test_make_gpu_unpacks_the_wheelhouse_cache_before_the_check(tmp_path, monkey
     (source / "k" / "a.cubin").write_bytes(b"x")
     kernel_cache.pack(wheelhouse, source, "sm90", "3.6.0", "NVIDIA H200")
     (wheelhouse / "einops-0.8.2-py3-none-any.whl").write_bytes(b"")
-    monkeypatch.setattr(kernel_cache, "this_machine", lambda: ("sm90", "3.6.0"))
+    monkeypatch.setattr(kernel_cache, "this_machine", lambda: ("sm90", "NVIDIA H200", "3.6.0"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     monkeypatch.setattr(gpu_setup, "builds_needed", lambda with_fa2: [])
     monkeypatch.setattr(gpu_setup, "installed", lambda name: "0")

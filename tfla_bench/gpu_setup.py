@@ -315,7 +315,7 @@ def unpack_kernel_cache(wheelhouse: Path) -> str:
     from tfla_bench import kernel_cache
 
     try:
-        arch, version = kernel_cache.this_machine()
+        arch, _, version = kernel_cache.this_machine()
         return kernel_cache.unpack(wheelhouse, kernel_cache.triton_cache_dir(), arch, version)
     except kernel_cache.CacheError as exc:
         return f"FAILED: {exc}"

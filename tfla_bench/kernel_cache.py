@@ -54,16 +54,17 @@ def archive_name(arch: str, triton_version: str) -> str:
     return f"{PREFIX}{arch}-triton{triton_version}{SUFFIX}"
 
 
-def this_machine() -> tuple[str | None, str]:
-    """This machine's GPU architecture (`sm90`; None without a CUDA GPU) and Triton's version."""
+def this_machine() -> tuple[str | None, str, str]:
+    """This machine's GPU architecture (`sm90`; None without a CUDA GPU), GPU name and Triton's version."""
     import torch
     import triton
 
-    arch = None
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        arch = f"sm{major}{minor}"
-    return arch, triton.__version__
+    from tfla_bench.kernels.config import gpu_target
+
+    if not torch.cuda.is_available():
+        return None, "", triton.__version__
+    arch, gpu = gpu_target(torch.device("cuda"))
+    return arch, gpu, triton.__version__
 
 
 def _kept(cache: Path) -> list[Path]:
@@ -167,16 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     began = time.perf_counter()
     try:
-        arch, version = this_machine()
+        arch, gpu, version = this_machine()
         cache = triton_cache_dir()
         if args.action == "unpack":
             said = unpack(args.wheelhouse, cache, arch, version)
         elif arch is None:
             raise CacheError("no CUDA GPU here: a kernel cache is packed where its kernels compiled")
         else:
-            import torch
-
-            said = pack(args.wheelhouse, cache, arch, version, torch.cuda.get_device_name())
+            said = pack(args.wheelhouse, cache, arch, version, gpu)
     except CacheError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
