@@ -4,6 +4,7 @@ against power x time."""
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import math
@@ -104,7 +105,7 @@ def test_calls_stop_at_the_host_time_when_the_planned_count_would_take_longer():
 @pytest.mark.parametrize(
     ("value", "reason"),
     [
-        (scripted(5_000), "the counter did not move over 5 calls"),
+        (scripted(5_000), "the counter did not move over 0."),
         (scripted(10**9, 10**9, 10**9 + 500, 7, 7, 8), "the counter went backwards (1000000500 -> 8 mJ"),
         (scripted(10, 10, 20, 10**12), "more than a GPU draws (2000 W)"),
     ],
@@ -131,7 +132,7 @@ def test_a_wrap_past_two_to_the_64_is_unwrapped(monkeypatch):
     calls=st.integers(1, 10**6),
 )
 def test_an_energy_is_never_zero_negative_or_infinite(start, end, seconds, calls):
-    rise, missing = energy.rise_mj(start, end, seconds, calls)
+    rise, missing = energy.rise_mj(start, end, seconds)
     assert (rise is None) == bool(missing)
     cells = energy.row_cells(256, energy.Energy(calls, 0.0, seconds, rise, missing))
     if rise is None:
@@ -400,3 +401,128 @@ def test_the_run_command_turns_energy_on_and_off(tmp_path, monkeypatch, flag):
     env = json.loads((tmp_path / "r" / rundir.ENV).read_text())
     assert env["measurement"]["energy"]["enabled"] is (flag == "--energy")
     assert (row.energy_mj is not None) is (flag == "--energy")
+
+
+class Board:
+    """A GPU board in simulated time for the method that reads around the timed calls: it draws
+    `awake_w` while the host waits or a spin runs, `flush_w` during a flush and `call_w` during a
+    call, and its counter shows the energy at its last update (every `step_s`), as NVML's does."""
+
+    def __init__(self, awake_w=90.0, flush_w=400.0, call_w=600.0, step_s=0.02):
+        self.awake_w, self.flush_w, self.call_w, self.step_s = awake_w, flush_w, call_w, step_s
+        self.points = [(0.0, 0.0)]  # (seconds, mJ so far)
+
+    def now(self) -> float:
+        return self.points[-1][0]
+
+    def draw(self, seconds: float, watts: float) -> None:
+        t, mj = self.points[-1]
+        self.points.append((t + seconds, mj + watts * seconds * 1e3))
+
+    def sleep(self, seconds: float) -> None:
+        self.draw(seconds, self.awake_w)
+
+    def counter(self) -> int:
+        update = math.floor(self.now() / self.step_s) * self.step_s
+        index = bisect.bisect_right([t for t, _ in self.points], update) - 1
+        t0, mj0 = self.points[index]
+        if index + 1 == len(self.points):
+            return int(mj0)
+        t1, mj1 = self.points[index + 1]
+        return int(mj0 + (mj1 - mj0) * (update - t0) / (t1 - t0))
+
+    def gpu_seconds(self, fn, calls: int) -> float:
+        began = self.now()
+        for _ in range(calls):
+            fn()
+        return self.now() - began
+
+
+@pytest.fixture
+def board(monkeypatch) -> Board:
+    board = Board()
+    monkeypatch.setattr(energy, "time", type("Clock", (), {"perf_counter": board.now, "sleep": board.sleep}))
+    return board
+
+
+def test_around_the_timed_calls_the_calibration_takes_out_flushes_spins_and_the_tail(board):
+    spin_s, flush_s, call_s = 1e-3, 80e-6, 5e-3
+    calibration = energy.calibrate(
+        counter=board.counter,
+        sync=lambda: None,
+        spin=lambda: board.sleep(spin_s),
+        spin_s=spin_s,
+        flush=lambda: board.draw(flush_s, board.flush_w),
+        gpu_seconds=board.gpu_seconds,
+    )
+    assert calibration.missing == ""
+    assert calibration.awake_w == pytest.approx(board.awake_w, rel=0.01)
+    assert calibration.flush_s == pytest.approx(flush_s)
+    assert calibration.flush_mj == pytest.approx(board.flush_w * flush_s * 1e3, rel=0.02)
+
+    def timed_series(calls=60) -> None:  # 0.34 s: each call after a flush and a 0.5 ms spin
+        for _ in range(calls):
+            board.draw(flush_s, board.flush_w)
+            board.sleep(0.5e-3)
+            board.draw(call_s, board.call_w)
+
+    _, opened = energy.window(timed_series, counter=board.counter, sync=lambda: None)
+    spent = energy.charge(opened, 60, 60 * call_s, 60, calibration)
+    assert spent.method == "around" and 0 < spent.outside_share < energy.MAX_OUTSIDE_SHARE
+    assert spent.per_call_mj == pytest.approx(board.call_w * call_s * 1e3, rel=0.01)
+    # Everything in the window charged to the calls would be about 3% too much here.
+    assert opened.counted_mj / 60 > 1.02 * board.call_w * call_s * 1e3
+
+
+def test_a_calibration_whose_counter_does_not_move_says_so_and_charges_nothing(board):
+    board.awake_w = 0.0  # the counter stands still over the spins
+    calibration = energy.calibrate(
+        counter=board.counter,
+        sync=lambda: None,
+        spin=lambda: board.sleep(1e-3),
+        spin_s=1e-3,
+        flush=lambda: board.draw(80e-6, board.flush_w),
+        gpu_seconds=board.gpu_seconds,
+    )
+    assert calibration.missing == "the spins' window: the counter did not move over 0.70 s"
+    spent = energy.charge(energy.Energy(0, 0.0, 1.0, 500_000), 10, 0.5, 10, calibration)
+    assert spent.outside_mj == 0 and spent.missing == calibration.missing
+
+
+def _around(monkeypatch, calibration: energy.Calibration, reps=3, **settings):
+    monitor, _ = monitor_with(monkeypatch, lambda read: 10**6 + 1_000 * read)
+    monkeypatch.setattr(worker, "_monitor", lambda device: monitor)
+    monkeypatch.setattr(worker, "_calibration", lambda device, monitor, flushes: calibration)
+    chosen = MeasureSettings(warmup=1, reps=reps, energy_method="around", **settings)
+    return worker.measure_case(registry.get("sdpa_math"), CASE, chosen, "cpu")
+
+
+def test_the_worker_reads_the_counter_around_the_timed_calls(monkeypatch):
+    result = _around(monkeypatch, energy.Calibration(awake_w=0.0))
+    # The window opens at the counter's second read and closes at its fourth: a rise of 2,000 mJ.
+    assert result.row.status == "ok" and result.energy.method == "around"
+    assert result.row.energy_mj == pytest.approx(2_000 / 3) and "energy" not in result.row.note
+
+
+def test_where_the_window_cannot_be_charged_the_case_gets_a_series_and_says_why(monkeypatch):
+    result = _around(monkeypatch, energy.Calibration(missing="the spins' window: no time"))
+    assert result.energy.method == "series" and result.row.energy_mj > 0
+    assert result.row.note.endswith(
+        "; energy from calls of its own: no calibration (the spins' window: no time)"
+    )
+    awake = energy.Calibration(awake_w=10_000.0)  # would charge more than the whole rise outside the calls
+    result = _around(monkeypatch, awake)
+    assert result.energy.method == "series" and result.row.energy_mj > 0
+    assert "energy from calls of its own: flushes, spins and the idle GPU drew" in result.row.note
+
+
+def test_the_energy_method_goes_through_the_one_checker_and_names_itself_in_env_json():
+    table = {**_spec_table(), "energy_method": "around"}
+    assert specs.parse_spec(table, "test").measurement.energy_method == "around"
+    assert specs.parse_spec(_spec_table(), "test").measurement.energy_method == "series"
+    with pytest.raises(
+        UserError, match=r"^spec.toml: key 'energy_method': expected one of around, series, got 'x'$"
+    ):
+        specs.parse_spec({**_spec_table(), "energy_method": "x"}, "spec.toml")
+    assert "before and after the timed calls" in energy.env_record(True, None, "around")["method"]
+    assert "back-to-back calls that follow" in energy.env_record(True, None)["method"]

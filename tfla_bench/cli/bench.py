@@ -163,6 +163,13 @@ class _Flags:
             help="a case meeting its power cap is timed again: gaps (idle gaps between calls) or again",
         ),
     ] = None
+    energy_method: Annotated[
+        str | None,
+        typer.Option(
+            "--energy-method",
+            help="around (the counter read around the timed calls) or series (calls of its own after them)",
+        ),
+    ] = None
     grad: Annotated[
         str | None,
         typer.Option("--grad", help="fwbw upstream gradient: fixed (randn, made once) or sum (out.sum())"),
@@ -587,6 +594,7 @@ def _with_measurement_flags(spec: Spec, flags: _Flags) -> Spec:
         "l2_flush": flags.l2_flush,
         "cuda_graph": flags.cuda_graph,
         "energy": flags.energy,
+        "energy_method": flags.energy_method,
         "clock": flags.clock,
         "power_cap": flags.power_cap,
         "grad": flags.grad,

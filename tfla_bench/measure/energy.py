@@ -42,12 +42,13 @@ a GPU can draw in the series' time (`MAX_BOARD_W`), and so is any rise.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tfla_bench.measure.gpustate import Monitor, NoEnergyCounter
 
@@ -61,28 +62,48 @@ TICK_WAIT_S = 0.2
 TICK_POLL_S = 0.001
 # No GPU board draws more: a larger rise of the counter over a series is not energy.
 MAX_BOARD_W = 2_000.0
+# The flushes timed on the GPU for the length of the calibration's series of them.
+FLUSH_PROBE = 10
+# The largest share of the counter's rise around the timed calls that may be charged to what ran
+# beside them; above it, the case's energy comes from a series of its own.
+MAX_OUTSIDE_SHARE = 0.2
 # NVML's counter is an unsigned 64-bit integer.
 COUNTER_MODULUS = 2**64
-METHOD = (
-    "NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption), read after an update of it "
-    f"before and after at least {MIN_SERIES_S:g} s of back-to-back calls that follow the timed calls "
-    "(no L2 flush, no spin), the device synchronized at both ends; energy_mj = its rise / calls, idle "
-    "power during the calls included (docs/energy.md)"
-)
+METHODS = {
+    "series": (
+        "NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption), read after an update of it "
+        f"before and after at least {MIN_SERIES_S:g} s of back-to-back calls that follow the timed calls "
+        "(no L2 flush, no spin), the device synchronized at both ends; energy_mj = its rise / calls, idle "
+        "power during the calls included (docs/energy.md)"
+    ),
+    "around": (
+        "NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption), read after an update of it "
+        "before and after the timed calls, the device synchronized at both ends; energy_mj = (its rise - "
+        "the L2 flushes' energy - the awake GPU's power x the window's time outside the calls and "
+        "flushes) / calls, both measured once per worker; a case timed again under its power cap, or "
+        f"whose flushes, spins and idle GPU drew more than {MAX_OUTSIDE_SHARE:.0%} of the rise, from "
+        f"at least {MIN_SERIES_S:g} s of back-to-back calls of its own (docs/energy.md)"
+    ),
+}
 OFF = "turned off (the spec's energy = false, or --no-energy)"
 NO_GPU = "no GPU: the energy counter is NVML's, for a CUDA device"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Energy:
-    """One energy series: the calls, the host's clock (`time.perf_counter`) at the counter's reads
-    that open and close it, and the counter's rise over it in mJ; or why there is no energy.
+    """The counter read around some calls: how many, the host's clock (`time.perf_counter`) at the
+    reads that open and close the window, the counter's rise over it in mJ, and the part of that rise
+    charged to what ran beside the calls; or why there is no energy.
 
     Attributes:
-        calls: back-to-back calls made.
-        started_s, ended_s: when the reads that opened and closed the series returned.
+        calls: the calls made in the window.
+        started_s, ended_s: when the reads that opened and closed the window returned.
         counted_mj: the counter's rise, None when there is no energy.
         missing: why there is no energy, empty when there is.
+        outside_mj: what the L2 flushes, the spins and the idle GPU drew in the window (`charge`);
+            zero for a series of its own (`measure_energy`), which charges the calls everything.
+        method: `series` or `around` (`tfla_bench.measure.settings.ENERGY_METHODS`).
     """
 
     calls: int = 0
@@ -90,6 +111,8 @@ class Energy:
     ended_s: float = 0.0
     counted_mj: int | None = None
     missing: str = ""
+    outside_mj: float = 0.0
+    method: str = "series"
 
     @property
     def seconds(self) -> float:
@@ -98,7 +121,14 @@ class Energy:
     @property
     def per_call_mj(self) -> float | None:
         """The energy of one call in mJ, or None."""
-        return self.counted_mj / self.calls if self.counted_mj is not None and self.calls else None
+        if self.counted_mj is None or not self.calls:
+            return None
+        return (self.counted_mj - self.outside_mj) / self.calls
+
+    @property
+    def outside_share(self) -> float | None:
+        """The share of the counter's rise charged to what ran beside the calls, or None."""
+        return self.outside_mj / self.counted_mj if self.counted_mj else None
 
 
 def next_update(counter: Callable[[], int], wait_s: float = TICK_WAIT_S, poll_s: float = TICK_POLL_S) -> int:
@@ -134,9 +164,9 @@ def back_to_back(
     return calls
 
 
-def rise_mj(start: int, end: int, seconds: float, calls: int) -> tuple[int | None, str]:
-    """The counter's rise from `start` to `end` over a series of `seconds` and `calls`, or None and why
-    it is not an energy (it did not move, went backwards, or rose more than a GPU can draw)."""
+def rise_mj(start: int, end: int, seconds: float) -> tuple[int | None, str]:
+    """The counter's rise from `start` to `end` over a window of `seconds`, or None and why it is not
+    an energy (it did not move, went backwards, or rose more than a GPU can draw)."""
     most = MAX_BOARD_W * 1e3 * (seconds + TICK_WAIT_S)
     rise = end - start
     if rise < 0 and rise + COUNTER_MODULUS <= most:
@@ -147,7 +177,7 @@ def rise_mj(start: int, end: int, seconds: float, calls: int) -> tuple[int | Non
             "reloaded or the counter reset"
         )
     if rise == 0:
-        return None, f"the counter did not move over {calls} calls in {seconds:.2f} s"
+        return None, f"the counter did not move over {seconds:.2f} s"
     if rise > most:
         most_w = f"{MAX_BOARD_W:g} W"
         return None, f"the counter rose {rise} mJ in {seconds:.2f} s, more than a GPU draws ({most_w})"
@@ -174,18 +204,94 @@ def measure_energy(
         before_each: state reset before each call (gradients to None); no GPU work.
         min_s, max_calls: `back_to_back`'s.
     """
+    calls, opened = window(
+        lambda: back_to_back(call, before_each, per_call_s, min_s, max_calls), counter=counter, sync=sync
+    )
+    return dataclasses.replace(opened, calls=calls or 0)
+
+
+def window(
+    run: Callable[[], T], *, counter: Callable[[], int], sync: Callable[[], None]
+) -> tuple[T | None, Energy]:
+    """Run `run` inside a window of the counter that opens and closes on an idle device, each end
+    right after one of the counter's updates: what `run` returned, and the window (its `calls` left
+    at zero for the caller to set). Without a counter (`NoEnergyCounter`) `run` is not called: None,
+    and the window says why."""
     try:
         sync()
         start = next_update(counter)
         started_s = time.perf_counter()
-        calls = back_to_back(call, before_each, per_call_s, min_s, max_calls)
+        result = run()
         sync()
         end = next_update(counter)
     except NoEnergyCounter as exc:
-        return Energy(missing=str(exc))
+        return None, Energy(missing=str(exc))
     ended_s = time.perf_counter()
-    rise, missing = rise_mj(start, end, ended_s - started_s, calls)
-    return Energy(calls, started_s, ended_s, rise, missing)
+    rise, missing = rise_mj(start, end, ended_s - started_s)
+    return result, Energy(0, started_s, ended_s, rise, missing=missing)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a GPU draws in a timed series beside the calls (`calibrate`): its power while awake with
+    one spin kernel running (the spins before the calls, the GPU waiting for the host, the tail of
+    the window), and one L2 flush's energy and time; or why there is none.
+
+    Attributes:
+        awake_w: the board's power over back-to-back spins, in W.
+        flush_mj, flush_s: one flush's energy (its awake share included) and its time on the GPU;
+            zero without flushes.
+        missing: why there is no calibration, empty when there is.
+    """
+
+    awake_w: float = 0.0
+    flush_mj: float = 0.0
+    flush_s: float = 0.0
+    missing: str = ""
+
+
+def calibrate(
+    *,
+    counter: Callable[[], int],
+    sync: Callable[[], None],
+    spin: Callable[[], None],
+    spin_s: float,
+    flush: Callable[[], None] | None,
+    gpu_seconds: Callable[[Callable[[], None], int], float],
+    min_s: float = MIN_SERIES_S,
+) -> Calibration:
+    """Measure a `Calibration`: one window around `min_s` of back-to-back spins (`spin` queues one of
+    `spin_s`), then, with `flush`, one around `min_s` of back-to-back flushes timed on the GPU
+    (`gpu_seconds(fn, calls)` queues `calls` of `fn` between two GPU timestamps and returns the
+    seconds between them). About 2 x (`min_s` + a step of the counter)."""
+    _, awake = window(lambda: back_to_back(spin, None, spin_s, min_s), counter=counter, sync=sync)
+    if awake.counted_mj is None or awake.seconds <= 0:
+        return Calibration(missing=f"the spins' window: {awake.missing or 'no time'}")
+    awake_w = awake.counted_mj / 1e3 / awake.seconds
+    if flush is None:
+        return Calibration(awake_w)
+    flush_s = gpu_seconds(flush, FLUSH_PROBE) / FLUSH_PROBE
+    count = max(1, min(MAX_CALLS, math.ceil(min_s / flush_s))) if flush_s > 0 else FLUSH_PROBE
+    busy_s, flushes = window(lambda: gpu_seconds(flush, count), counter=counter, sync=sync)
+    if flushes.counted_mj is None or busy_s is None:
+        return Calibration(missing=f"the flushes' window: {flushes.missing}")
+    flush_mj = (flushes.counted_mj - awake_w * 1e3 * max(flushes.seconds - busy_s, 0.0)) / count
+    if not flush_mj > 0:
+        return Calibration(missing=f"the flushes drew no more than an awake GPU ({flush_mj:.3g} mJ each)")
+    return Calibration(awake_w, flush_mj, busy_s / count)
+
+
+def charge(opened: Energy, calls: int, calls_s: float, flushes: int, calibration: Calibration) -> Energy:
+    """The energy of `calls` timed calls that took `calls_s` on the GPU in all, read in the window
+    `opened` with `flushes` L2 flushes beside them: `calibration`'s flush energy for each flush, and
+    its awake power over the rest of the window (spins, the GPU waiting for the host, the tail),
+    charged outside the calls."""
+    if opened.counted_mj is None or calibration.missing:
+        missing = opened.missing or calibration.missing
+        return dataclasses.replace(opened, calls=calls, method="around", missing=missing)
+    rest_s = max(opened.seconds - calls_s - flushes * calibration.flush_s, 0.0)
+    outside = flushes * calibration.flush_mj + calibration.awake_w * 1e3 * rest_s
+    return dataclasses.replace(opened, calls=calls, outside_mj=outside, method="around")
 
 
 class PowerSampler:
@@ -272,10 +378,10 @@ def unavailable(monitor: Monitor | None) -> str | None:
     return None
 
 
-def env_record(enabled: bool, missing: str | None) -> dict[str, Any]:
+def env_record(enabled: bool, missing: str | None, method: str = "series") -> dict[str, Any]:
     """`env.json`'s `measurement.energy`: whether it is on, the method, and why the cells are empty
     (None while nothing says so; a sweep sets it at the first row without energy)."""
-    return {"enabled": enabled, "method": METHOD, "missing": OFF if not enabled else missing}
+    return {"enabled": enabled, "method": METHODS[method], "missing": OFF if not enabled else missing}
 
 
 def tell_missing(env: dict[str, Any], reason: str) -> bool:

@@ -256,6 +256,7 @@ def retime(
     before: Reading | None,
     policy: str,
     watch: CapWatch | None = None,
+    after: Reading | None = None,
 ) -> Retimed:
     """Time a case again if its power cap (or a slowdown) set in during its first series (`set_in`,
     or `watch` fired and ended that series early).
@@ -269,8 +270,10 @@ def retime(
         policy: `gaps` (settle, then the series with idle gaps) or `again` (the series at once, back
             to back, at the capped clock); the module docstring says why.
         watch: the first series' `stop_early`, if it had one.
+        after: the reading right after the first series, read now when None.
     """
-    after = monitor.read() if monitor is not None else None
+    if after is None and monitor is not None:
+        after = monitor.read()
     fired = watch is not None and watch.fired
     if monitor is None or before is None or not (fired or set_in(before, after)):
         return Retimed(stats, after)

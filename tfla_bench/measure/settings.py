@@ -19,6 +19,9 @@ GRAD_MODES = ("fixed", "sum")
 CLOCKS = ("events", "kernels")
 # How a case whose power cap sets in while it is timed is timed again (`tfla_bench.measure.gpustate`).
 POWER_CAP_MODES = ("gaps", "again")
+# Where the energy per call is read (`tfla_bench.measure.energy`): around the timed calls, less what
+# the flushes, spins and idle GPU in their window drew, or in a series of calls of its own after them.
+ENERGY_METHODS = ("around", "series")
 # The longest a case may run, first call included: a week.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
@@ -47,9 +50,12 @@ class MeasureSettings:
         timeout_s: wall-clock limit per case, first call (compile/autotune) included.
         autotune_ms: timed milliseconds per config when a library's Triton autotuner tunes in the
             first call (`tfla_bench.measure.timing.autotuning_budget`); Triton's own is 100.
-        energy: after the timed calls, read NVML's energy counter around at least 0.5 s of
-            back-to-back calls, each read after one of its updates, for the row's `energy_mj` and
-            `tokens_per_joule` (GPU only, 0.6-0.7 s a case on an H200; `tfla_bench.measure.energy`).
+        energy: read NVML's energy counter for the row's `energy_mj` and `tokens_per_joule` (GPU
+            only; `tfla_bench.measure.energy`).
+        energy_method: `series` (at least 0.5 s of back-to-back calls after the timed ones, 0.6-0.7 s
+            a case on an H200) or `around` (the counter read around the timed calls, less what their
+            flushes, spins and idle GPU drew; a case whose power cap set in, or whose calls drew too
+            small a share of the window, falls back to the series).
     """
 
     warmup: int | None = None
@@ -68,6 +74,7 @@ class MeasureSettings:
     timeout_s: float = 900.0
     autotune_ms: float = 20.0
     energy: bool = True
+    energy_method: str = "series"
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,7 @@ RULES: dict[str, Rule] = {
     "timeout_s": Rule("number", 0, MAX_TIMEOUT_S, open_low=True, unit=" seconds"),
     "autotune_ms": Rule("number", 0, 60_000, open_low=True, unit=" ms"),
     "energy": Rule("bool"),
+    "energy_method": Rule("choice", choices=ENERGY_METHODS),
 }
 
 

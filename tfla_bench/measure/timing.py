@@ -559,9 +559,10 @@ class Spin:
     Args:
         device: a CUDA device (current).
         queue_s: the host's time to queue one call (from `warm_up`).
+        seconds: the spin's length instead (the energy's calibration, `gpu_seconds`).
     """
 
-    def __init__(self, device: str, queue_s: float) -> None:
+    def __init__(self, device: str, queue_s: float, seconds: float | None = None) -> None:
         synchronize(device)
         probe_cycles = 1_000_000
         start = _mark(True)
@@ -569,11 +570,23 @@ class Spin:
         end = _mark(True)
         synchronize(device)
         cycles_per_s = probe_cycles / max(start.elapsed_time(end) / 1e3, 1e-9)
-        self.seconds = min(SPIN_FACTOR * queue_s + SPIN_EXTRA_S, SPIN_MAX_S)
+        self.seconds = min(SPIN_FACTOR * queue_s + SPIN_EXTRA_S, SPIN_MAX_S) if seconds is None else seconds
         self.cycles = int(self.seconds * cycles_per_s)
 
     def __call__(self) -> None:
         torch.cuda._sleep(self.cycles)
+
+
+def gpu_seconds(fn: Callable[[], Any], calls: int, device: str) -> float:
+    """The seconds on the device of `calls` back-to-back calls of `fn`: between two CUDA events
+    (synchronized at the end), or the host's clock on CPU."""
+    cuda = is_cuda(device)
+    start = _mark(cuda)
+    for _ in range(calls):
+        fn()
+    end = _mark(cuda)
+    synchronize(device)
+    return start.elapsed_time(end) / 1e3 if cuda else end - start
 
 
 class L2Flush:

@@ -65,6 +65,9 @@ LOG_TAIL_LINES = 8
 CRASH_REPEATS = 2
 MAX_ERROR_CHARS = 1500
 STARTUP_TIMEOUT_S = 600.0
+# The spins of the energy calibration (`energy.calibrate`): each short enough for the host to keep
+# the GPU busy, long enough that launching them costs nothing.
+CALIBRATION_SPIN_S = 1e-3
 # Signals that stop a worker from outside; its case is `interrupted`, not `crashed`.
 OUTSIDE_SIGNALS = frozenset({signal.SIGTERM, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT})
 # How long an interrupted sweep waits for a killed worker to be reaped.
@@ -196,8 +199,8 @@ class Measurement:
     the counts, the library, the node and the GPU's name), whether the worker's CUDA context is lost
     (`fatal`), `calls_s`, the wall time from the end of the first call to the end of the energy
     series (warm-up, the memory call, the timed calls with their flushes and spins, the energy
-    series), and `energy_missing`, why an energy series gave no energy (empty when it did, or when
-    none ran).
+    series), and `energy`, the counter's reading that gave the row's energy cells (`energy.Energy`:
+    its `missing` says why there is none; None where none was read).
 
     In the row, `warmup` and `reps` are the calls made (a case timed again because its power cap set
     in counts its first series in `warmup`, `gpustate.set_in`), `stop` why timing stopped
@@ -209,7 +212,12 @@ class Measurement:
     row: ResultRow
     fatal: bool = False
     calls_s: float | None = None
-    energy_missing: str = ""
+    energy: energy.Energy | None = None
+
+    @property
+    def energy_missing(self) -> str:
+        """Why the counter gave no energy; empty when it did, or when it was not read."""
+        return self.energy.missing if self.energy is not None else ""
 
     @classmethod
     def failed(cls, case: Case, family: str, failure: Failure, device: str) -> Measurement:
@@ -314,13 +322,31 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         clock=clock,
     )
     watch = gpustate.CapWatch(monitor, before)
-    capped = gpustate.retime(series, series(stop_early=watch), monitor, before, settings.power_cap, watch)
+    around = settings.energy and settings.energy_method == "around" and monitor is not None
+
+    def first_series() -> tuple[Any, gpustate.Reading | None]:
+        stats = series(stop_early=watch)
+        return stats, monitor.read() if monitor is not None else None
+
+    spent, energy_note = None, ""
+    if around:
+        sync = functools.partial(timing.synchronize, device)
+        first, opened = energy.window(first_series, counter=monitor.energy_mj, sync=sync)
+        if first is None:  # no counter: the window ran nothing, and a series would say the same
+            first, spent, opened = first_series(), opened, None
+    else:
+        first, opened = first_series(), None
+    capped = gpustate.retime(series, first[0], monitor, before, settings.power_cap, watch, first[1])
     stats, after, warmup = capped.stats, capped.after, warmup + capped.warmup
-    spent = _energy(timed, reset_grads, monitor, device, stats.min_ms) if settings.energy else None
+    if opened is not None:
+        flushes = stats.reps if flush is not None else 0
+        spent, energy_note = _charged(opened, stats, flushes, capped.note, device, monitor)
+    if settings.energy and spent is None:
+        spent = _energy(timed, reset_grads, monitor, device, stats.min_ms)
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
     if capped.note:
         note, settle_s = capped.note, (settle_s or 0.0) + capped.settle_s
-    note = "; ".join(part for part in (adapter.row_note(), note) if part)
+    note = "; ".join(part for part in (adapter.row_note(), note, energy_note) if part)
     calls_s = time.perf_counter() - calls_began
     cells = gpustate.row_cells(before, after) if monitor is not None else {}
     cells |= energy.row_cells(case.batch * case.seq_len, spent) if spent is not None else {}
@@ -338,7 +364,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         **dataclasses.asdict(stats),  # median_ms ... host_gap_share: the columns of the same names
         **{key: value for key, value in cells.items() if value is not None},
     )
-    return Measurement(row, calls_s=calls_s, energy_missing=spent.missing if spent is not None else "")
+    return Measurement(row, calls_s=calls_s, energy=spent)
 
 
 def _stop_rule(settings: MeasureSettings) -> Any:
@@ -376,6 +402,57 @@ def _energy(
         per_call_s=fastest_ms / 1e3,
         before_each=reset_grads,
     )
+
+
+def _charged(
+    opened: energy.Energy,
+    stats: Any,
+    flushes: int,
+    capped: str,
+    device: str,
+    monitor: gpustate.Monitor,
+) -> tuple[energy.Energy | None, str]:
+    """The energy of the timed calls from the counter's window around them (`energy.charge`), or None
+    and the row's note on why the case's energy comes from a series of its own."""
+    own = "energy from calls of its own"
+    if capped:
+        return None, f"{own}: timed again under its power cap"
+    if opened.counted_mj is None:
+        return None, f"{own}: {opened.missing}"
+    calibration = _calibration(device, monitor, flushes > 0)
+    if calibration.missing:
+        return None, f"{own}: no calibration ({calibration.missing})"
+    # The median stands for every call: the calls' spread moves the awake power's share only.
+    calls_s = stats.median_ms * stats.reps / 1e3
+    spent = energy.charge(opened, stats.reps, calls_s, flushes, calibration)
+    share = spent.outside_share
+    if share is None or share > energy.MAX_OUTSIDE_SHARE or not (spent.per_call_mj or 0) > 0:
+        shown = f"{share:.0%}" if share is not None else "all"
+        return None, f"{own}: flushes, spins and the idle GPU drew {shown} of the timed calls' window"
+    return spent, ""
+
+
+@functools.cache
+def _calibration(device: str, monitor: gpustate.Monitor, flushes: bool) -> energy.Calibration:
+    """The worker's energy calibration (`energy.calibrate`), measured at its first case that needs
+    it, with the L2 flush of every case (`timing.L2Flush`) where `flushes`."""
+    # imports torch at import time, which only this path needs.
+    from tfla_bench.measure import timing
+
+    if timing.is_cuda(device):
+        spin: Callable[[], None] = timing.Spin(device, 0.0, seconds=CALIBRATION_SPIN_S)
+    else:  # a CPU with a stand-in counter (the tests): the host waits instead
+        spin = functools.partial(time.sleep, CALIBRATION_SPIN_S)
+    calibration = energy.calibrate(
+        counter=monitor.energy_mj,
+        sync=functools.partial(timing.synchronize, device),
+        spin=spin,
+        spin_s=CALIBRATION_SPIN_S,
+        flush=timing.L2Flush(device) if flushes else None,
+        gpu_seconds=functools.partial(timing.gpu_seconds, device=device),
+    )
+    print(f"energy calibration on {device}: {calibration}", file=sys.stderr, flush=True)
+    return calibration
 
 
 # One NVML monitor per process and device.

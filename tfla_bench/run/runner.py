@@ -901,7 +901,9 @@ def _start_workers(
         "kernel_configs": kernel_config.tuned_source(),
         # The setting's value, the method and why there is no energy, where a device says so already.
         "energy": energy.env_record(
-            spec.measurement.energy, next((i.no_energy for i in infos if i.no_energy), None)
+            spec.measurement.energy,
+            next((i.no_energy for i in infos if i.no_energy), None),
+            spec.measurement.energy_method,
         ),
     }
     env = envinfo.collect(spec, devices, infos, measurement)

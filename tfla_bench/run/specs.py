@@ -75,6 +75,7 @@ TOP_KEYS = (
     "timeout_s",
     "autotune_ms",
     "energy",
+    "energy_method",
     "params",
     "shape",
     "override",
