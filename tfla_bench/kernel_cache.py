@@ -150,13 +150,14 @@ def unpack(wheelhouse: Path, cache: Path, arch: str | None, triton_version: str)
         )
     cache.mkdir(parents=True, exist_ok=True)
     _tar(["-xJf", str(archive), "-C", str(cache), "--skip-old-files"])
-    rewritten = _repoint_groups(cache)
+    _repoint_groups(cache)
+    kernels = sum(1 for _ in cache.rglob(f"{GROUP_PREFIX}*.json"))
     try:
         manifest = json.loads((cache / MANIFEST).read_text())
         source = f", packed on {manifest['gpu']} at {manifest['packed_at']}"
     except (OSError, ValueError, KeyError):
         source = ""
-    return f"unpacked {archive.name} into {cache} ({rewritten} kernels{source})"
+    return f"unpacked {archive.name} into {cache}: it holds {kernels} kernels now{source}"
 
 
 def main(argv: list[str] | None = None) -> int:
