@@ -227,3 +227,26 @@ def test_a_fired_watch_times_the_case_again_even_when_the_reading_after_shows_no
     assert again.stats == "second" and again.note.startswith(
         "a throttling reason set in (SM 1980 -> 1980 MHz"
     )
+
+
+@pytest.mark.parametrize("policy", ["gaps", "again"])
+def test_the_energy_series_of_a_capped_case_runs_before_the_settle_and_only_then(policy):
+    order = []
+    first = types.SimpleNamespace(reps=7, median_ms=1.0)
+
+    class Settling(ScriptedMonitor):
+        def settle(self):
+            order.append("settle")
+            return super().settle()
+
+    def series(**options):
+        order.append("series")
+        return first
+
+    def energy_series():
+        order.append("energy")
+
+    gpustate.retime(series, first, Settling(FULL), FULL, policy, before_again=energy_series)
+    assert order == []  # not capped: nothing runs again
+    gpustate.retime(series, first, Settling(CAPPED, FULL), FULL, policy, before_again=energy_series)
+    assert order == (["energy", "settle", "series"] if policy == "gaps" else ["energy", "series"])

@@ -257,6 +257,7 @@ def retime(
     policy: str,
     watch: CapWatch | None = None,
     after: Reading | None = None,
+    before_again: Callable[[], None] | None = None,
 ) -> Retimed:
     """Time a case again if its power cap (or a slowdown) set in during its first series (`set_in`,
     or `watch` fired and ended that series early).
@@ -271,6 +272,8 @@ def retime(
             to back, at the capped clock); the module docstring says why.
         watch: the first series' `stop_early`, if it had one.
         after: the reading right after the first series, read now when None.
+        before_again: run once the case is to be timed again, before the settle: the worker's
+            energy series, at the clock the cap set, so that one settle covers its heat as well.
     """
     if after is None and monitor is not None:
         after = monitor.read()
@@ -281,6 +284,8 @@ def retime(
     sm_after = after.sm_mhz if after is not None else "?"
     throttle = after.throttle if after is not None and after.throttled else "a throttling reason"
     clocks = f"(SM {before.sm_mhz} -> {sm_after} MHz {warmup})"
+    if before_again is not None:
+        before_again()
     if policy == "gaps":
         settle_s = monitor.settle() or 0.0
         again = series(idle_gap=1.0)

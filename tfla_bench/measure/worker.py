@@ -65,6 +65,8 @@ LOG_TAIL_LINES = 8
 CRASH_REPEATS = 2
 MAX_ERROR_CHARS = 1500
 STARTUP_TIMEOUT_S = 600.0
+# The row's note where the method `around` gave way to a series of the case's own.
+OWN_SERIES = "energy from calls of its own"
 # The spins of the energy calibration (`energy.calibrate`): each short enough for the host to keep
 # the GPU busy, long enough that launching them costs nothing.
 CALIBRATION_SPIN_S = 1e-3
@@ -336,11 +338,28 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
             first, spent, opened = first_series(), opened, None
     else:
         first, opened = first_series(), None
-    capped = gpustate.retime(series, first[0], monitor, before, settings.power_cap, watch, first[1])
+    at_cap: list[energy.Energy | None] = []
+
+    def energy_at_cap() -> None:  # the series at the clock the cap set, before the settle (`retime`)
+        at_cap.append(_energy(timed, reset_grads, monitor, device, first[0].min_ms))
+
+    capped = gpustate.retime(
+        series,
+        first[0],
+        monitor,
+        before,
+        settings.power_cap,
+        watch,
+        first[1],
+        before_again=energy_at_cap if settings.energy else None,
+    )
     stats, after, warmup = capped.stats, capped.after, warmup + capped.warmup
-    if opened is not None:
+    if at_cap:
+        spent = at_cap[0]
+        energy_note = f"{OWN_SERIES}: timed again under its power cap" if opened is not None else ""
+    elif opened is not None:
         flushes = stats.reps if flush is not None else 0
-        spent, energy_note = _charged(opened, stats, flushes, capped.note, device, monitor)
+        spent, energy_note = _charged(opened, stats, flushes, device, monitor)
     if settings.energy and spent is None:
         spent = _energy(timed, reset_grads, monitor, device, stats.min_ms)
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
@@ -408,15 +427,12 @@ def _charged(
     opened: energy.Energy,
     stats: Any,
     flushes: int,
-    capped: str,
     device: str,
     monitor: gpustate.Monitor,
 ) -> tuple[energy.Energy | None, str]:
     """The energy of the timed calls from the counter's window around them (`energy.charge`), or None
     and the row's note on why the case's energy comes from a series of its own."""
-    own = "energy from calls of its own"
-    if capped:
-        return None, f"{own}: timed again under its power cap"
+    own = OWN_SERIES
     if opened.counted_mj is None:
         return None, f"{own}: {opened.missing}"
     calibration = _calibration(device, monitor, flushes > 0)
