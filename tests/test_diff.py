@@ -172,6 +172,11 @@ def test_different_gpus_and_versions_are_named(runs):
     )
     warnings = diff_runs(a, b).warnings
     assert warnings[2:] == ["measurement setting power_cap differs: A not recorded, B gaps"]
+    # A run from before the energy method was a setting read its energy from a series.
+    (b / "spec.json").write_text(json.dumps({"name": "t", "rel_ci": 0.01, "energy_method": "series"}))
+    assert diff_runs(a, b).warnings[2:] == []
+    (b / "spec.json").write_text(json.dumps({"name": "t", "rel_ci": 0.01, "energy_method": "around"}))
+    assert diff_runs(a, b).warnings[2:] == ["measurement setting energy_method differs: A series, B around"]
 
 
 def test_verdict_edges():

@@ -358,6 +358,10 @@ def env_warnings(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
     ]
 
 
+# The value of a setting that a run measured with before its spec.json recorded the setting.
+BEFORE_RECORDED = {"energy_method": "series"}
+
+
 def settings_warnings(run_a: Path, run_b: Path) -> list[str]:
     """One line per measurement setting of spec.json (`MeasureSettings`) that differs between
     the runs; a setting one run's spec.json does not record is "not recorded"."""
@@ -367,7 +371,7 @@ def settings_warnings(run_a: Path, run_b: Path) -> list[str]:
             recorded.append(json.loads((Path(run_dir) / rundir.SPEC).read_text()))
         except (OSError, ValueError):
             return []  # a run without a readable spec.json: nothing to compare
-    spec_a, spec_b = recorded
+    spec_a, spec_b = ({**BEFORE_RECORDED, **spec} for spec in recorded)
     return [
         f"measurement setting {name} differs: A {spec_a.get(name, 'not recorded')}, "
         f"B {spec_b.get(name, 'not recorded')}"
