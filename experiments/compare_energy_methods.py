@@ -9,7 +9,9 @@ On one CUDA GPU with nvidia-ml-py, each case of the spec that the filters keep i
 times in this process, as a sweep's worker measures it (`worker.measure_case`), with the spec's
 settings and the method in the order series, around, around, series, so a drift of the GPU's state
 over the four falls on both alike. The first case measured with `around` also pays the worker's
-calibration (`energy.calibrate`); its `around_s` says so.
+calibration (`energy.calibrate`); its `around_s` says so. `--no-l2-flush` times the calls without
+the flush, so that the two methods differ only in the spins, the tail and the calls' pace: set
+beside a run with the flush, it tells what the flush's subtraction and the flushed L2 move.
 
 Columns: kernel, mode, seq_len, median_ms, series_mj and around_mj (the mean of each method's two
 energies per call), ratio (around / series), series_spread and around_spread (each method's two
@@ -81,6 +83,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kernel", type=listed(str), default=["tfla_sig"], help="the spec's kernels to keep")
     parser.add_argument("--seq-len", type=listed(int), default=None, help="the sequence lengths to keep")
     parser.add_argument("--mode", type=listed(str), default=["fw", "fwbw"], help="fw, fwbw or both")
+    parser.add_argument(
+        "--no-l2-flush",
+        dest="l2_flush",
+        action="store_false",
+        help="time the calls without the L2 flush: the window then holds the calls, spins and tail only",
+    )
     return parser.parse_args(argv)
 
 
@@ -94,7 +102,7 @@ def cases(args: argparse.Namespace) -> tuple[list, Any]:
     ]
     if not kept:
         raise UserError(f"no case of {args.spec} is kept by --kernel, --seq-len and --mode")
-    return kept, spec.measurement
+    return kept, dataclasses.replace(spec.measurement, l2_flush=args.l2_flush)
 
 
 def compare(case: Any, settings: Any) -> dict[str, Any] | None:

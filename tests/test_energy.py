@@ -16,7 +16,7 @@ import torch
 from energy_stand_in import ENERGY_ENV, CounterNvml
 from hypothesis import given
 from hypothesis import strategies as st
-from synthetic_run import SCHEMA, fig5_rows, write_run
+from synthetic_run import REPO, SCHEMA, fig5_rows, write_run
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
@@ -526,3 +526,22 @@ def test_the_energy_method_goes_through_the_one_checker_and_names_itself_in_env_
         specs.parse_spec({**_spec_table(), "energy_method": "x"}, "spec.toml")
     assert "before and after the timed calls" in energy.env_record(True, None, "around")["method"]
     assert "back-to-back calls that follow" in energy.env_record(True, None)["method"]
+
+
+def test_the_methods_comparison_keeps_the_cases_asked_for_and_says_one_line_otherwise(capsys, monkeypatch):
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        import compare_energy_methods as compare
+    finally:
+        sys.path.pop(0)
+    args = compare.parse(["out.csv", "--kernel", "tfla_sig,fa3", "--seq-len", "512", "--no-l2-flush"])
+    kept, settings = compare.cases(args)
+    assert {(case.kernel, case.mode, case.seq_len) for case in kept} == {
+        (kernel, mode, 512) for kernel in ("tfla_sig", "fa3") for mode in ("fw", "fwbw")
+    }
+    assert settings.l2_flush is False and compare.cases(compare.parse(["out.csv"]))[1].l2_flush is True
+    with pytest.raises(UserError, match="no case of fig5_consttoken is kept"):
+        compare.cases(compare.parse(["out.csv", "--seq-len", "3"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert compare.main(["out.csv"]) == 2
+    assert capsys.readouterr().err == "error: comparing the energy methods needs a CUDA GPU\n"
