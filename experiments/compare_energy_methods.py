@@ -14,11 +14,13 @@ the flush, so that the two methods differ only in the spins, the tail and the ca
 beside a run with the flush, it tells what the flush's subtraction and the flushed L2 move.
 
 Columns: kernel, mode, seq_len, median_ms, series_mj and around_mj (the mean of each method's two
-energies per call), ratio (around / series), series_spread and around_spread (each method's two
-values apart, over their mean), outside_share (the share of the window's rise charged to what ran
-beside the calls, the mean of the two), series_s and around_s (the worker's time from the end of the
-first call to the end of its energy, `Measurement.calls_s`, the mean of the two), and note (why an
-`around` measurement fell back to a series of its own, where one did).
+energies per call; `around_mj` is a series' own where the case fell back, as `note` says), ratio
+(around / series; the summary line leaves out the cases that fell back), series_spread and
+around_spread (each method's two values apart, over their mean), outside_share (the share of the
+window's rise charged to what ran beside the calls, the mean of the two), series_s and around_s (the
+worker's time from the end of the first call to the end of its energy, `Measurement.calls_s`, the
+mean of the two), and note (why an `around` measurement fell back to a series of its own, where one
+did).
 """
 
 from __future__ import annotations

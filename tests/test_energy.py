@@ -492,7 +492,7 @@ def test_a_calibration_whose_counter_does_not_move_says_so_and_charges_nothing(b
 def _around(monkeypatch, calibration: energy.Calibration, reps=3, **settings):
     monitor, _ = monitor_with(monkeypatch, lambda read: 10**6 + 1_000 * read)
     monkeypatch.setattr(worker, "_monitor", lambda device: monitor)
-    monkeypatch.setattr(worker, "_calibration", lambda device, monitor, flushes: calibration)
+    monkeypatch.setattr(worker, "_calibration", lambda device, monitor, flush: calibration)
     chosen = MeasureSettings(warmup=1, reps=reps, energy_method="around", **settings)
     return worker.measure_case(registry.get("sdpa_math"), CASE, chosen, "cpu")
 
@@ -545,3 +545,32 @@ def test_the_methods_comparison_keeps_the_cases_asked_for_and_says_one_line_othe
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert compare.main(["out.csv"]) == 2
     assert capsys.readouterr().err == "error: comparing the energy methods needs a CUDA GPU\n"
+
+
+def test_a_window_whose_closing_read_fails_keeps_what_ran_and_runs_it_once(monkeypatch):
+    monitor, _ = monitor_with(monkeypatch, scripted(10, 20, gpustate.NoEnergyCounter("NVML went away")))
+    ran = []
+    result, opened = energy.window(
+        lambda: ran.append(1) or "stats", counter=monitor.energy_mj, sync=lambda: None
+    )
+    assert result == "stats" and ran == [1]
+    assert opened.counted_mj is None and opened.missing == "NVML went away"
+
+
+def test_the_workers_calibration_is_kept_once_it_succeeded_and_measured_again_when_it_failed(monkeypatch):
+    monkeypatch.setattr(worker, "_CALIBRATIONS", {})
+    stuck, _ = monitor_with(monkeypatch, lambda read: 5_000)
+    failed = worker._calibration("cpu", stuck, None)
+    assert failed.missing.startswith("the spins' window: the counter did not move over")
+    rising, fake = monitor_with(monkeypatch, lambda read: 10**6 + 1_000 * read)
+    kept = worker._calibration("cpu", rising, None)
+    assert kept.missing == "" and kept.awake_w > 0 and kept.flush_mj == 0
+    reads = fake.reads
+    assert worker._calibration("cpu", rising, None) is kept and fake.reads == reads
+
+    def boom():
+        raise RuntimeError("CUDA out of memory")
+
+    broken = worker._calibration("cpu", rising, boom)  # another key: with flushes
+    assert broken.missing == "it failed: RuntimeError: CUDA out of memory"
+    assert ("cpu", True) not in worker._CALIBRATIONS

@@ -1,4 +1,6 @@
-"""Energy per call: NVML's total-energy counter read around a series of back-to-back calls.
+"""Energy per call: NVML's total-energy counter read around a series of back-to-back calls, or
+around the timed calls less what ran beside them (`window`, `calibrate`, `charge`; docs/energy.md,
+"Around the timed calls").
 
 The counter (`nvmlDeviceGetTotalEnergyConsumption`, read by `gpustate.Monitor.energy_mj`) is the
 GPU board's energy in millijoules since the driver was loaded. It moves in steps: the driver
@@ -215,17 +217,21 @@ def window(
 ) -> tuple[T | None, Energy]:
     """Run `run` inside a window of the counter that opens and closes on an idle device, each end
     right after one of the counter's updates: what `run` returned, and the window (its `calls` left
-    at zero for the caller to set). Without a counter (`NoEnergyCounter`) `run` is not called: None,
-    and the window says why."""
+    at zero for the caller to set). Where the opening read finds no counter (`NoEnergyCounter`),
+    `run` is not called: None, and the window says why; where only the closing read fails, `run`'s
+    result and why the window has no energy."""
     try:
         sync()
         start = next_update(counter)
-        started_s = time.perf_counter()
-        result = run()
-        sync()
-        end = next_update(counter)
     except NoEnergyCounter as exc:
         return None, Energy(missing=str(exc))
+    started_s = time.perf_counter()
+    result = run()
+    sync()
+    try:
+        end = next_update(counter)
+    except NoEnergyCounter as exc:
+        return result, Energy(0, started_s, time.perf_counter(), missing=str(exc))
     ended_s = time.perf_counter()
     rise, missing = rise_mj(start, end, ended_s - started_s)
     return result, Energy(0, started_s, ended_s, rise, missing=missing)

@@ -67,8 +67,9 @@ class ResultRow:
             slowdown and regain its clock (`gpustate.Monitor.settle`).
         sm_mhz_before ... throttle_after, throttled: the GPU's state (`tfla_bench.measure.gpustate`).
         energy_mj: the GPU's energy per call in millijoules, from NVML's energy counter over a
-            series of back-to-back calls after the timed ones (`tfla_bench.measure.energy`); empty
-            where there is none (`env.json`'s `measurement.energy` says why).
+            series of back-to-back calls after the timed ones, or around the timed calls
+            (`energy_method`, `tfla_bench.measure.energy`); empty where there is none (`env.json`'s
+            `measurement.energy` says why).
         tokens_per_joule: batch x seq_len tokens of one call / (energy_mj / 1000).
         library: the installed versions of the adapter's packages, e.g. `fla-core 0.6.0`.
         host: the node that ran or decided the case.

@@ -199,10 +199,10 @@ class Failure:
 class Measurement:
     """A worker's answer for one case: its result row as far as the worker knows it (the parent adds
     the counts, the library, the node and the GPU's name), whether the worker's CUDA context is lost
-    (`fatal`), `calls_s`, the wall time from the end of the first call to the end of the energy
-    series (warm-up, the memory call, the timed calls with their flushes and spins, the energy
-    series), and `energy`, the counter's reading that gave the row's energy cells (`energy.Energy`:
-    its `missing` says why there is none; None where none was read).
+    (`fatal`), `calls_s`, the wall time from the end of the first call to the end of its energy
+    (warm-up, the memory call, the timed calls with their flushes and spins, the energy series or
+    the window around the timed calls), and `energy`, the counter's reading that gave the row's
+    energy cells (`energy.Energy`: its `missing` says why there is none; None where none was read).
 
     In the row, `warmup` and `reps` are the calls made (a case timed again because its power cap set
     in counts its first series in `warmup`, `gpustate.set_in`), `stop` why timing stopped
@@ -358,8 +358,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         spent = at_cap[0]
         energy_note = f"{OWN_SERIES}: timed again under its power cap" if opened is not None else ""
     elif opened is not None:
-        flushes = stats.reps if flush is not None else 0
-        spent, energy_note = _charged(opened, stats, flushes, device, monitor)
+        spent, energy_note = _charged(opened, stats, flush, device, monitor)
     if settings.energy and spent is None:
         spent = _energy(timed, reset_grads, monitor, device, stats.min_ms)
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
@@ -426,7 +425,7 @@ def _energy(
 def _charged(
     opened: energy.Energy,
     stats: Any,
-    flushes: int,
+    flush: Any,
     device: str,
     monitor: gpustate.Monitor,
 ) -> tuple[energy.Energy | None, str]:
@@ -435,11 +434,12 @@ def _charged(
     own = OWN_SERIES
     if opened.counted_mj is None:
         return None, f"{own}: {opened.missing}"
-    calibration = _calibration(device, monitor, flushes > 0)
+    calibration = _calibration(device, monitor, flush)
     if calibration.missing:
         return None, f"{own}: no calibration ({calibration.missing})"
     # The median stands for every call: the calls' spread moves the awake power's share only.
     calls_s = stats.median_ms * stats.reps / 1e3
+    flushes = stats.reps if flush is not None else 0
     spent = energy.charge(opened, stats.reps, calls_s, flushes, calibration)
     share = spent.outside_share
     if share is None or share > energy.MAX_OUTSIDE_SHARE or not (spent.per_call_mj or 0) > 0:
@@ -448,28 +448,40 @@ def _charged(
     return spent, ""
 
 
-@functools.cache
-def _calibration(device: str, monitor: gpustate.Monitor, flushes: bool) -> energy.Calibration:
-    """The worker's energy calibration (`energy.calibrate`), measured at its first case that needs
-    it, with the L2 flush of every case (`timing.L2Flush`) where `flushes`."""
+def _calibration(device: str, monitor: gpustate.Monitor, flush: Any) -> energy.Calibration:
+    """The worker's energy calibration (`energy.calibrate`) for `device`, with the case's L2 flush
+    (`timing.L2Flush`, the same size in every case) or without flushes: measured at the first case
+    that needs it and kept for the worker's later cases once it succeeded. One that failed says why
+    (the case then takes a series of its own) and is measured again at the next case."""
     # imports torch at import time, which only this path needs.
     from tfla_bench.measure import timing
 
+    key = (device, flush is not None)
+    if key in _CALIBRATIONS:
+        return _CALIBRATIONS[key]
     if timing.is_cuda(device):
         spin: Callable[[], None] = timing.Spin(device, 0.0, seconds=CALIBRATION_SPIN_S)
     else:  # a CPU with a stand-in counter (the tests): the host waits instead
         spin = functools.partial(time.sleep, CALIBRATION_SPIN_S)
-    calibration = energy.calibrate(
-        counter=monitor.energy_mj,
-        sync=functools.partial(timing.synchronize, device),
-        spin=spin,
-        spin_s=CALIBRATION_SPIN_S,
-        flush=timing.L2Flush(device) if flushes else None,
-        gpu_seconds=functools.partial(timing.gpu_seconds, device=device),
-    )
+    try:
+        calibration = energy.calibrate(
+            counter=monitor.energy_mj,
+            sync=functools.partial(timing.synchronize, device),
+            spin=spin,
+            spin_s=CALIBRATION_SPIN_S,
+            flush=flush,
+            gpu_seconds=functools.partial(timing.gpu_seconds, device=device),
+        )
+    except Exception as exc:  # the case is measured; only its energy takes the other way
+        calibration = energy.Calibration(missing=f"it failed: {exception_line(exc)}")
     print(f"energy calibration on {device}: {calibration}", file=sys.stderr, flush=True)
+    if not calibration.missing:
+        _CALIBRATIONS[key] = calibration
     return calibration
 
+
+# The worker's energy calibrations that succeeded, by device and whether its cases flush the L2.
+_CALIBRATIONS: dict[tuple[str, bool], energy.Calibration] = {}
 
 # One NVML monitor per process and device.
 _monitor = functools.cache(gpustate.device_monitor)
