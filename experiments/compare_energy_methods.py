@@ -13,14 +13,15 @@ calibration (`energy.calibrate`); its `around_s` says so. `--no-l2-flush` times 
 the flush, so that the two methods differ only in the spins, the tail and the calls' pace: set
 beside a run with the flush, it tells what the flush's subtraction and the flushed L2 move.
 
-Columns: kernel, mode, seq_len, median_ms, series_mj and around_mj (the mean of each method's two
-energies per call; `around_mj` is a series' own where the case fell back, as `note` says), ratio
-(around / series; the summary line leaves out the cases that fell back), series_spread and
-around_spread (each method's two values apart, over their mean), outside_share (the share of the
-window's rise charged to what ran beside the calls, the mean of the two), series_s and around_s (the
-worker's time from the end of the first call to the end of its energy, `Measurement.calls_s`, the
-mean of the two), and note (why an `around` measurement fell back to a series of its own, where one
-did).
+Columns: kernel, mode, seq_len, median_ms, series_call_ms (the series' window over its calls: a
+call's time back to back, its share of the idle tail included), series_mj and around_mj (the mean of
+each method's two energies per call; `around_mj` is a series' own where the case fell back, as
+`note` says), ratio (around / series; the summary line leaves out the cases that fell back),
+series_spread and around_spread (each method's two values apart, over their mean), outside_share
+(the share of the window's rise charged to what ran beside the calls, the mean of the two), series_s
+and around_s (the worker's time from the end of the first call to the end of its energy,
+`Measurement.calls_s`, the mean of the two), and note (why an `around` measurement fell back to a
+series of its own, where one did).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ COLUMNS = (
     "mode",
     "seq_len",
     "median_ms",
+    "series_call_ms",
     "series_mj",
     "around_mj",
     "ratio",
@@ -131,6 +133,9 @@ def compare(case: Any, settings: Any) -> dict[str, Any] | None:
         "mode": case.mode,
         "seq_len": case.seq_len,
         "median_ms": round(statistics.fmean(m.row.median_ms for m in got["series"]), 4),
+        "series_call_ms": round(
+            statistics.fmean(m.energy.seconds * 1e3 / m.energy.calls for m in got["series"]), 4
+        ),
         "series_mj": round(mean["series"], 3),
         "around_mj": round(mean["around"], 3),
         "ratio": round(mean["around"] / mean["series"], 4),
