@@ -528,12 +528,17 @@ def test_the_energy_method_goes_through_the_one_checker_and_names_itself_in_env_
     assert "back-to-back calls that follow" in energy.env_record(True, None)["method"]
 
 
-def test_the_methods_comparison_keeps_the_cases_asked_for_and_says_one_line_otherwise(capsys, monkeypatch):
+def _comparison():
     sys.path.insert(0, str(REPO / "experiments"))
     try:
         import compare_energy_methods as compare
     finally:
         sys.path.pop(0)
+    return compare
+
+
+def test_the_methods_comparison_keeps_the_cases_asked_for_and_says_one_line_otherwise(capsys, monkeypatch):
+    compare = _comparison()
     args = compare.parse(["out.csv", "--kernel", "tfla_sig,fa3", "--seq-len", "512", "--no-l2-flush"])
     kept, settings = compare.cases(args)
     assert {(case.kernel, case.mode, case.seq_len) for case in kept} == {
@@ -574,3 +579,29 @@ def test_the_workers_calibration_is_kept_once_it_succeeded_and_measured_again_wh
     broken = worker._calibration("cpu", rising, boom)  # another key: with flushes
     assert broken.missing == "it failed: RuntimeError: CUDA out of memory"
     assert ("cpu", True) not in worker._CALIBRATIONS
+
+
+def test_the_methods_comparison_sets_each_methods_two_measurements_side_by_side(monkeypatch):
+    compare = _comparison()
+    methods = []
+
+    def measured(adapter, case, settings, device):
+        methods.append(settings.energy_method)
+        mj = {"series": [100.0, 102.0], "around": [97.0, 95.0]}[settings.energy_method]
+        value = mj[methods.count(settings.energy_method) - 1]
+        window = energy.Energy(
+            50, 0.0, 0.5, int(value * 50), outside_mj=5.0 * 50, method=settings.energy_method
+        )
+        row = worker.ResultRow(case=case, family="mlstm", status="ok", median_ms=1.0, energy_mj=value)
+        return worker.Measurement(
+            row, calls_s=0.4 if settings.energy_method == "around" else 0.9, energy=window
+        )
+
+    monkeypatch.setattr(compare.worker, "measure_case", measured)
+    row = compare.compare(CASE, MeasureSettings(energy=False))
+    assert methods == ["series", "around", "around", "series"]
+    assert row["series_mj"] == 101.0 and row["around_mj"] == 96.0 and row["ratio"] == round(96 / 101, 4)
+    assert row["series_spread"] == round(2 / 101, 4) and row["around_spread"] == round(2 / 96, 4)
+    assert row["series_call_ms"] == 10.0 and row["series_s"] == 0.9 and row["around_s"] == 0.4
+    assert row["outside_share"] == round((250 / 4850 + 250 / 4750) / 2, 4)  # each window's share, averaged
+    assert row["note"] == ""
