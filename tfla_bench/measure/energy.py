@@ -283,7 +283,7 @@ def calibrate(
         return Calibration(missing=f"the flushes' window: {flushes.missing}")
     flush_mj = (flushes.counted_mj - awake_w * 1e3 * max(flushes.seconds - busy_s, 0.0)) / count
     if not flush_mj > 0:
-        return Calibration(missing=f"the flushes drew no more than an awake GPU ({flush_mj:.3g} mJ each)")
+        return Calibration(missing=f"the flushes' window left them no energy ({flush_mj:.3g} mJ each)")
     return Calibration(awake_w, flush_mj, busy_s / count)
 
 

@@ -338,19 +338,20 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
             first, spent, opened = first_series(), opened, None
     else:
         first, opened = first_series(), None
+    first_stats, first_after = first
     at_cap: list[energy.Energy | None] = []
 
     def energy_at_cap() -> None:  # the series at the clock the cap set, before the settle (`retime`)
-        at_cap.append(_energy(timed, reset_grads, monitor, device, first[0].min_ms))
+        at_cap.append(_energy(timed, reset_grads, monitor, device, first_stats.min_ms))
 
     capped = gpustate.retime(
         series,
-        first[0],
+        first_stats,
         monitor,
         before,
         settings.power_cap,
         watch,
-        first[1],
+        first_after,
         before_again=energy_at_cap if settings.energy else None,
     )
     stats, after, warmup = capped.stats, capped.after, warmup + capped.warmup
@@ -431,12 +432,11 @@ def _charged(
 ) -> tuple[energy.Energy | None, str]:
     """The energy of the timed calls from the counter's window around them (`energy.charge`), or None
     and the row's note on why the case's energy comes from a series of its own."""
-    own = OWN_SERIES
     if opened.counted_mj is None:
-        return None, f"{own}: {opened.missing}"
+        return None, f"{OWN_SERIES}: {opened.missing}"
     calibration = _calibration(device, monitor, flush)
     if calibration.missing:
-        return None, f"{own}: no calibration ({calibration.missing})"
+        return None, f"{OWN_SERIES}: no calibration ({calibration.missing})"
     # The median stands for every call: the calls' spread moves the awake power's share only.
     calls_s = stats.median_ms * stats.reps / 1e3
     flushes = stats.reps if flush is not None else 0
@@ -444,7 +444,7 @@ def _charged(
     share = spent.outside_share
     if share is None or share > energy.MAX_OUTSIDE_SHARE or not (spent.per_call_mj or 0) > 0:
         shown = f"{share:.0%}" if share is not None else "all"
-        return None, f"{own}: flushes, spins and the idle GPU drew {shown} of the timed calls' window"
+        return None, f"{OWN_SERIES}: flushes, spins and the idle GPU drew {shown} of the timed calls' window"
     return spent, ""
 
 
