@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import io
+import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +21,9 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
+from matplotlib.mathtext import MathTextParser
 from matplotlib.ticker import NullLocator
 from matplotlib.transforms import Bbox
 from PIL import Image
@@ -155,8 +157,29 @@ def new_figure(width: float, height: float) -> Figure:
     if width > MAX_ASPECT * height:
         raise ValueError(f"a {width}x{height} figure is wider than {MAX_ASPECT}:1")
     fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
+    Canvas(fig)
     return fig
+
+
+class Canvas(FigureCanvasAgg):
+    """Matplotlib's Agg canvas whose renderers share one math text parser: matplotlib keeps a parser
+    and its cache per renderer, so each new figure parsed its log axes' tick labels
+    (`10^{3}` in math text) anew. The same pixels, a label parsed once per process."""
+
+    math_text = MathTextParser("path")
+
+    def get_renderer(self) -> RendererAgg:
+        renderer = super().get_renderer()
+        renderer.mathtext_parser = Canvas.math_text
+        return renderer
+
+
+def _new_math_text() -> None:
+    # Its parses hold fonts, which cannot cross a fork (matplotlib empties its own font cache there).
+    Canvas.math_text = MathTextParser("path")
+
+
+os.register_at_fork(after_in_child=_new_math_text)
 
 
 def grid_shape(panels: int, max_columns: int = 3) -> tuple[int, int]:
