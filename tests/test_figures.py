@@ -4,6 +4,8 @@ that never overlap, CPU runs without a GPU roof, GPUs that stay apart in the mod
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import matplotlib
 import pytest
@@ -225,3 +227,18 @@ def test_a_measured_roof_is_drawn_beside_the_datasheet_one():
     assert "H100 SXM roofline" in lines
     roof = lines["measured: 700 TFLOP/s, HBM 3.00 TB/s roofline"]
     assert roof.get_color() == "black" and max(roof.get_ydata()) == pytest.approx(700)
+
+
+def _log_figure() -> bytes:
+    fig = new_figure(6, 4)
+    fig.subplots().loglog([1, 10, 100, 1000], [1e-3, 1, 1e2, 1e5])
+    return png_bytes(fig)
+
+
+def test_figures_drawn_after_a_fork_share_no_parsed_math_text_with_the_parent():
+    # The figures share one parser of their log axes' labels; its parses hold fonts, which a forked
+    # process (the site's pool) must not use: it drew wrong glyphs or failed ("too many hints").
+    here = _log_figure()
+    for _ in range(10):
+        with ProcessPoolExecutor(2, mp_context=get_context("fork")) as pool:
+            assert [future.result() for future in [pool.submit(_log_figure) for _ in range(4)]] == [here] * 4

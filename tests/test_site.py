@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from functools import partial
+from pathlib import Path
 
+import pandas as pd
 import pytest
 from synthetic_run import PLANTED, PLANTED_FACTOR, site_rows, site_runs, write_run
 
+from tfla_bench.analyse import report
+from tfla_bench.analyse.compare import compare_run, load_run
 from tfla_bench.analyse.history import RunRows, flagged, history
-from tfla_bench.analyse.site import build_site
+from tfla_bench.analyse.site import SiteRun, build_site
 from tfla_bench.cli.main import main
 from tfla_bench.measure.row import ResultRow
+from tfla_bench.model.hardware import ACCELERATORS
+from tfla_bench.plots.base import Drawing, draw
+from tfla_bench.plots.catalog import run_context
 from tfla_bench.plots.history import HistoryFigure
+from tfla_bench.plots.runs import energy_uj_per_token, run_plots, series_panels, with_published
 from tfla_bench.run import rundir
 
 # The site's budget, 50 MB for 100 runs of 300 rows, per run (its page and figures).
@@ -43,15 +53,87 @@ def test_index_lists_every_readable_run_and_names_the_one_left_out(site):
     assert "aaaaaaa" in index and "ccccccc" in index
 
 
+def _linked(out: Path, run: SiteRun) -> dict[str, str]:
+    """The figure files a run page links, by figure name (`memory_vs_seq_len`)."""
+    page = (out / run.page).read_text()
+    files = re.findall(r'src="\.\./figures/([^"]+\.png)"', page)
+    return {re.sub(r"-[0-9a-f]{20}\.png$", "", name): name for name in files}
+
+
 def test_run_pages_link_figure_files_instead_of_inlining_them(site):
     root, built, _ = site
+    out = root / "out"
+    linked = set()
     for run in built.runs:
-        page = (root / "out" / run.page).read_text()
+        page = (out / run.page).read_text()
         assert "data:image/png;base64" not in page
-        figures = sorted((root / "out" / run.page).with_suffix("").glob("*.png"))
-        assert figures, run.page
-        for figure in figures:
-            assert f'src="{run.rows.name}/{figure.name}"' in page
+        files = _linked(out, run)
+        assert {"runtime_vs_seq_len", "memory_vs_seq_len", "measured_roofline_fw"} <= set(files), run.page
+        assert all((out / "figures" / name).is_file() for name in files.values())
+        linked |= set(files.values())
+    # The folder holds the files some page links, and nothing else.
+    assert {path.name for path in (out / "figures").iterdir()} == linked
+
+
+def test_runs_whose_figure_inputs_are_equal_share_one_file_and_others_get_their_own(site):
+    root, built, _ = site
+    out = root / "out"
+    runs = {run.rows.name: run for run in built.runs}
+    a, b, c, h200 = (_linked(out, runs[f"fig5_consttoken-{name}"]) for name in ("a", "b", "c", "h200"))
+    # a and b measured the same rows (at two commits); c has a case 1.5 times slower, the same memory;
+    # the H200 run names another GPU in every figure's title.
+    assert a["runtime_vs_seq_len"] == b["runtime_vs_seq_len"] != c["runtime_vs_seq_len"]
+    assert a["memory_vs_seq_len"] == b["memory_vs_seq_len"] == c["memory_vs_seq_len"]
+    assert not set(h200.values()) & (set(a.values()) | set(c.values()))
+    # A figure drawn from the whole run is each run's own, though a and b draw the same pixels.
+    assert a["measured_roofline_fw"] != b["measured_roofline_fw"]
+    # The shared file is the figure each run's own context draws.
+    for name in ("b", "c"):
+        run = load_run(runs[f"fig5_consttoken-{name}"].run_dir)
+        context = run_context(
+            run, compare_run(run, run.published), [ACCELERATORS["h100"], ACCELERATORS["h200"]]
+        )
+        (plot,) = [plot for plot in run_plots(context) if plot.name == "memory_vs_seq_len"]
+        src = report.figure_src("own", draw(plot.drawing(context), quick=True), root, root, quick=True)
+        assert (root / src).read_bytes() == (out / "figures" / a["memory_vs_seq_len"]).read_bytes()
+
+
+def test_a_figure_drawn_from_the_columns_it_reads_is_the_figure_of_every_column():
+    # A committed Fig. 5 run: six kernel families in rows of panels, throttled points, energy, a param.
+    run = load_run(Path(__file__).parent.parent / "results" / "runs" / "fig5_consttoken-20261202-h200")
+    comparison = compare_run(run, run.published)
+    context = run_context(run, comparison, [ACCELERATORS["h100"], ACCELERATORS["h200"]])
+    every = with_published(run, comparison)
+    every["energy_uj_per_token"] = energy_uj_per_token(every)
+    checked = set()
+    for plot in run_plots(context):
+        drawing = plot.drawing(context)
+        if plot.inputs is None or not drawing.args:  # drawn from the whole run, or nothing to show
+            continue
+        checked.add(plot.name)
+        (rows,) = drawing.args
+        assert len(rows.columns) < len(every.columns) / 2, plot.name
+        pictures = [
+            report.figure_src(name, draw(Drawing(drawing.function, (frame,)), quick=True), None, Path())
+            for name, frame in (("read", rows), ("every", every))
+        ]
+        assert pictures[0] == pictures[1], plot.name
+    assert checked == {"runtime_vs_seq_len", "energy_vs_seq_len", "memory_vs_seq_len"}
+
+
+def test_a_drawing_digest_follows_the_values_it_is_given_not_the_objects():
+    frame = pd.DataFrame({"kernel": ["tfla", "tfla"], "status": ["ok", "ok"], "chunk_size": [64, 128]})
+    frame["chunk_size"] = frame["chunk_size"].astype("Int64")
+    # Equal values from other objects: fresh strings, a dtype whose cached item size was asked for.
+    again = pd.DataFrame({c: list(frame[c]) for c in frame.columns}).astype({"chunk_size": "Int64"})
+    again["status"] = ["".join("ok") for _ in range(2)]
+    assert again["chunk_size"].dtype.itemsize == 8
+    digest = Drawing(series_panels, (frame,)).digest("code")
+    assert Drawing(series_panels, (again,)).digest("code") == digest
+    assert Drawing(series_panels, (frame.astype({"chunk_size": "float"}),)).digest("code") != digest
+    assert Drawing(series_panels, (frame.assign(status=["ok", "oom"]),)).digest("code") != digest
+    assert Drawing(partial(series_panels, x="seq_len"), (frame,)).digest("code") != digest
+    assert Drawing(series_panels, (frame,)).digest("other code") != digest
 
 
 def test_history_flags_the_planted_regression_and_nothing_else(site):
@@ -158,21 +240,45 @@ def test_a_rebuild_draws_again_only_what_changed(site):
     root, built, _ = site
     out = root / "out"
     before = {path: path.stat().st_ino for path in out.rglob("*.png")}
+    runs = {run.rows.name: run for run in built.runs}
+    old = _linked(out, runs["fig5_consttoken-h200"])
     changed = root / "runs" / "fig5_consttoken-h200"
     env = json.loads((changed / rundir.ENV).read_text())
     (changed / rundir.ENV).write_text(json.dumps({**env, "host": "another node"}))
     steps = []
     build_site([root / "runs"], out, lambda line: None, lambda what, done, total: steps.append((what, done)))
     after = {path: path.stat().st_ino for path in out.rglob("*.png")}
-    redrawn = {path.relative_to(out).parts[:2] for path in after if before.get(path) != after[path]}
-    # The spec pages' cross-GPU figure is drawn each time; a run's page and a history figure only anew.
-    assert redrawn - {("specs", "fig5_consttoken")} == {("runs", "fig5_consttoken-h200")}
+    redrawn = {path.relative_to(out) for path in after if before.get(path) != after[path]}
+    # The spec pages' cross-GPU figure is drawn each time; a history figure only anew; of the changed
+    # run's figures, those drawn from its environment (all of the run), not those of its rows alone.
+    new = _linked(out, runs["fig5_consttoken-h200"])
+    assert {path for path in redrawn if path.parts[0] != "specs"} == {
+        Path("figures", new[name]) for name in new if new[name] != old[name]
+    }
+    assert {name for name in new if new[name] != old[name]} >= {"measured_roofline_fw", "roofline_fraction"}
+    assert new["runtime_vs_seq_len"] == old["runtime_vs_seq_len"]
+    # Its figures of before that no page links any more are gone.
+    assert {path.name for path in (out / "figures").iterdir()} == {
+        name for run in built.runs for name in _linked(out, run).values()
+    }
     assert steps[0] == (
         "reused",
         len(built.runs) - 1 + len(list((out / "history" / "fig5_consttoken").iterdir())),
     )
     assert "another node" in (out / "runs" / "fig5_consttoken-h200.html").read_text()
     assert not (out / ".previous").exists()
+
+
+def test_a_rebuild_draws_a_reused_pages_missing_figure_again(tmp_path):
+    runs = site_runs(tmp_path / "runs", lengths=(2048, 8192))[:1]
+    out = tmp_path / "out"
+    built = build_site(runs, out, lambda line: None, jobs=1)
+    memory = out / "figures" / _linked(out, built.runs[0])["memory_vs_seq_len"]
+    picture = memory.read_bytes()
+    memory.unlink()
+    steps = []
+    build_site(runs, out, lambda line: None, lambda what, done, total: steps.append((what, done)), jobs=1)
+    assert steps[0] == ("reused", 0) and memory.read_bytes() == picture
 
 
 def test_a_run_that_mixes_gpus_gets_a_page_per_gpu(tmp_path):

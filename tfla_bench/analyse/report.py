@@ -28,6 +28,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,9 @@ from tfla_bench.measure.row import CASE_COLUMNS
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
 from tfla_bench.plots.base import (
     FigureContext,
+    Plot,
     device_name,
+    draw,
     drop_minor_ticks,
     is_cpu_run,
     png_bytes,
@@ -93,6 +96,7 @@ RESULT_COLUMNS = (
 WHEN_PRESENT = ("energy_mj", "tokens_per_joule")
 
 REPORT_DPI = 100
+DIGEST_CHARS = 20  # of a shared figure's digest in its file name (`SharedFigures`)
 SORTABLE_ROWS = 10  # tables longer than this sort by a click on a column head
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; padding: 0 1em;
@@ -174,6 +178,38 @@ def figure_src(name: str, fig: Figure, figure_dir: Path | None, links_from: Path
     path = figure_dir / f"{name}.png"
     rundir.write_atomic(path, data)
     return Path(os.path.relpath(path, links_from)).as_posix()
+
+
+@dataclass
+class SharedFigures:
+    """A folder of figure files named by what they are drawn from, for the pages of a site: a figure's
+    file is `<name>-<digest>.png`, the digest of its `Drawing` after `salt` (the code's digest), so
+    every page whose figure is drawn from the same inputs links the one file, drawn by the first page
+    that needs it (or a build before, into the same folder). Drawn quick (`figure_src`).
+
+    Attributes:
+        folder: where the files are.
+        salt: the digest of the code that draws them.
+        used: the files linked so far.
+    """
+
+    folder: Path
+    salt: str
+    used: set[str] = field(default_factory=set)
+
+    def src(self, plot: Plot, context: FigureContext, links_from: Path) -> str | None:
+        """Where a page in `links_from` finds the plot's figure of `context` (drawn now when the folder
+        lacks it), or None when the figure has nothing to show."""
+        drawing = plot.drawing(context)
+        stem = f"{plot.name}-{drawing.digest(self.salt)[:DIGEST_CHARS]}"
+        path = self.folder / f"{stem}.png"
+        if not path.is_file():
+            fig = draw(drawing, quick=True)
+            if fig is None:
+                return None
+            figure_src(stem, fig, self.folder, links_from, quick=True)
+        self.used.add(path.name)
+        return Path(os.path.relpath(path, links_from)).as_posix()
 
 
 def figure_html(number: int, name: str, caption: str, src: str) -> str:
@@ -466,8 +502,7 @@ def build_report(
     published: str | None,
     accelerators: list[Accelerator] | None = None,
     links_from: Path | None = None,
-    figure_dir: Path | None = None,
-    quick: bool = False,
+    figures: SharedFigures | None = None,
 ) -> str:
     """The report page of a run as an HTML string: headline, figures, tables, environment (folded).
 
@@ -477,8 +512,8 @@ def build_report(
         accelerators: roofs for the measured roofline figures; default H100, H200 and the run's GPU.
         links_from: the folder of the page, which links to job logs and figure files are relative
             to; default the run directory.
-        figure_dir: write the figures here as PNG files and link them; default inline in the page.
-        quick: draw the figures in about half the time, for a site of many runs (`figure_src`).
+        figures: link the figures as files of this folder (a site's), drawn where it lacks them;
+            default inline in the page.
     """
     accelerators = _accelerators(run) if accelerators is None else accelerators
     links_from = links_from or run.run_dir
@@ -487,14 +522,10 @@ def build_report(
     comparison = normalized.plain() if normalized else compare_run(run, published) if published else None
     context = run_context(run, comparison, accelerators)
     check = roof_check(run.results, from_env(run.env))
-    drawn = render(plots(context, ["run", "measured"]), context, quick)
-    figures = "\n".join(
-        figure_html(i, plot.name, plot.caption, figure_src(plot.name, fig, figure_dir, links_from, quick))
-        for i, (plot, fig) in enumerate(drawn, 1)
-    )
+    drawn = _figures_html(plots(context, ["run", "measured"]), context, links_from, figures)
     sections: list[Section] = [
         ("headline", "Headline", lambda: headline_html(run, comparison, check)),
-        ("figures", "Figures", lambda: figures or '<p class="note">(no figure: the run sweeps no axis)</p>'),
+        ("figures", "Figures", lambda: drawn or '<p class="note">(no figure: the run sweeps no axis)</p>'),
         *_table_sections(run, (comparison, normalized), context, check, links_from),
         ("environment", "Environment", lambda: _environment_section(run)),
     ]
@@ -502,6 +533,18 @@ def build_report(
 
 
 Section = tuple[str, str, Callable[[], str]]
+
+
+def _figures_html(
+    shown: list[Plot], context: FigureContext, links_from: Path, figures: SharedFigures | None
+) -> str:
+    """The figures of `shown` that have something to show, numbered: inline, or files of `figures`."""
+    if figures is None:
+        drawn = [(plot, figure_src(plot.name, fig, None, links_from)) for plot, fig in render(shown, context)]
+    else:
+        drawn = [(plot, figures.src(plot, context, links_from)) for plot in shown]
+    linked = [(plot, src) for plot, src in drawn if src is not None]
+    return "\n".join(figure_html(i, plot.name, plot.caption, src) for i, (plot, src) in enumerate(linked, 1))
 
 
 def headline_html(run: Run, comparison: Comparison | None, check: pd.DataFrame) -> str:

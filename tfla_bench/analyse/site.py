@@ -3,8 +3,10 @@ and the figures as PNG files; no server, opened from disk or served by any stati
 
 - `index.html`: the runs, one row each (spec, GPU, date, commit, cases ok of all, the headline),
   sortable by a click on a column head and filtered by spec, GPU and kernel;
-- `runs/<run>.html`: each run's report (`tfla_bench.analyse.report`), its figures in `runs/<run>/`;
-  a run that mixes GPUs gets one page per GPU, as `report --gpu` does;
+- `runs/<run>.html`: each run's report (`tfla_bench.analyse.report`); a run that mixes GPUs gets one
+  page per GPU, as `report --gpu` does;
+- `figures/`: the run pages' figures, one file per figure drawn from the same inputs
+  (`report.SharedFigures`): the pages whose figure is the same link one file, drawn once;
 - `specs/<spec>.html`: the runs of one spec side by side, one column per GPU and commit (the latest
   run of each, for the `SERIES_PER_GPU` latest commits of each GPU) and the paper's published numbers
   as one more column; the cross-GPU check (`tfla_bench.analyse.crossgpu`) of the latest run of each
@@ -50,6 +52,9 @@ from tfla_bench.run import rundir
 
 MARKER = ".tfla-bench-site"  # names a folder this command built, which a rebuild may replace
 SUBFOLDERS = ("runs", "specs", "history")
+# The run pages' figures, each file named by what it is drawn from (`report.SharedFigures`): a rebuild
+# keeps the folder, draws only the files it lacks, and deletes the files no page links.
+FIGURES = "figures"
 SERIES_PER_GPU = 6
 FLAGGED_SHOWN = 200  # a history lists this many changes, the largest first; its figures show every one
 PAPER = "paper (H100)"
@@ -153,22 +158,26 @@ def read_runs(run_dirs: list[Path], warn: Callable[[str], None]) -> tuple[list[S
     return runs, left_out
 
 
-def _run_page(run_dir: Path, gpu: str | None, page: Path, key: str) -> tuple[str, str | None]:
-    """Write a run's report as a site page with its figures beside it (and `key`, what it was drawn
-    from); return its headline line and the reason when the report could not be made."""
+def _run_page(
+    run_dir: Path, gpu: str | None, page: Path, key: str, shared: tuple[Path, str]
+) -> tuple[str, list[str], str | None]:
+    """Write a run's report as a site page, its figures in the site's folder of them (`shared`: the
+    folder and the code's digest, `report.SharedFigures`), and `key` (what it was drawn from) with the
+    figure files it links; return its headline line, those files, and the reason when the report could
+    not be made."""
+    figures = report.SharedFigures(*shared)
     try:
         run = load_run(run_dir, gpu)
         name = resolve_published_name(run, None)
-        text = report.build_report(
-            run, name, links_from=page.parent, figure_dir=page.with_suffix(""), quick=True
-        )
+        text = report.build_report(run, name, links_from=page.parent, figures=figures)
     except UserError as exc:
-        return "", str(exc)
+        return "", [], str(exc)
     rundir.write_atomic(page, text)
     fastest = fastest_per_length(run.results)
     headline = most_often_fastest(fastest) if not fastest.empty else what_ran(run, device_name(run))
-    _write_key(page.with_suffix(""), key, {"headline": headline})
-    return headline, None
+    files = sorted(figures.used)
+    _write_key(page.with_suffix(""), key, {"headline": headline, "figures": files})
+    return headline, files, None
 
 
 def _natural(text: str) -> str:
@@ -242,14 +251,19 @@ def _write_key(folder: Path, key: str, facts: dict) -> None:
     rundir.write_json(folder / KEY_FILE, {"key": key, **facts})
 
 
-def _reuse(old: Path, new: Path, key: str, extra: tuple[Path, Path] | None = None) -> dict | None:
+def _reuse(
+    old: Path, new: Path, key: str, extra: tuple[Path, Path] | None = None, figures: Path | None = None
+) -> dict | None:
     """Move the folder `old` (and the file `extra[0]` to `extra[1]`) of the site built before into
-    place when its key is `key`; return its recorded facts, or None (then nothing moved)."""
+    place when its key is `key` (and the files its facts name under `figures` are there); return its
+    recorded facts, or None (then nothing moved)."""
     try:
         facts = json.loads((old / KEY_FILE).read_text())
     except (OSError, ValueError):
         return None
     if facts.get("key") != key or (extra is not None and not extra[0].is_file()):
+        return None
+    if figures is not None and not all((figures / name).is_file() for name in facts.get("figures", [])):
         return None
     new.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(old, new)
@@ -277,6 +291,7 @@ def _prepare(out: Path) -> Path | None:
     (out / MARKER).write_text("built by tfla-bench site; a rebuild replaces this folder's pages\n")
     for name in SUBFOLDERS:
         (out / name).mkdir()
+    (out / FIGURES).mkdir(exist_ok=True)
     rundir.write_atomic(out / "style.css", SITE_CSS)
     rundir.write_atomic(out / "site.js", SITE_JS)
     return previous
@@ -311,20 +326,24 @@ def build_site(
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(runs)))
     code = code_digest()
     headlines: dict[str, str] = {}
+    linked: set[str] = set()  # the files of `FIGURES` that some run page links
     figures: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
     total, done = len(runs) + len(groups), 0
+    shared = (out / FIGURES, code)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork")) as pool:
         pages = {}
         # The largest runs first, so that no long page is left to draw alone at the end.
         for run in sorted(runs, key=lambda r: len(r.rows.rows), reverse=True):
             key, folder = run_key(code, run, out), (out / run.page).with_suffix("")
             old = previous / "runs" / run.rows.name
-            kept = _reuse(old, folder, key, (old.with_suffix(".html"), out / run.page))
+            kept = _reuse(old, folder, key, (old.with_suffix(".html"), out / run.page), out / FIGURES)
             if kept is not None:
                 headlines[run.rows.name] = kept["headline"]
+                linked.update(kept["figures"])
                 done += 1
             else:
-                pages[pool.submit(_run_page, run.run_dir, run.gpu_pick, out / run.page, key)] = run
+                page = pool.submit(_run_page, run.run_dir, run.gpu_pick, out / run.page, key, shared)
+                pages[page] = run
         drawn = {}
         for (spec, kernel, mode), group in groups:
             key = hashlib.sha256((code + group.to_csv()).encode()).hexdigest()
@@ -345,11 +364,12 @@ def build_site(
         of_spec = {spec: [run for run in runs if run.rows.spec == spec] for spec in specs}
         compared = {spec: _spec_sections(spec, of_spec[spec], out, warn) for spec in specs}
         for future, run in pages.items():
-            headline, reason = future.result()
+            headline, files, reason = future.result()
             if reason is not None:
                 warn(f"warning: no page for {run.run_dir}: {reason}")
                 headline = f"(no report: {reason})"
             headlines[run.rows.name] = headline
+            linked.update(files)
             done += 1
             progress("run pages", done, total)
         for future, group_key in drawn.items():
@@ -357,6 +377,9 @@ def build_site(
             done += 1
             progress("history figures", done, total)
     shutil.rmtree(previous, ignore_errors=True)
+    for path in (out / FIGURES).iterdir():
+        if path.name not in linked:
+            path.unlink()
     for spec in specs:
         rundir.write_atomic(
             out / "specs" / f"{_slug(spec)}.html", _spec_page(spec, of_spec[spec], headlines, compared[spec])

@@ -1,6 +1,7 @@
 """What every figure of the suite shares: the one figure type (`Plot`: name, caption, draw), the one
-context a figure is drawn from (`FigureContext`), the roofs, direct labels that never overlap, the
-2.5:1 aspect limit, and saving.
+context a figure is drawn from (`FigureContext`), a figure before it is drawn (`Drawing`: what it is
+drawn from, and its digest), the roofs, direct labels that never overlap, the 2.5:1 aspect limit, and
+saving.
 
 `tfla_bench.plots.catalog` lists every figure; `plot`, `roofline` and `report` draw from it.
 """
@@ -8,16 +9,21 @@ context a figure is drawn from (`FigureContext`), the roofs, direct labels that 
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import io
+import os
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
 import numpy as np
+import pandas as pd
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
+from matplotlib.mathtext import MathTextParser
 from matplotlib.ticker import NullLocator
 from matplotlib.transforms import Bbox
 from PIL import Image
@@ -84,6 +90,47 @@ class FigureContext:
 
 
 @dataclass(frozen=True)
+class Drawing:
+    """A figure before it is drawn: the function that draws it and everything that function is given.
+
+    The function is module-level (or a `functools.partial` of one) and reads nothing but its
+    arguments, so two drawings of the same `digest` draw the same figure: a site draws it once.
+    """
+
+    function: Callable[..., Figure | None]
+    args: tuple
+
+    def figure(self) -> Figure | None:
+        return self.function(*self.args)
+
+    def digest(self, salt: str) -> str:
+        """The SHA-256 of `salt` (the code's digest), then the function (by name, with a partial's
+        arguments) and the arguments, pickled by value (`_ByValue`)."""
+        pickled = io.BytesIO()
+        _ByValue(pickled, protocol=5).dump((self.function, self.args))
+        return hashlib.sha256(salt.encode() + pickled.getvalue()).hexdigest()
+
+
+class _ByValue(pickle.Pickler):
+    """Pickles equal values to equal bytes. A pandas object goes as its labels, dtype names and values:
+    its own pickle holds caches (a dtype's item size, once something asked for it). There is no memo
+    (`fast`): it would write a value met twice as a reference only where both are one object."""
+
+    def __init__(self, file: io.BytesIO, protocol: int) -> None:
+        super().__init__(file, protocol)
+        self.fast = True
+
+    def reducer_override(self, obj: object) -> object:
+        if isinstance(obj, pd.DataFrame):
+            columns = list(obj.columns)
+            values = [obj[column].tolist() for column in columns]
+            return pd.DataFrame, (columns, [str(dtype) for dtype in obj.dtypes], obj.index.tolist(), values)
+        if isinstance(obj, pd.Series):
+            return pd.Series, (obj.name, str(obj.dtype), obj.index.tolist(), obj.tolist())
+        return NotImplemented
+
+
+@dataclass(frozen=True)
 class Plot:
     """One figure of the suite.
 
@@ -91,11 +138,18 @@ class Plot:
         name: the file stem (`runtime_vs_seq_len`, `fig22_roofline`, ...).
         caption: what the figure shows, one or two sentences (the report prints it under the figure).
         draw: makes the figure from a context, or returns None when the context has nothing to show.
+        inputs: the `Drawing` that `draw` makes of a context, where it is drawn from less than the whole
+            context (the rows of one measure, not the run): runs that differ elsewhere share it.
     """
 
     name: str
     caption: str
     draw: Callable[[FigureContext], Figure | None]
+    inputs: Callable[[FigureContext], Drawing] | None = None
+
+    def drawing(self, context: FigureContext) -> Drawing:
+        """The figure of `context` before it is drawn: its `inputs`, else `draw` of the whole context."""
+        return self.inputs(context) if self.inputs is not None else Drawing(self.draw, (context,))
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -103,8 +157,29 @@ def new_figure(width: float, height: float) -> Figure:
     if width > MAX_ASPECT * height:
         raise ValueError(f"a {width}x{height} figure is wider than {MAX_ASPECT}:1")
     fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
+    Canvas(fig)
     return fig
+
+
+class Canvas(FigureCanvasAgg):
+    """Matplotlib's Agg canvas whose renderers share one math text parser: matplotlib keeps a parser
+    and its cache per renderer, so each new figure parsed its log axes' tick labels
+    (`10^{3}` in math text) anew. The same pixels, a label parsed once per process."""
+
+    math_text = MathTextParser("path")
+
+    def get_renderer(self) -> RendererAgg:
+        renderer = super().get_renderer()
+        renderer.mathtext_parser = Canvas.math_text
+        return renderer
+
+
+def _new_math_text() -> None:
+    # Its parses hold fonts, which cannot cross a fork (matplotlib empties its own font cache there).
+    Canvas.math_text = MathTextParser("path")
+
+
+os.register_at_fork(after_in_child=_new_math_text)
 
 
 def grid_shape(panels: int, max_columns: int = 3) -> tuple[int, int]:
@@ -228,24 +303,25 @@ def place_labels(ax: Axes, labels: Sequence[Label], fontsize: str = "x-small") -
 
 
 def render(plots: Sequence[Plot], context: FigureContext, quick: bool = False) -> list[tuple[Plot, Figure]]:
-    """Draw each plot on the context; the ones with nothing to show are left out.
+    """Draw each plot on the context (`draw`); the ones with nothing to show are left out."""
+    drawn = [(plot, draw(plot.drawing(context), quick)) for plot in plots]
+    return [(plot, fig) for plot, fig in drawn if fig is not None]
+
+
+def draw(drawing: Drawing, quick: bool = False) -> Figure | None:
+    """The figure of a drawing, or None when it has nothing to show.
 
     `quick` sets each title at the top of its axes, where matplotlib would place it anyway when no x
     axis is on top (none of the run and measured figures has one), without checking for one at every
     draw: the same pixels, and a tenth less time. Its direct labels are placed on the layout without
     minor ticks, which the figure keeps (`place_labels`).
     """
-    drawn = []
     token = _QUICK.set(quick)
     try:
         with matplotlib.rc_context({"axes.titley": 1.0} if quick else {}):
-            for plot in plots:
-                fig = plot.draw(context)
-                if fig is not None:
-                    drawn.append((plot, fig))
+            return drawing.figure()
     finally:
         _QUICK.reset(token)
-    return drawn
 
 
 def save(

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import matplotlib
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 
 from tfla_bench.model.hardware import detect_accelerator
-from tfla_bench.plots.base import png_bytes
+from tfla_bench.plots.base import Canvas, png_bytes
 from tfla_bench.plots.style import ACCELERATOR_COLORS, ACCELERATOR_MARKERS, accelerator_style
 from tfla_bench.run import rundir
 
@@ -49,7 +48,7 @@ class HistoryFigure:
     def __init__(self) -> None:
         # A fixed layout: the constrained one would be solved again for every case.
         self.fig = Figure(figsize=(WIDTH, HEIGHT))
-        FigureCanvasAgg(self.fig)
+        Canvas(self.fig)
         self.fig.subplots_adjust(left=0.11, right=0.7, top=0.88, bottom=0.24)
         # The title at the top, where it goes with no x axis there, without a check for one at each draw.
         with matplotlib.rc_context({"axes.titley": 1.0}):

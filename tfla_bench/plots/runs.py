@@ -35,7 +35,15 @@ from matplotlib.lines import Line2D
 from tfla_bench.adapters import registry
 from tfla_bench.analyse.compare import SHORT_NAMES, Comparison, Run, param_columns
 from tfla_bench.analyse.headline import own_kernels
-from tfla_bench.plots.base import MAX_ASPECT, FigureContext, Plot, is_cpu_run, new_figure, run_subtitle
+from tfla_bench.plots.base import (
+    MAX_ASPECT,
+    Drawing,
+    FigureContext,
+    Plot,
+    is_cpu_run,
+    new_figure,
+    run_subtitle,
+)
 from tfla_bench.plots.style import LineStyle, row_style
 
 PUBLISHED_GPU_SHORT = "H100"
@@ -491,7 +499,18 @@ def _const_token_fixed(rows: pd.DataFrame) -> list[str]:
     return ["num_heads", "head_dim_qk", "head_dim_v", "chunk_size", *([] if tokens == 1 else ["batch"])]
 
 
-def _measure_panels(
+def _panel_rows(
+    rows: pd.DataFrame, *, x: str, y: str, fixed: list[str], published_y: str | None, ring_throttled: bool
+) -> pd.DataFrame:
+    """The columns of `rows` that `series_panels` reads with these arguments, numbered from 0: all it
+    is drawn from, so that runs whose rows differ only elsewhere draw the same figure."""
+    published = [published_y, "published_status"] if published_y is not None else []
+    wanted = ["kernel", "mode", "status", "family", x, y, *fixed, *param_columns(rows), *published]
+    wanted += ["throttled"] if ring_throttled else []
+    return rows[[c for c in dict.fromkeys(wanted) if c in rows.columns]].reset_index(drop=True)
+
+
+def _measure_drawing(
     context: FigureContext,
     measure: Measure,
     *,
@@ -500,31 +519,45 @@ def _measure_panels(
     what: str,
     fixed: Callable[[pd.DataFrame], list[str]],
     by_family: bool = False,
-) -> Figure | None:
-    """`series_panels` of the run's `measure` along `x`, beside the published values when compared."""
+) -> Drawing:
+    """`series_panels` of the run's `measure` along `x`, beside the published values when compared,
+    given only the rows' columns it reads (`_panel_rows`)."""
     run, comparison = context.run, context.comparison
     rows = with_published(run, comparison)
     if measure.derive is not None:
         rows[measure.column] = measure.derive(rows)
-    return series_panels(
-        rows,
+    published_y = measure.published if comparison is not None else None
+    columns = fixed(rows)
+    panels = partial(
+        series_panels,
         x=x,
         y=measure.column,
-        fixed=fixed(rows),
+        fixed=columns,
         xlabel=xlabel,
         ylabel=measure.label,
         title=_title(run, what, comparison),
-        published_y=measure.published if comparison is not None else None,
+        published_y=published_y,
         published_gpu=PUBLISHED_GPU_SHORT,
         y_scale=measure.scale,
         ring_throttled=measure.timed,
         by_family=by_family,
     )
+    drawn = _panel_rows(
+        rows, x=x, y=measure.column, fixed=columns, published_y=published_y, ring_throttled=measure.timed
+    )
+    return Drawing(panels, (drawn,))
 
 
-def runtime_vs_seq_len_figure(context: FigureContext) -> Figure | None:
+def _nothing() -> None:
+    return None
+
+
+NOTHING = Drawing(_nothing, ())  # a figure with nothing to show
+
+
+def runtime_vs_seq_len_drawing(context: FigureContext) -> Drawing:
     """Median runtime over the sequence length, fw and fwbw panels (paper Fig. 5)."""
-    return _measure_panels(
+    return _measure_drawing(
         context,
         RUNTIME,
         x="seq_len",
@@ -535,13 +568,13 @@ def runtime_vs_seq_len_figure(context: FigureContext) -> Figure | None:
     )
 
 
-def energy_vs_seq_len_figure(context: FigureContext) -> Figure | None:
+def energy_vs_seq_len_drawing(context: FigureContext) -> Drawing:
     """The GPU's energy per token over the sequence length, fw and fwbw panels, drawn as the runtime
-    figure is (the same lines, looks and rows of panels); None when no row has energy."""
+    figure is (the same lines, looks and rows of panels); nothing when no row has energy."""
     energy = context.run.results.get("energy_mj")
     if energy is None or pd.to_numeric(energy, errors="coerce").isna().all():
-        return None
-    return _measure_panels(
+        return NOTHING
+    return _measure_drawing(
         context,
         ENERGY,
         x="seq_len",
@@ -552,9 +585,9 @@ def energy_vs_seq_len_figure(context: FigureContext) -> Figure | None:
     )
 
 
-def memory_vs_seq_len_figure(context: FigureContext) -> Figure | None:
+def memory_vs_seq_len_drawing(context: FigureContext) -> Drawing:
     """Peak memory over the sequence length, fw and fwbw panels (paper Fig. 15/16 right)."""
-    return _measure_panels(
+    return _measure_drawing(
         context,
         MEMORY,
         x="seq_len",
@@ -564,12 +597,12 @@ def memory_vs_seq_len_figure(context: FigureContext) -> Figure | None:
     )
 
 
-def runtime_vs_head_dim_figure(context: FigureContext) -> Figure | None:
+def runtime_vs_head_dim_drawing(context: FigureContext) -> Drawing:
     """Median runtime over the value head dim at fixed batch and sequence length (paper Fig. 17)."""
     # A line needs two head dims of one kernel and mode; a run that sweeps none (Fig. 5) has no figure.
     if context.run.results.groupby(["kernel", "mode"])["head_dim_v"].nunique().max() < 2:
-        return None
-    return _measure_panels(
+        return NOTHING
+    return _measure_drawing(
         context,
         RUNTIME,
         x="head_dim_v",
@@ -577,6 +610,22 @@ def runtime_vs_head_dim_figure(context: FigureContext) -> Figure | None:
         what="runtime vs head dim",
         fixed=lambda _rows: ["batch", "seq_len", "chunk_size"],
     )
+
+
+def runtime_vs_seq_len_figure(context: FigureContext) -> Figure | None:
+    return runtime_vs_seq_len_drawing(context).figure()
+
+
+def energy_vs_seq_len_figure(context: FigureContext) -> Figure | None:
+    return energy_vs_seq_len_drawing(context).figure()
+
+
+def memory_vs_seq_len_figure(context: FigureContext) -> Figure | None:
+    return memory_vs_seq_len_drawing(context).figure()
+
+
+def runtime_vs_head_dim_figure(context: FigureContext) -> Figure | None:
+    return runtime_vs_head_dim_drawing(context).figure()
 
 
 SHAPE_KEYS = ("batch", "seq_len", "num_heads", "head_dim_qk", "head_dim_v")
@@ -654,6 +703,7 @@ def run_plots(context: FigureContext) -> list[Plot]:
             "Median runtime of each kernel over the sequence length at a constant number of tokens, "
             f"forward and forward + backward (paper Fig. 5).{published}{throttled}",
             runtime_vs_seq_len_figure,
+            runtime_vs_seq_len_drawing,
         ),
         Plot(
             "energy_vs_seq_len",
@@ -662,17 +712,20 @@ def run_plots(context: FigureContext) -> list[Plot]:
             "back-to-back calls, the GPU's idle power included, divided by the calls and by batch x "
             "sequence length (docs/energy.md). Drawn when the run has energy.",
             energy_vs_seq_len_figure,
+            energy_vs_seq_len_drawing,
         ),
         Plot(
             "memory_vs_seq_len",
             f"Peak GPU memory of each kernel over the sequence length (paper Figs. 15 and 16).{published}",
             memory_vs_seq_len_figure,
+            memory_vs_seq_len_drawing,
         ),
         Plot(
             "runtime_vs_head_dim",
             "Median runtime over the value head dim at a fixed batch and sequence length, with "
             f"heads = embedding / head dim (paper Fig. 17).{published}",
             runtime_vs_head_dim_figure,
+            runtime_vs_head_dim_drawing,
         ),
     ]
     for shape in chunk_sweep_shapes(context.run.results):
