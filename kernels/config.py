@@ -494,6 +494,17 @@ def save_entry(path: Path, entry: dict) -> None:
     os.replace(tmp, path)
 
 
+def merge_entries(path: Path, entries: list[dict]) -> int:
+    """Add to the tuned-config file at `path` each of `entries` whose key it lacks, keeping its own
+    entries where the keys meet; how many it added."""
+    have = json.loads(path.read_text(encoding="utf-8-sig")) if path.exists() else []
+    keys = {tuple(e.get(name) for name in KEY_FIELDS) for e in have}
+    added = [e for e in entries if tuple(e.get(name) for name in KEY_FIELDS) not in keys]
+    for entry in added:
+        save_entry(path, entry)
+    return len(added)
+
+
 def user_tuned_file() -> Path:
     """Where `tfla-bench tune` keeps the entries it adds, loaded after (and over) `TUNED_FILE`:
     `$TFLA_BENCH_TUNED_CONFIGS`, else `tfla-bench/tuned_configs.json` in the user's cache folder."""

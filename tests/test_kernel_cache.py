@@ -6,6 +6,7 @@ needs no GPU), so a carried kernel is looked up in its new place by Triton's own
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tfla_bench import gpu_setup, kernel_cache
 
@@ -136,10 +138,12 @@ def test_make_gpu_unpacks_the_wheelhouse_cache_before_the_check(tmp_path, monkey
     wheelhouse, source, cache = tmp_path / "wh", tmp_path / "source", tmp_path / "cache"
     (source / "k").mkdir(parents=True)
     (source / "k" / "a.cubin").write_bytes(b"x")
-    kernel_cache.pack(wheelhouse, source, "sm90", "3.6.0", "NVIDIA H200")
+    carried = tuned_file(tmp_path / "first" / "tuned.json", 64)
+    kernel_cache.pack(wheelhouse, source, "sm90", "3.6.0", "NVIDIA H200", carried)
     (wheelhouse / "einops-0.8.2-py3-none-any.whl").write_bytes(b"")
     monkeypatch.setattr(kernel_cache, "this_machine", lambda: ("sm90", "NVIDIA H200", "3.6.0"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    monkeypatch.setenv("TFLA_BENCH_TUNED_CONFIGS", str(tmp_path / "second" / "tuned.json"))
     monkeypatch.setattr(gpu_setup, "builds_needed", lambda with_fa2: [])
     monkeypatch.setattr(gpu_setup, "installed", lambda name: "0")
     commands = []
@@ -148,3 +152,66 @@ def test_make_gpu_unpacks_the_wheelhouse_cache_before_the_check(tmp_path, monkey
     assert "== kernel cache: unpacked kernel-cache-sm90-triton3.6.0.tar.xz" in out
     assert out.index("== kernel cache") < out.index("== check")
     assert (cache / "k" / "a.cubin").read_bytes() == b"x"
+    assert "1 of its 1 tuned configs added to" in out
+    assert json.loads((tmp_path / "second" / "tuned.json").read_text()) == json.loads(carried.read_text())
+
+
+def tuned_file(path: Path, *chunks: int, warps: int = 4) -> Path:
+    """A tuned-config file of one entry per chunk size (sm90, tfla sig, bf16, Dqk 128, Dv 256)."""
+    from tfla_bench.kernels import config as kconfig
+
+    entries = []
+    for chunk in chunks:
+        cfg = kconfig.default_config("tfla", 128, 256, chunk, torch.bfloat16, "sig")
+        cfg = dataclasses.replace(cfg, num_warps=warps)
+        entries.append(kconfig.tuned_entry(("sm90", "tfla", 128, 256, chunk, torch.bfloat16, "sig"), cfg))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries))
+    return path
+
+
+def test_the_tuned_configs_travel_with_the_cache_and_keep_the_ones_here(tmp_path):
+    source, cache, wheelhouse = tmp_path / "source", tmp_path / "cache", tmp_path / "wh"
+    (source / "k1").mkdir(parents=True)
+    (source / "k1" / "a.cubin").write_bytes(b"carried")
+    carried = tuned_file(tmp_path / "first" / "tuned.json", 64, 128, warps=8)
+    said = kernel_cache.pack(wheelhouse, source, "sm90", "3.6.0", "gpu", carried)
+    assert f"and 2 tuned configs of {carried}" in said
+    here = tuned_file(tmp_path / "second" / "tuned.json", 128, 256, warps=2)
+    said = kernel_cache.unpack(wheelhouse, cache, "sm90", "3.6.0", here)
+    assert said.endswith(f"1 of its 2 tuned configs added to {here}")
+    warps = {e["chunk_size"]: e["config"]["num_warps"] for e in json.loads(here.read_text())}
+    assert warps == {128: 2, 256: 2, 64: 8}  # the entry tuned here wins where both have one
+    assert not (cache / kernel_cache.TUNED_MEMBER).exists()
+    from tfla_bench.kernels import config as kconfig
+
+    assert kconfig.load_tuned(here) == 3
+
+
+def test_a_cache_without_tuned_configs_packs_and_unpacks_as_before(tmp_path):
+    source, cache, wheelhouse = tmp_path / "source", tmp_path / "cache", tmp_path / "wh"
+    (source / "k1").mkdir(parents=True)
+    (source / "k1" / "a.cubin").write_bytes(b"carried")
+    said = kernel_cache.pack(wheelhouse, source, "sm90", "3.6.0", "gpu", tmp_path / "none.json")
+    assert "tuned configs" not in said
+    here = tmp_path / "here.json"
+    assert "tuned configs" not in kernel_cache.unpack(wheelhouse, cache, "sm90", "3.6.0", here)
+    assert not here.exists()
+
+
+def test_a_broken_tuned_config_file_is_one_line_before_anything_is_written(tmp_path):
+    source, wheelhouse = tmp_path / "source", tmp_path / "wh"
+    (source / "k1").mkdir(parents=True)
+    (source / "k1" / "a.cubin").write_bytes(b"carried")
+    broken = tmp_path / "tuned.json"
+    broken.write_text("{not json")
+    with pytest.raises(kernel_cache.CacheError, match="tuned.json: not a tuned-config file"):
+        kernel_cache.pack(wheelhouse, source, "sm90", "3.6.0", "gpu", broken)
+    assert not wheelhouse.exists()
+    carried = tuned_file(tmp_path / "first.json", 64)
+    kernel_cache.pack(wheelhouse, source, "sm90", "3.6.0", "gpu", carried)
+    cache = tmp_path / "cache"
+    with pytest.raises(kernel_cache.CacheError, match="not a tuned-config file .*kernels are unpacked"):
+        kernel_cache.unpack(wheelhouse, cache, "sm90", "3.6.0", broken)
+    assert (cache / "k1" / "a.cubin").read_bytes() == b"carried"
+    assert broken.read_text() == "{not json"

@@ -13,7 +13,7 @@ Steps, each timed:
    installed otherwise, and `mamba` unavailable;
 4. the kernel cache that an earlier machine of this GPU architecture packed into the wheelhouse
    (`tfla_bench.kernel_cache`), unpacked into Triton's cache directory: its kernels need not compile
-   here, nor its autotuners time their configs again;
+   here, nor its autotuners time their configs again, nor our kernels' tuned shapes tune again;
 5. `tfla-bench check`: every adapter's verdict, and for each one that cannot run here, why.
 
 The wheels it builds stay in the wheelhouse, and it says so: carried to the next machine with it, they
@@ -313,10 +313,12 @@ def build_and_install(args: argparse.Namespace, wheelhouse: Path, runner: Runner
 def unpack_kernel_cache(wheelhouse: Path) -> str:
     """Step 4, in this process: Triton and torch are installed by now."""
     from tfla_bench import kernel_cache
+    from tfla_bench.kernels.config import user_tuned_file
 
     try:
         arch, _, version = kernel_cache.this_machine()
-        return kernel_cache.unpack(wheelhouse, kernel_cache.triton_cache_dir(), arch, version)
+        cache = kernel_cache.triton_cache_dir()
+        return kernel_cache.unpack(wheelhouse, cache, arch, version, user_tuned_file())
     except kernel_cache.CacheError as exc:
         return f"FAILED: {exc}"
 

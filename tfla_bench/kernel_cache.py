@@ -17,6 +17,10 @@ each shape (docs/results-h200.md).
 - `unpack` puts the archive whose architecture and Triton version are this machine's into its cache
   directory, keeping the files that are there, and points Triton's index files (`__grp__*.json`,
   which name their files by absolute path) at the new place.
+- Our kernels' tuned configs travel with it: `pack` adds the user's tuned-config file
+  (`kernels.config.user_tuned_file`, where `tfla-bench tune` and `sweep --tune` save), and `unpack`
+  adds its entries to this machine's file, keeping an entry already there for the same shape. A
+  shape tuned on one machine is then looked up, not tuned again, on the next of its architecture.
 
 Triton loads a carried kernel only where it computes the same key for it: the same source, Triton
 build, options and target; anything else compiles as before. An autotuner's carried choice was timed
@@ -44,6 +48,7 @@ SUFFIX = ".tar.xz"
 # What Triton writes beside each binary and reads only while compiling: its IRs and the PTX.
 INTERMEDIATE = frozenset({".ttir", ".ttgir", ".llir", ".ptx", ".source"})
 GROUP_PREFIX = "__grp__"
+TUNED_MEMBER = "tfla-bench-tuned-configs.json"  # the user's tuned configs, beside the manifest
 
 
 class CacheError(Exception):
@@ -74,7 +79,7 @@ def _kept(cache: Path) -> list[Path]:
         for path in cache.rglob("*")
         if (path.is_file() and not path.is_symlink())
         and path.suffix not in INTERMEDIATE
-        and path.name != MANIFEST
+        and path.name not in (MANIFEST, TUNED_MEMBER)
         and path.name != "lock"
     )
 
@@ -86,13 +91,30 @@ def _tar(args: list[str]) -> None:
         raise CacheError(f"tar {args[0]} failed: {said[0] if said else f'exit code {done.returncode}'}")
 
 
-def pack(wheelhouse: Path, cache: Path, arch: str, triton_version: str, gpu: str) -> str:
-    """Write `cache` into the wheelhouse's archive for `arch` and `triton_version`; what it wrote."""
+def _tuned_entries(path: Path | None) -> list[dict]:
+    """The entries of a tuned-config file ([] where there is none)."""
+    if path is None or not path.exists():
+        return []
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CacheError(f"{path}: not a tuned-config file ({exc})") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise CacheError(f"{path}: not a tuned-config file (not a list of entries)")
+    return entries
+
+
+def pack(
+    wheelhouse: Path, cache: Path, arch: str, triton_version: str, gpu: str, tuned: Path | None = None
+) -> str:
+    """Write `cache`, and the tuned-config file `tuned` where there is one, into the wheelhouse's
+    archive for `arch` and `triton_version`; what it wrote."""
     if not cache.is_dir():
         raise CacheError(f"no Triton cache at {cache}: nothing compiled here yet")
     files = _kept(cache)
     if not files:
         raise CacheError(f"the Triton cache at {cache} holds no compiled kernel")
+    entries = _tuned_entries(tuned)
     wheelhouse.mkdir(parents=True, exist_ok=True)
     archive = wheelhouse / archive_name(arch, triton_version)
     size = sum((cache / f).stat().st_size for f in files)
@@ -104,16 +126,22 @@ def pack(wheelhouse: Path, cache: Path, arch: str, triton_version: str, gpu: str
         "packed_from": str(cache),
         "files": len(files),
         "bytes": size,
+        "tuned_configs": len(entries),
     }
     with tempfile.TemporaryDirectory() as tmp:
         listing = Path(tmp) / "files"
         listing.write_text("".join(f"{f}\n" for f in files))
         (Path(tmp) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        beside = [MANIFEST]
+        if entries:
+            (Path(tmp) / TUNED_MEMBER).write_text(json.dumps(entries, indent=1) + "\n")
+            beside.append(TUNED_MEMBER)
         partial = archive.with_name(archive.name + ".partial")
-        _tar(["-cJf", str(partial), "-C", tmp, MANIFEST, "-C", str(cache), "--files-from", str(listing)])
+        _tar(["-cJf", str(partial), "-C", tmp, *beside, "-C", str(cache), "--files-from", str(listing)])
         partial.replace(archive)
+    configs = f" and {len(entries)} tuned configs of {tuned}" if entries else ""
     return (
-        f"packed {len(files)} files ({size / 1e6:.0f} MB) of {cache} into {archive} "
+        f"packed {len(files)} files ({size / 1e6:.0f} MB) of {cache}{configs} into {archive} "
         f"({archive.stat().st_size / 1e6:.0f} MB): carry the wheelhouse to the next {arch} machine "
         "and `make gpu` unpacks it there"
     )
@@ -135,8 +163,11 @@ def _repoint_groups(cache: Path) -> int:
     return rewritten
 
 
-def unpack(wheelhouse: Path, cache: Path, arch: str | None, triton_version: str) -> str:
-    """Put the wheelhouse's archive for this machine into `cache`; what it did, in one line."""
+def unpack(
+    wheelhouse: Path, cache: Path, arch: str | None, triton_version: str, tuned: Path | None = None
+) -> str:
+    """Put the wheelhouse's archive for this machine into `cache`, and the tuned configs it carries
+    into the tuned-config file `tuned`; what it did, in one line."""
     archives = sorted(wheelhouse.glob(f"{PREFIX}*{SUFFIX}"))
     if not archives:
         return f"no {PREFIX}*{SUFFIX} in {wheelhouse}: every kernel compiles here"
@@ -152,12 +183,27 @@ def unpack(wheelhouse: Path, cache: Path, arch: str | None, triton_version: str)
     _tar(["-xJf", str(archive), "-C", str(cache), "--skip-old-files"])
     _repoint_groups(cache)
     kernels = sum(1 for _ in cache.rglob(f"{GROUP_PREFIX}*.json"))
+    configs = ""
+    member = cache / TUNED_MEMBER
+    if member.exists():
+        carried = _tuned_entries(member)
+        member.unlink()
+        if tuned is not None and carried:
+            from tfla_bench.kernels.config import merge_entries
+
+            try:
+                added = merge_entries(tuned, carried)
+            except (OSError, ValueError, TypeError, AttributeError) as exc:
+                raise CacheError(
+                    f"{tuned}: not a tuned-config file ({exc}); the kernels are unpacked"
+                ) from None
+            configs = f"; {added} of its {len(carried)} tuned configs added to {tuned}"
     try:
         manifest = json.loads((cache / MANIFEST).read_text())
         source = f", packed on {manifest['gpu']} at {manifest['packed_at']}"
     except (OSError, ValueError, KeyError):
         source = ""
-    return f"unpacked {archive.name} into {cache}: it holds {kernels} kernels now{source}"
+    return f"unpacked {archive.name} into {cache}: it holds {kernels} kernels now{source}{configs}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,14 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     began = time.perf_counter()
     try:
+        from tfla_bench.kernels.config import user_tuned_file
+
         arch, gpu, version = this_machine()
-        cache = triton_cache_dir()
+        cache, tuned = triton_cache_dir(), user_tuned_file()
         if args.action == "unpack":
-            said = unpack(args.wheelhouse, cache, arch, version)
+            said = unpack(args.wheelhouse, cache, arch, version, tuned)
         elif arch is None:
             raise CacheError("no CUDA GPU here: a kernel cache is packed where its kernels compiled")
         else:
-            said = pack(args.wheelhouse, cache, arch, version, gpu)
+            said = pack(args.wheelhouse, cache, arch, version, gpu, tuned)
     except CacheError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
