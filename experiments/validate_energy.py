@@ -17,7 +17,11 @@ between series.
 
 Columns: kernel, mode, calls, seconds (the window), counter_mj (the counter's rise), integrated_mj
 (nvmlDeviceGetPowerUsage), ratio (counter / integrated), instant_mj and instant_ratio (empty
-without the field), samples (readings inside the window), mean_power_w (counter_mj / seconds / 1000).
+without the field), samples (readings inside the window), mean_power_w (counter_mj / seconds / 1000),
+and the window's idle tail, from the sync after the calls to the counter's closing update, which the
+series charges to its calls: tail_s, tail_mj (the instantaneous power over it), tail_share (tail_mj /
+counter_mj: how far the series' energy per call exceeds the calls' own) and tail_w (its mean power);
+the last three empty without the instantaneous field.
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ COLUMNS = (
     "instant_ratio",
     "samples",
     "mean_power_w",
+    "tail_s",
+    "tail_mj",
+    "tail_share",
+    "tail_w",
 )
 
 
@@ -167,6 +175,12 @@ def series_row(
     except ValueError as exc:
         raise UserError(f"NVML's power readings around the {seconds:g} s series: {exc}") from None
     instant = integrated.get("instant")
+    tail_s = spent.ended_s - spent.synced_s
+    tail = (
+        None
+        if instant is None
+        else energy.integrate_mj(samplers["instant"].samples, spent.synced_s, spent.ended_s)
+    )
     return {
         "calls": spent.calls,
         "seconds": round(spent.seconds, 4),
@@ -177,6 +191,10 @@ def series_row(
         "instant_ratio": "" if instant is None else round(spent.counted_mj / instant, 4),
         "samples": sum(spent.started_s < t < spent.ended_s for t, _ in samplers["average"].samples),
         "mean_power_w": round(spent.counted_mj / spent.seconds / 1e3, 1),
+        "tail_s": round(tail_s, 4),
+        "tail_mj": "" if tail is None else round(tail, 1),
+        "tail_share": "" if tail is None else round(tail / spent.counted_mj, 4),
+        "tail_w": "" if tail is None or tail_s <= 0 else round(tail / tail_s / 1e3, 1),
     }
 
 

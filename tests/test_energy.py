@@ -84,6 +84,8 @@ def test_a_counter_that_rises_gives_the_energy_per_call_and_the_tokens_per_joule
     assert spent.counted_mj == 12_000 - 2_000 and spent.missing == ""
     assert spent.per_call_mj == pytest.approx((12_000 - 2_000) / calls.calls)
     assert 0 < spent.seconds < 5
+    # the calls end at the sync; the closing update comes after it, with the device idle
+    assert spent.started_s < spent.synced_s < spent.ended_s
     cells = energy.row_cells(CASE.batch * CASE.seq_len, spent)
     joules = spent.per_call_mj / 1e3
     assert cells == {"energy_mj": spent.per_call_mj, "tokens_per_joule": pytest.approx(4 * 128 / joules)}

@@ -106,6 +106,8 @@ class Energy:
         outside_mj: what the L2 flushes, the spins and the idle GPU drew in the window (`charge`);
             zero for a series of its own (`measure_energy`), which charges the calls everything.
         method: `series` or `around` (`tfla_bench.measure.settings.ENERGY_METHODS`).
+        synced_s: when the device was found done with the calls (the sync after them returned): the
+            window's rest, to `ended_s`, is the idle device waiting for the counter's next update.
     """
 
     calls: int = 0
@@ -115,6 +117,7 @@ class Energy:
     missing: str = ""
     outside_mj: float = 0.0
     method: str = "series"
+    synced_s: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -228,13 +231,14 @@ def window(
     started_s = time.perf_counter()
     result = run()
     sync()
+    synced_s = time.perf_counter()
     try:
         end = next_update(counter)
     except NoEnergyCounter as exc:
-        return result, Energy(0, started_s, time.perf_counter(), missing=str(exc))
+        return result, Energy(0, started_s, time.perf_counter(), missing=str(exc), synced_s=synced_s)
     ended_s = time.perf_counter()
     rise, missing = rise_mj(start, end, ended_s - started_s)
-    return result, Energy(0, started_s, ended_s, rise, missing=missing)
+    return result, Energy(0, started_s, ended_s, rise, missing=missing, synced_s=synced_s)
 
 
 @dataclass(frozen=True)
