@@ -9,7 +9,8 @@ Two steps, each in a process of its own:
    at the calls of `CALLS`, with each kernel launch recorded instead of run: the kernel, the type of
    each argument (a tensor's dtype, an integer's width), its constexprs and launch options. The
    configs are the ones an sm90 GPU would take at those shapes (`config.config_for`), passed as
-   `config=`, so the variants are the ones the sweeps compile.
+   `config=`, so the variants are the ones the sweeps compile (and dK and dV in one kernel, which
+   configs may choose at small head dims).
 2. Compile: each distinct variant with `triton.compile` for `GPUTarget("cuda", 90, 32)` (no GPU
    needed), pointers and integers that divide by 16 marked so, as Triton specializes them at a launch.
    The digest of its PTX is taken without the lines that name source positions (`.loc`, `.file`, the
@@ -23,6 +24,7 @@ differ, appeared or went away, and exits 1 if any did.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -49,7 +51,11 @@ CALLS = [
         ("limit_chunk", "exp", 128, 256, 64),
     ]
     for options in ({}, {"initial_state": True, "return_final_state": True})
-] + [("tfla", "sig", 128, 256, 128, {"normalize": True})]
+] + [
+    ("tfla", "sig", 128, 256, 128, {"normalize": True}),
+    ("tfla", "sig", 64, 64, 64, {"bwd_fused_kv": True}),
+    ("tfla", "exp", 64, 64, 64, {"bwd_fused_kv": True}),
+]
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32", "int64": "i64"}
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 DEBUG_LINE = re.compile(r"^\s*(\.loc|\.file)\b")
@@ -85,6 +91,7 @@ def record() -> list[dict]:
     functions = {"tfla": mlstm_tfla, "limit_chunk": mlstm_limit_chunk}
     for kernel, gate, dqk, dv, chunk, options in CALLS:
         cfg = kconfig.config_for(kernel, dqk, dv, chunk, torch.bfloat16, gate, ("sm90", "sm90"))
+        cfg = dataclasses.replace(cfg, bwd_fused_kv=options.get("bwd_fused_kv", False))
         q, k = (torch.randn(1, 1, 2 * chunk, dqk, dtype=torch.bfloat16, requires_grad=True) for _ in "qk")
         v = torch.randn(1, 1, 2 * chunk, dv, dtype=torch.bfloat16, requires_grad=True)
         i, f = (torch.randn(1, 1, 2 * chunk, requires_grad=True) for _ in "if")

@@ -53,6 +53,8 @@ from tfla_bench.kernels.contract import is_power_of_two
 KERNELS = ("tfla", "limit_chunk")
 SRAM_BYTES = 228 * 1024  # shared memory of one H100 (sm90) streaming multiprocessor
 MIN_BLOCK = 16  # tl.dot's smallest operand dimension
+# dK and dV in one kernel keep both accumulators, [B_Lkv, Dqk] and [B_Lkv, Dv], on chip
+FUSED_KV_DIMS = 512
 # The largest head-dim blocks (B_dqk, B_dhv) each limit_chunk kernel starts from, by input element
 # size. The gradient kernel loads two state blocks and two tiles per loop step beside its L x L
 # tiles, so its d_hv block starts smaller.
@@ -74,6 +76,9 @@ class KernelConfig:
         state_num_warps, state_num_stages: warps and stages of the recurrent kernels.
         state_one_tile: the recurrent kernels take a whole chunk per step (`state_seq` = `L`) with no
             inner loop over its tiles, so their pipeline prefetches the next chunk's tiles.
+        bwd_fused_kv: TFLA computes dK and dV in one kernel over the whole head dims, building each
+            gate matrix once for both (head dims powers of two, `Dqk + Dv` at most `FUSED_KV_DIMS`);
+            else one kernel per gradient and `bwd_qk` / `bwd_v` block.
     """
 
     seq_q: int
@@ -94,6 +99,7 @@ class KernelConfig:
     state_num_warps: int = 4
     state_num_stages: int = 3
     state_one_tile: bool = False
+    bwd_fused_kv: bool = False
 
 
 def largest_pow2_divisor(n: int, cap: int) -> int:
@@ -432,6 +438,16 @@ def check_config(
                 f"config.{name} must be chunk_size={chunk_size} (limit_chunk keeps the whole chunk in one "
                 f"tile), got {getattr(config, name)}"
             )
+    if config.bwd_fused_kv and not (
+        kernel == "tfla"
+        and is_power_of_two(head_dim_qk)
+        and is_power_of_two(head_dim_v)
+        and head_dim_qk + head_dim_v <= FUSED_KV_DIMS
+    ):
+        raise ValueError(
+            f"config.bwd_fused_kv needs the TFLA kernel and head dims that are powers of two with Dqk + Dv "
+            f"<= {FUSED_KV_DIMS}, got {kernel} Dqk {head_dim_qk} Dv {head_dim_v}"
+        )
     if config.state_one_tile and config.state_seq != chunk_size:
         raise ValueError(
             f"config.state_seq must be chunk_size={chunk_size} with state_one_tile, got {config.state_seq}"

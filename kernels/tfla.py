@@ -44,7 +44,7 @@ from tfla_bench.kernels.chunkwise import (
     states_backward,
 )
 from tfla_bench.kernels.config import KernelConfig, float32_states
-from tfla_bench.kernels.tfla_bwd import tfla_bwd_kernel_dkv, tfla_bwd_kernel_dq
+from tfla_bench.kernels.tfla_bwd import tfla_bwd_kernel_dkv, tfla_bwd_kernel_dkv_fused, tfla_bwd_kernel_dq
 from tfla_bench.kernels.tfla_fwd import tfla_fwd_kernel_h
 
 SEQ_MULTIPLE = 16
@@ -69,7 +69,8 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
 
 
 def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_grad, s: Settings):
-    """The four backward kernels; `C` (the forward states) is overwritten with the state gradients.
+    """The backward kernels (dK and dV in one launch with `bwd_fused_kv`); `C` (the forward states)
+    is overwritten with the state gradients.
 
     Returns `dq, dk, dv, row_dots, dg, dC0` (`chunkwise`'s docstring).
     """
@@ -107,12 +108,19 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_g
     dC = C
     dg, dC0 = states_backward(q, dh, gates, m, m_row, denom, C, dC, dC_final, s, initial_grad)
 
-    dk = torch.empty_like(k)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    if cfg.bwd_fused_kv:
+        # one slice of k . dk for all of dK; the other slices of the dQ kernel's count add nothing
+        rows = torch.zeros if n_qk_blocks > 1 else torch.empty
+        kdk = rows(2, n_qk_blocks, bh, seq_len, dtype=torch.float32, device=q.device)
+        tfla_bwd_kernel_dkv_fused[(bh * nc * n_kv_tiles,)](
+            q, k, v, dh, *gate_args, dC, dk, dv, kdk[0], kdk[1], seq_len, nc, scale, **settings
+        )
+        return dq, dk, dv, RowDots(qdq, kdk[0], kdk[1]), dg, dC0
     kdk = torch.empty(2, n_qk_blocks, bh, seq_len, dtype=torch.float32, device=q.device)
     tfla_bwd_kernel_dkv[(bh * nc * n_kv_tiles * n_qk_blocks,)](
         v, dh, q, k, *gate_args, dC, dk, kdk[0], kdk[1], seq_len, nc, bh, scale, GRAD_V=False, **settings
     )
-    dv = torch.empty_like(v)
     tfla_bwd_kernel_dkv[(bh * nc * n_kv_tiles * (dv_dim // cfg.bwd_v),)](
         k, q, dh, k, *gate_args, dC, dv, b, b, seq_len, nc, bh, scale, GRAD_V=True, **settings
     )

@@ -18,6 +18,9 @@ tile, chunk, batch*head):
   Both are `(X Y^T * D)^T Z + a_bar * X dC_k^{(T)}` with `X` the key-row operand and `Y`, `Z` the
   query-row operands, so the caller passes `(X, Y, Z) = (V, dH, Q)` for dK and `(K, Q, dH)` for dV.
 
+With `KernelConfig.bwd_fused_kv`, `tfla_bwd_kernel_dkv_fused` computes dK and dV in one program
+per (L_kv tile, chunk, batch*head) over the whole head dims, each gate matrix built once for both.
+
 `tfla_bwd_kernel_dq` and the dK launch also write the row dot products `q_t . dq_t` and `k_t . dk_t`
 (dK also those of its inter-chunk part; float32, one slice per d_qk block), and the state kernel
 each chunk's `g_bar_k sum(C_{k-1} * dC_k)`; `common.bwd_kernel_gates` forms the gate gradients
@@ -272,3 +275,132 @@ def tfla_bwd_kernel_dkv(
         # k is loaded again rather than kept live through the loop (register pressure)
         k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
         tl.store(kdk_ptr + (i_out * BH + bh) * T + offs_kv, tl.sum(k * acc, axis=1), mask=kv_valid)
+
+
+@triton.jit
+def tfla_bwd_kernel_dkv_fused(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    dh_ptr,
+    b_ptr,
+    log_i_ptr,
+    g_ptr,
+    m_row_ptr,
+    denom_ptr,
+    m_ptr,
+    dC_ptr,
+    dk_ptr,
+    dv_ptr,
+    kdk_ptr,
+    kdk_inter_ptr,
+    T,
+    NC,
+    scale,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BLOCK_LQ: tl.constexpr,
+    BLOCK_LKV: tl.constexpr,
+    BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    USE_MAX_STATE: tl.constexpr,
+    HAS_DENOM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """dK and dV of one L_kv tile over the whole head dims, in one program: each query tile's gate
+    matrix is built once for both, where `tfla_bwd_kernel_dkv` builds it once per gradient and outer
+    block. Also the row dot products k . dk and k . dk_inter (into their first head-dim slice).
+
+    `DQK` and `DV` are powers of two: the accumulators span them whole, `BLOCK_DQK` and `BLOCK_DV`
+    only split the products' inner dims (the scores and the inter-chunk parts)."""
+    _, i_lkv, c, bh = program_tile(1, L // BLOCK_LKV, NC)
+    kv_start, _, chunk_end = tile_bounds(c, i_lkv, L, BLOCK_LKV, T)
+    if kv_start >= T:
+        return
+
+    offs_kv = kv_start + tl.arange(0, BLOCK_LKV)
+    offs_q = tl.arange(0, BLOCK_LQ)
+    offs_qk = tl.arange(0, DQK)
+    offs_v = tl.arange(0, DV)
+    offs_bqk = tl.arange(0, BLOCK_DQK)
+    offs_bv = tl.arange(0, BLOCK_DV)
+    kv_valid = offs_kv < chunk_end
+    gate_base = bh * T
+    q_base = q_ptr + bh * T * DQK
+    k_base = k_ptr + bh * T * DQK
+    v_base = v_ptr + bh * T * DV
+    dh_base = dh_ptr + bh * T * DV
+    state_base = dC_ptr + (bh * (NC + 1) + c + 1) * DQK * DV
+    dtype = q_ptr.dtype.element_ty
+
+    log_weight_kv = _key_log_weight(b_ptr + gate_base, log_i_ptr + gate_base, offs_kv, kv_valid)
+    # Inter-chunk parts dK_inter = V dC_k^T (over d_hv blocks) and dV_inter = K dC_k (over d_qk
+    # blocks) (B.3); a_bar is applied after the loops
+    acc_k = tl.zeros([BLOCK_LKV, DQK], dtype=tl.float32)
+    for d0 in range(0, DV, BLOCK_DV):
+        v = tl.load(
+            v_base + offs_kv[:, None] * DV + (d0 + offs_bv)[None, :], mask=kv_valid[:, None], other=0.0
+        )
+        dC = tl.load(state_base + offs_qk[:, None] * DV + (d0 + offs_bv)[None, :]).to(dtype)
+        acc_k = tl.dot(v, tl.trans(dC), acc_k, input_precision=DOT_PRECISION)
+    acc_v = tl.zeros([BLOCK_LKV, DV], dtype=tl.float32)
+    for d0 in range(0, DQK, BLOCK_DQK):
+        k = tl.load(
+            k_base + offs_kv[:, None] * DQK + (d0 + offs_bqk)[None, :], mask=kv_valid[:, None], other=0.0
+        )
+        dC = tl.load(state_base + (d0 + offs_bqk)[:, None] * DV + offs_v[None, :]).to(dtype)
+        acc_v = tl.dot(k, dC, acc_v, input_precision=DOT_PRECISION)
+    # a_bar = exp(a - m_k) with a = g + log_i - b (eq. 40)
+    log_a = tl.load(g_ptr + bh * NC + c) + log_weight_kv
+    if USE_MAX_STATE:
+        log_a -= tl.load(m_ptr + bh * (NC + 1) + c + 1)
+    a_bar = tl.exp(log_a)
+    acc_k = acc_k * a_bar[:, None]
+    acc_v = acc_v * a_bar[:, None]
+    k_ptrs = k_base + offs_kv[:, None] * DQK + offs_qk[None, :]
+    k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
+    tl.store(kdk_inter_ptr + gate_base + offs_kv, tl.sum(k * acc_k, axis=1), mask=kv_valid)
+
+    # Intra-chunk parts dK_intra = (dS_bar * D)^T Q / sqrt(d) and dV_intra = S_bar^T dH~ (B.3) over the
+    # L_hq tiles from the diagonal, both from one gate matrix per tile
+    for q_start in range(kv_start, chunk_end, BLOCK_LQ):
+        q_rows = q_start + offs_q
+        q_valid = q_rows < chunk_end
+        log_scale_q, inv_denom = _query_log_scale(
+            b_ptr + gate_base,
+            m_row_ptr + gate_base,
+            denom_ptr + gate_base,
+            q_rows,
+            q_valid,
+            USE_MAX_STATE,
+            HAS_DENOM,
+        )
+        causal = (q_rows[None, :] >= offs_kv[:, None]) & q_valid[None, :]
+        gate_t = tl.where(causal, tl.exp(log_weight_kv[:, None] + log_scale_q[None, :]), 0.0)
+        gate_t = gate_t * (inv_denom * scale)[None, :]
+        # dS_bar^T = V dH~^T and S^T = K Q^T
+        ds_t = tl.zeros([BLOCK_LKV, BLOCK_LQ], dtype=tl.float32)
+        ds_t = dot_rows(
+            v_base, offs_kv, kv_valid, dh_base, q_rows, q_valid, ds_t, DV, BLOCK_DV, DOT_PRECISION
+        )
+        q = tl.load(q_base + q_rows[:, None] * DQK + offs_qk[None, :], mask=q_valid[:, None], other=0.0)
+        acc_k = tl.dot((ds_t * gate_t).to(dtype), q, acc_k, input_precision=DOT_PRECISION)
+        s_t = tl.zeros([BLOCK_LKV, BLOCK_LQ], dtype=tl.float32)
+        s_t = dot_rows(k_base, offs_kv, kv_valid, q_base, q_rows, q_valid, s_t, DQK, BLOCK_DQK, DOT_PRECISION)
+        dh = tl.load(dh_base + q_rows[:, None] * DV + offs_v[None, :], mask=q_valid[:, None], other=0.0)
+        acc_v = tl.dot((s_t * gate_t).to(dtype), dh, acc_v, input_precision=DOT_PRECISION)
+
+    tl.store(
+        dk_ptr + bh * T * DQK + offs_kv[:, None] * DQK + offs_qk[None, :],
+        acc_k.to(dk_ptr.dtype.element_ty),
+        mask=kv_valid[:, None],
+    )
+    tl.store(
+        dv_ptr + bh * T * DV + offs_kv[:, None] * DV + offs_v[None, :],
+        acc_v.to(dv_ptr.dtype.element_ty),
+        mask=kv_valid[:, None],
+    )
+    # k is loaded again rather than kept live through the loop (register pressure)
+    k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
+    tl.store(kdk_ptr + gate_base + offs_kv, tl.sum(k * acc_k, axis=1), mask=kv_valid)

@@ -84,7 +84,7 @@ def test_the_record_holds_every_kernel_of_ours_and_compare_names_what_changed(tm
     assert {v["kernel"].split(":")[1] for v in launches} == {
         "fwd_kernel_gates", "fwd_kernel_states", "tfla_fwd_kernel_h", "bwd_kernel_gates",
         "bwd_kernel_dstates", "tfla_bwd_kernel_dq", "tfla_bwd_kernel_dkv", "limit_chunk_fwd_kernel_h",
-        "limit_chunk_bwd_kernel_dqkv",
+        "limit_chunk_bwd_kernel_dqkv", "tfla_bwd_kernel_dkv_fused",
     }  # fmt: skip
     outputs = [v for v in launches if v["kernel"].endswith("tfla_fwd_kernel_h")]
     blocks = {v["args"]["BLOCK_DV"]["constexpr"] for v in outputs}

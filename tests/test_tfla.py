@@ -164,6 +164,33 @@ def test_matches_recurrent_reference(case):
     check_against_reference(gate, normalize, batch, heads, seq_len, dqk, dv, chunk, config=config)
 
 
+# (gate, normalize, T, Dqk, Dv, L): dK and dV in one kernel; 16-wide blocks, so the dQ kernel's two
+# d_qk slices at Dqk 32 meet the fused kernel's one.
+FUSED_CASES = [
+    ("exp", False, 48, 16, 32, 16),
+    ("sig", False, 96, 32, 16, 32),
+    ("sig", True, 64, 16, 32, 32),
+    pytest.param(("exp", False, 64, 32, 64, 32), marks=SLOW),
+]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: "{}{}-T{}-Dqk{}-Dv{}-L{}".format(*c))
+def test_dk_and_dv_in_one_kernel_match_the_reference(case):
+    gate, normalize, seq_len, dqk, dv, chunk = case
+    config = replace(small_config(gate, dqk, dv, chunk), bwd_fused_kv=True)
+    check_against_reference(gate, normalize, 2, 3, seq_len, dqk, dv, chunk, config=config)
+
+
+def test_dk_and_dv_in_one_kernel_need_small_power_of_two_head_dims():
+    config = replace(small_config("sig", 48, 64, 32), bwd_fused_kv=True)
+    q, k, v, i, f = good_inputs(dqk=48, dv=64)
+    with pytest.raises(ValueError, match=r"^config.bwd_fused_kv needs .* got tfla Dqk 48 Dv 64$"):
+        mlstm_tfla(q, k, v, i, f, gate="sig", chunk_size=32, config=config)
+    config_module.check_config("tfla", replace(config, bwd_fused_kv=False), 48, 64, 32)
+    with pytest.raises(ValueError, match=r"Dqk \+ Dv <= 512, got tfla Dqk 256 Dv 512$"):
+        config_module.check_config("tfla", config, 256, 512, 32)
+
+
 @pytest.mark.parametrize("gate", ["exp", "sig"])
 def test_without_initial_state(gate):
     check_against_reference(gate, False, 2, 3, 48, 16, 32, 16, with_state=False)

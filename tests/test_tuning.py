@@ -30,6 +30,14 @@ def test_candidates_are_valid_distinct_and_start_from_the_base(chunk_size):
     assert all(c.seq_q <= 64 for c in tuning.candidates(shape(64), base, "fwd")[1:])
 
 
+def test_dk_and_dv_in_one_kernel_are_tried_at_small_head_dims_only():
+    for dqk, dv, tried in [(64, 64, True), (128, 128, True), (128, 256, False), (48, 64, False)]:
+        small = tuning.Shape("tfla", "sig", 4, 64, 8192, dqk, dv, 256)
+        base = kconfig.default_config("tfla", dqk, dv, 256, torch.bfloat16, "sig")
+        fused = [c for c in tuning.candidates(small, base, "bwd") if c.bwd_fused_kv]
+        assert bool(fused) == tried, (dqk, dv)
+
+
 def test_limit_chunk_candidates_keep_whole_chunk_tiles():
     base = kconfig.default_config("limit_chunk", 128, 256, 64, torch.bfloat16)
     for group in tuning.GROUPS:

@@ -47,7 +47,7 @@ from tfla_bench.measure import timing
 KERNELS = ("tfla", "limit_chunk")
 GROUPS = {
     "fwd": ("seq_q", "seq_kv", "num_warps", "num_stages"),
-    "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_qk", "bwd_num_warps", "bwd_num_stages"),
+    "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_qk", "bwd_num_warps", "bwd_num_stages", "bwd_fused_kv"),
     "state": ("state_seq", "state_qk", "state_v", "state_num_warps"),
 }
 GROUP_MODE = {"fwd": "fw", "bwd": "fwbw", "state": "fwbw"}
@@ -58,6 +58,9 @@ CHECK_TOKENS = 1024  # tokens of the reference check's sequence (four chunks at 
 # The winner's error against the float32 reference may exceed the default config's by this factor:
 # the two configs differ in the order of their roundings, not in what they compute.
 REFERENCE_SLACK = 1.5
+# dK and dV in one kernel are tried up to these head dims (Dqk + Dv): on an H200 (2026-12-03) fwbw took
+# 0.95x the split kernels' time at 64 + 64, and 1.29-1.65x at 128 + 256 and 256 + 256 (three tile settings).
+FUSED_KV_TRY_DIMS = 256
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,9 @@ def grid(shape: Shape, group: str) -> dict[str, tuple[int, ...]]:
             or (kconfig.largest_pow2_divisor(shape.head_dim_qk, 128),),
             "bwd_num_warps": (4, 8),
             "bwd_num_stages": (1, 2, 3),
+            "bwd_fused_kv": (False, True)
+            if shape.head_dim_qk + shape.head_dim_v <= FUSED_KV_TRY_DIMS
+            else (False,),
         },
         "state": {
             "state_seq": tuple(s for s in (32, 64, 128) if s <= L),
