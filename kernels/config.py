@@ -502,12 +502,7 @@ def save_entry(path: Path, entry: dict) -> None:
     same key. Processes started afterwards load it (`tuned_files`)."""
     entries = json.loads(path.read_text(encoding="utf-8-sig")) if path.exists() else []
     key = [entry[name] for name in KEY_FIELDS]
-    entries = [e for e in entries if [e.get(name) for name in KEY_FIELDS] != key] + [entry]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Whole or not at all: a file cut short would leave every entry of it unused.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(entries, indent=1) + "\n")
-    os.replace(tmp, path)
+    _write_entries(path, [e for e in entries if [e.get(name) for name in KEY_FIELDS] != key] + [entry])
 
 
 def merge_entries(path: Path, entries: list[dict]) -> int:
@@ -516,9 +511,17 @@ def merge_entries(path: Path, entries: list[dict]) -> int:
     have = json.loads(path.read_text(encoding="utf-8-sig")) if path.exists() else []
     keys = {tuple(e.get(name) for name in KEY_FIELDS) for e in have}
     added = [e for e in entries if tuple(e.get(name) for name in KEY_FIELDS) not in keys]
-    for entry in added:
-        save_entry(path, entry)
+    if added:
+        _write_entries(path, have + added)
     return len(added)
+
+
+def _write_entries(path: Path, entries: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Whole or not at all: a file cut short would leave every entry of it unused.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entries, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def user_tuned_file() -> Path:

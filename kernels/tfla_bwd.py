@@ -158,6 +158,16 @@ def _key_log_weight(b_ptr, log_i_ptr, offs, valid):
 
 
 @triton.jit
+def _key_inter_weight(g_ptr, m_ptr, bh, NC, c, log_weight_kv, USE_MAX_STATE: tl.constexpr):
+    """Per key row of chunk `c`: `a_bar = exp(a - m_k)` with `a = g + log_i - b` (eq. 40), the weight
+    of its inter-chunk gradient part."""
+    log_a = tl.load(g_ptr + bh * NC + c) + log_weight_kv
+    if USE_MAX_STATE:
+        log_a -= tl.load(m_ptr + bh * (NC + 1) + c + 1)
+    return tl.exp(log_a)
+
+
+@triton.jit
 def tfla_bwd_kernel_dkv(
     x_ptr,
     y_ptr,
@@ -232,11 +242,7 @@ def tfla_bwd_kernel_dkv(
         else:
             dC = tl.trans(tl.load(state_base + offs_out[:, None] * DV + (d0 + offs_in)[None, :]).to(dtype))
         acc = tl.dot(x, dC, acc, input_precision=DOT_PRECISION)
-    # a_bar = exp(a - m_k) with a = g + log_i - b (eq. 40)
-    log_a = tl.load(g_ptr + bh * NC + c) + log_weight_kv
-    if USE_MAX_STATE:
-        log_a -= tl.load(m_ptr + bh * (NC + 1) + c + 1)
-    acc = acc * tl.exp(log_a)[:, None]
+    acc = acc * _key_inter_weight(g_ptr, m_ptr, bh, NC, c, log_weight_kv, USE_MAX_STATE)[:, None]
     if not GRAD_V:
         k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
         tl.store(kdk_inter_ptr + (i_out * BH + bh) * T + offs_kv, tl.sum(k * acc, axis=1), mask=kv_valid)
@@ -351,11 +357,7 @@ def tfla_bwd_kernel_dkv_fused(
         )
         dC = tl.load(state_base + (d0 + offs_bqk)[:, None] * DV + offs_v[None, :]).to(dtype)
         acc_v = tl.dot(k, dC, acc_v, input_precision=DOT_PRECISION)
-    # a_bar = exp(a - m_k) with a = g + log_i - b (eq. 40)
-    log_a = tl.load(g_ptr + bh * NC + c) + log_weight_kv
-    if USE_MAX_STATE:
-        log_a -= tl.load(m_ptr + bh * (NC + 1) + c + 1)
-    a_bar = tl.exp(log_a)
+    a_bar = _key_inter_weight(g_ptr, m_ptr, bh, NC, c, log_weight_kv, USE_MAX_STATE)
     acc_k = acc_k * a_bar[:, None]
     acc_v = acc_v * a_bar[:, None]
     k_ptrs = k_base + offs_kv[:, None] * DQK + offs_qk[None, :]
