@@ -33,7 +33,7 @@ from tfla_bench.kernels.common import (
     fwd_kernel_gates,
     fwd_kernel_states,
 )
-from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_target
+from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_target, tune_first_use
 from tfla_bench.kernels.contract import chunk_reason, head_dim_reason
 from tfla_bench.kernels.gates import GATES, num_chunks
 from tfla_bench.kernels.launch import INTERPRETED, Launches
@@ -367,9 +367,11 @@ def check_state(initial_state, gate, normalize, q, dv) -> dict[str, torch.Tensor
 def resolve_config(
     kernel: str, config: KernelConfig | None, q: torch.Tensor, dv: int, chunk_size: int, gate: str
 ):
-    """The caller's `config` once checked, else the cached config for this GPU and shape (`config_for`)."""
+    """The caller's `config` once checked, else the cached config for this GPU and shape (`config_for`),
+    tuned first where the user opted in (`tune_first_use`)."""
     dqk = q.shape[-1]
     if config is None:
+        tune_first_use(kernel, gate, (*q.shape[:3], dqk, dv, chunk_size), q.dtype, q.device)
         return config_for(kernel, dqk, dv, chunk_size, q.dtype, gate, gpu_target(q.device))
     check_config(kernel, config, dqk, dv, chunk_size)
     return config

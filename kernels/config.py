@@ -2,9 +2,10 @@
 
 One frozen dataclass serves both kernels, `"tfla"` (`mlstm_tfla`) and `"limit_chunk"`
 (`mlstm_limit_chunk`). `config_for` resolves the config of one call: a tuned config registered for
-the GPU's architecture (or its name) and the shape (`register_tuned`; never tuned inside a call),
-else the nearest tuned shape that can run this one (`adapted`), else `default_config`. Both are
-cached per shape key, so a call pays one dictionary lookup.
+the GPU's architecture (or its name) and the shape (`register_tuned`), else the nearest tuned shape
+that can run this one (`adapted`), else `default_config`. Both are cached per shape key, so a call
+pays one dictionary lookup. A shape is tuned inside a call only where the user opted in
+(`set_first_use_tuner`): at its first call, before anything is launched.
 
 TFLA defaults, chosen from per-kernel timings on an H100 80GB HBM3 (bf16, Dqk 128, Dv 256, L 128,
 8 sequences x 16 heads of 8192 steps, fwbw):
@@ -42,6 +43,8 @@ import json
 import math
 import os
 import sys
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -406,6 +409,35 @@ def has_entry(shape: tuple, gpu: tuple[str, str]) -> bool:
     """Whether an entry was tuned at exactly `shape` (a key of `TUNED_CONFIGS` without its target:
     kernel, head dims, chunk, dtype, gate) for this GPU's name or architecture (`gpu_target`)."""
     return any(target and (target, *shape) in TUNED_CONFIGS for target in gpu)
+
+
+# Run at the first call of a shape without a tuned config for its GPU (`tune_first_use`): called with
+# the kernel, the gate, (B, NH, T, Dqk, Dv, L), the dtype and the device; it registers the winner.
+FirstUseTuner = Callable[[str, str, tuple[int, ...], torch.dtype, torch.device], None]
+FIRST_USE_DTYPES = (torch.bfloat16, torch.float16)
+_first_use: list[FirstUseTuner] = []
+
+
+def set_first_use_tuner(tuner: FirstUseTuner | None) -> None:
+    """Tune each new shape at its first call with `tuner` (`tfla_bench.measure.tuning.tune_at_first_use`
+    sets the suite's search), or, with None, never."""
+    _first_use[:] = [tuner] if tuner is not None else []
+
+
+def tune_first_use(
+    kernel: str, gate: str, dims: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> None:
+    """Where a first-use tuner is set, the call is on a GPU in bf16 or fp16 and no entry was tuned at
+    this shape (`dims` = B, NH, T, Dqk, Dv, L) for the GPU: tune it now. A search that fails leaves
+    the config as `config_for` picks it, with a warning."""
+    gpu = gpu_target(device)
+    shape = (kernel, *dims[3:], dtype, gate)
+    if not _first_use or not gpu[0] or dtype not in FIRST_USE_DTYPES or has_entry(shape, gpu):
+        return
+    try:
+        _first_use[0](kernel, gate, dims, dtype, device)
+    except Exception as exc:  # noqa: BLE001 -- a user's call goes on with the config it had
+        warnings.warn(f"tuning {kernel} {gate} at {dims} failed, its config is kept: {exc}", stacklevel=3)
 
 
 def float32_states(kernel: str, gate: str, head_dim_qk: int, config: KernelConfig) -> bool:

@@ -360,3 +360,81 @@ def test_between_equally_near_shapes_the_one_tuned_at_head_dims_no_smaller_wins(
     # Nearer is still nearer: at 128/256 itself the entry tuned there wins.
     assert kconfig.config_for("tfla", 128, 256, 128, torch.bfloat16, "exp", ("sm90", "x")).num_warps == 2
     kconfig.config_for.cache_clear()
+
+
+def test_a_sweep_tunes_by_default_and_not_with_no_tune(tmp_path, monkeypatch, capsys):
+    from tfla_bench.run import runner
+
+    asked = []
+
+    def fake_sweep(spec, cases, run_dir, **kwargs):
+        asked.append(kwargs["tune"])
+        raise SystemExit(0)
+
+    monkeypatch.setattr(runner, "run_sweep", fake_sweep)
+    shape = ["--seq-len", "64", "--batch", "1", "--heads", "1", "--head-dim-qk", "16", "--no-roofs"]
+    for flag in ([], ["--no-tune"], ["--tune"]):
+        with pytest.raises(SystemExit):
+            main(["run", "--kernel", "sdpa_math", *shape, *flag, "--out", str(tmp_path / f"r{len(asked)}")])
+    assert asked == [None, False, True]  # None: on a GPU, at each shape without a tuned config
+    flags = ["--mode", "fw", "--dtype", "float32", "--warmup", "1", "--reps", "2"]
+    monkeypatch.undo()
+    assert main(["run", "--kernel", "sdpa_math", *shape, *flags, "--out", str(tmp_path / "cpu")]) == 0
+    assert "--tune" not in capsys.readouterr().err  # by default a CPU run says nothing of tuning
+
+
+@pytest.fixture
+def first_use(monkeypatch, tmp_path):
+    """A first-use tuner that records its calls, on a stand-in sm100 GPU, with the table restored after."""
+    monkeypatch.setattr(kconfig, "TUNED_CONFIGS", dict(kconfig.TUNED_CONFIGS))
+    monkeypatch.setattr(kconfig, "gpu_target", lambda device: ("sm100", "NVIDIA B200"))
+    monkeypatch.setenv(kconfig.TUNED_FILE_ENV, str(tmp_path / "tuned.json"))
+    yield
+    kconfig.set_first_use_tuner(None)
+    kconfig.config_for.cache_clear()
+
+
+def test_a_shape_is_tuned_at_its_first_call_once_the_user_opts_in(first_use, monkeypatch):
+    from tfla_bench.kernels.chunkwise import resolve_config
+
+    calls = []
+
+    def fake_search(shape, target, gpu, processes, on_trial=None, device="cuda"):
+        calls.append((shape, target, gpu, processes, device))
+        config = dataclasses.replace(
+            kconfig.default_config("tfla", 16, 32, 16, torch.bfloat16, "sig"), num_warps=2
+        )
+        return kconfig.tuned_entry(shape.config_key(target), config, tuned_fwbw_ms=1.0), ""
+
+    monkeypatch.setattr(tuning, "tune_entry", fake_search)
+    q = torch.zeros(2, 4, 64, 16, dtype=torch.bfloat16)
+    resolve_config("tfla", None, q, 32, 16, "sig")
+    assert calls == []  # not opted in: the config is looked up, nothing is tuned
+    tuning.tune_at_first_use(processes=3)
+    resolve_config("tfla", None, q, 32, 16, "sig")
+    resolve_config("tfla", None, q, 32, 16, "sig")  # the entry is there now: not tuned again
+    resolve_config("tfla", None, q.float(), 32, 16, "sig")  # float32: never tuned
+    resolve_config(
+        "tfla", kconfig.default_config("tfla", 16, 32, 16, torch.bfloat16, "sig"), q, 32, 16, "sig"
+    )
+    assert calls == [
+        (tuning.Shape("tfla", "sig", 2, 4, 64, 16, 32, 16, torch.bfloat16), "sm100", "NVIDIA B200", 3, "cpu")
+    ]
+    (saved,) = json.loads(kconfig.user_tuned_file().read_text())
+    assert saved["target"] == "sm100" and saved["config"]["num_warps"] == 2
+    got = kconfig.config_for("tfla", 16, 32, 16, torch.bfloat16, "sig", ("sm100", "NVIDIA B200"))
+    assert got.num_warps == 2
+    tuning.tune_at_first_use(False)
+    resolve_config("tfla", None, q, 32, 32, "sig")
+    assert len(calls) == 1
+
+
+def test_a_failed_first_use_search_warns_and_keeps_the_config(first_use):
+    def broken(*args):
+        raise RuntimeError("out of resources")
+
+    kconfig.set_first_use_tuner(broken)
+    with pytest.warns(
+        UserWarning, match="tuning tfla exp at .* failed, its config is kept: out of resources"
+    ):
+        kconfig.tune_first_use("tfla", "exp", (1, 2, 64, 16, 16, 16), torch.float16, torch.device("cpu"))

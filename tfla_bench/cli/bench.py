@@ -190,13 +190,14 @@ class _Flags:
         ),
     ] = 0
     tune: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--tune",
-            help="first tune our kernels at each shape without a tuned config for this GPU "
-            "(minutes a shape; saved in the user's tuned-config file for every later call)",
+            "--tune/--no-tune",
+            help="tune our kernels at each shape without a tuned config for this GPU before measuring "
+            "(default on a GPU; about a minute a shape, kept in the user's tuned-config file for every "
+            "later call)",
         ),
-    ] = False
+    ] = None
     roofs: Annotated[
         bool,
         typer.Option(

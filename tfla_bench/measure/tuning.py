@@ -1,5 +1,7 @@
-"""Tuning the `KernelConfig` of our mLSTM kernels for one GPU and shape: `tfla-bench tune`, or a
-sweep with `--tune` before it measures (`tune_missing`); the timed calls only look the result up.
+"""Tuning the `KernelConfig` of our mLSTM kernels for one GPU and shape: `tfla-bench tune`; a sweep
+on a GPU before it measures, at each shape without a tuned config (`tune_missing`; `--no-tune` skips
+it); or `mlstm_tfla` / `mlstm_limit_chunk` at the first call of such a shape, once the user opts in
+(`tune_at_first_use`). The timed calls only look the result up.
 
 Each kernel of the chain reads one group of the config's fields (`GROUPS`): the forward output
 kernel `fwd`, the dQ/dK/dV kernels `bwd`, the recurrent state kernels `state`. The groups are
@@ -27,6 +29,7 @@ architecture (or name) and the shape, carrying the nearest tuned shape over to a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import multiprocessing
 import traceback
@@ -398,7 +401,7 @@ def tune_entry(
         for label, config in (("default", base), ("tuned", best)):
             call = make_call(shape, inputs, config, mode)
             facts[f"{label}_{mode}_ms"] = round(time_call(call, device, rule), 4)
-    facts.update(batch=shape.batch, heads=shape.heads, seq_len=shape.seq_len)
+    facts.update(gpu=gpu, batch=shape.batch, heads=shape.heads, seq_len=shape.seq_len)
     facts.update(torch=torch.__version__, triton=triton.__version__)
     entry = kconfig.tuned_entry(shape.config_key(target), best, **facts)
     return entry, markdown(shape, trials, base, gpu)
@@ -431,6 +434,8 @@ def untuned(cases: list[Case], gpu: tuple[str, str]) -> list[Shape]:
 def tune_missing(cases: list[Case], device: str, processes: int, say: Callable[[str], None]) -> list[dict]:
     """Tune every shape of `cases` without an entry for this GPU (`untuned`), on its architecture,
     into the user's tuned-config file, which the workers started afterwards load; the new entries."""
+    if not any(map(shape_of, cases)):
+        return []
     gpu = kconfig.gpu_target(torch.device(device))
     shapes = untuned(cases, gpu)
     path = kconfig.user_tuned_file()
@@ -443,3 +448,24 @@ def tune_missing(cases: list[Case], device: str, processes: int, say: Callable[[
         gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
         say(f"  fwbw {entry['default_fwbw_ms']:.3f} -> {entry['tuned_fwbw_ms']:.3f} ms ({gain:.2f}x)")
     return entries
+
+
+def tune_at_first_use(enabled: bool = True, processes: int | None = None) -> None:
+    """From now on (until called with False), the first call of `mlstm_tfla` or `mlstm_limit_chunk`
+    on a GPU at a shape without a tuned config for it (bf16 or fp16, no `config` given) tunes that
+    shape first, at the call's batch, heads and length, saves the winner in the user's tuned-config
+    file and uses it; later calls, and later processes, look it up. A search takes about a minute;
+    `processes` compile its candidates side by side (default: one per CPU, at most 16)."""
+    workers = processes or min(16, multiprocessing.cpu_count())
+    kconfig.set_first_use_tuner(functools.partial(_tune_shape, processes=workers) if enabled else None)
+
+
+def _tune_shape(
+    kernel: str, gate: str, dims: tuple[int, ...], dtype: torch.dtype, device: torch.device, processes: int
+) -> None:
+    """The search of `tune_at_first_use`: one shape (`dims` = B, NH, T, Dqk, Dv, L), saved and registered."""
+    shape = Shape(kernel, gate, *dims, dtype)
+    arch, name = kconfig.gpu_target(device)
+    entry, _ = tune_entry(shape, arch, name, processes, device=str(device))
+    kconfig.save_entry(kconfig.user_tuned_file(), entry)
+    kconfig.register_tuned(*shape.config_key(arch), KernelConfig(**entry["config"]))

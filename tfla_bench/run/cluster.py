@@ -392,7 +392,7 @@ def sweep(
     forced: str | None = None,
     precompile: int = 0,
     roofs: bool = True,
-    tune: bool = False,
+    tune: bool | None = None,
     console: Console,
 ) -> list[ResultRow] | None:
     """Submit the cases and, unless `options.wait` is off, follow the jobs to the end.
@@ -409,7 +409,8 @@ def sweep(
         forced: the spec difference a forced resume accepted.
         precompile: `--precompile N`, run in each job before it measures.
         roofs: record each node's measured roofs.
-        tune: each job tunes our kernels first at its shapes without a tuned config for its GPU.
+        tune: each job tunes our kernels first at its shapes without a tuned config for its GPU (None,
+            the default: on a GPU).
         console: where the submission, the jobs' states and the progress go.
 
     Returns:
@@ -470,7 +471,7 @@ def submit(
     precompile: int,
     roofs: bool,
     console: Console,
-    tune: bool = False,
+    tune: bool | None = None,
 ) -> tuple[JobsRecord, Round | None, list[Any]]:
     """Write the run's `spec.json` and `results.csv` (the rows a resume keeps), submit one job per
     shard of the cases to run, and record them in `jobs.json`. The arguments are those of `sweep`.

@@ -435,7 +435,7 @@ def run_sweep(
     failed_check: dict[str, str] | None = None,
     precompile_processes: int = 0,
     roofs: bool = False,
-    tune: bool = False,
+    tune: bool | None = None,
     console: Console | None = None,
     clock: PhaseClock | None = None,
 ) -> SweepReport:
@@ -459,7 +459,8 @@ def run_sweep(
             measured when none are saved, by a child process that runs beside the plan
             (`tfla_bench.measure.roofs`).
         tune: on CUDA, first tune our kernels at every shape to run that has no tuned config for
-            this GPU (`tfla_bench.measure.tuning.tune_missing`, into the user's tuned-config file).
+            this GPU (`tfla_bench.measure.tuning.tune_missing`, into the user's tuned-config file);
+            None (the default) does so too, and says nothing on a CPU, where True gets a note.
         console: where progress goes (default: stderr).
         clock: the command's `PhaseClock` (a gate before the sweep is in it); default one started
             here. Written as `timings.json` when the sweep ends, interrupted or not.
@@ -566,7 +567,7 @@ class _Sweep:
         kept: int,
         roofs_child: subprocess.Popen | None,
         precompile_processes: int,
-        tune: bool = False,
+        tune: bool | None = None,
     ) -> int:
         """Write the decided rows, then measure `to_run`; the worker processes started."""
         console, clock, devices = self.console, self.clock, self.devices
@@ -587,7 +588,7 @@ class _Sweep:
             console.print(
                 "[bold]note:[/] --tune times kernels on a GPU; this CPU run uses the configs as they are"
             )
-        elif tune and to_run:
+        elif tune is not False and cuda and to_run:
             with clock.phase("tune"):
                 _tune([planned.case for planned in to_run], devices[0], precompile_processes, console)
         precompiled = compiling = None
@@ -746,8 +747,6 @@ def _tune(cases: list[Case], device: str, processes: int, console: Console) -> N
     entries = tuning.tune_missing(cases, device, processes or 8, console.print)
     if entries:
         console.print(f"{len(entries)} tuned config(s) added to {kernel_config.user_tuned_file()}")
-    else:
-        console.print("every shape of our kernels has a tuned config for this GPU")
 
 
 def _precompile(

@@ -56,7 +56,8 @@ class ShardJob:
         roofs: record the node's measured roofs in its `env.json`.
         forced: the spec difference a forced resume accepted (kept in the shard's `env.json`).
         requeued: how many times the job was requeued already.
-        tune: tune our kernels first at the shard's shapes without a tuned config for the GPU.
+        tune: tune our kernels first at the shard's shapes without a tuned config for the GPU (None,
+            the default: on a GPU).
     """
 
     run_dir: Path
@@ -68,7 +69,7 @@ class ShardJob:
     roofs: bool = True
     forced: str | None = None
     requeued: int = 0
-    tune: bool = False
+    tune: bool | None = None
 
     @property
     def directory(self) -> Path:
