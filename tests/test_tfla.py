@@ -48,6 +48,7 @@ from tfla_bench.kernels.config import (
 from tfla_bench.kernels.gates import chunk_gates, chunk_log_gate_grads, log_gates
 from tfla_bench.kernels.reference import mlstm_chunkwise, mlstm_recurrent, state_names
 from tfla_bench.kernels.tfla import mlstm_tfla
+from tfla_bench.measure.tuning import REFERENCE_SLACK
 
 FP32_RTOL = 1e-4
 # Small tiles for the CPU interpreter, so a chunk spans several tiles and a head dim several blocks.
@@ -599,15 +600,31 @@ PAPER_SHAPES = sorted(
 )
 
 
+def assert_config_within_reference(result, default, reference, tolerances):
+    """A chosen config's output and gradients against the float32 reference: within `tolerances`, or,
+    at a name where the default config misses them too at these inputs (the kernel's bf16 error at
+    that draw, whatever the config), within `REFERENCE_SLACK` times the default's error, the rule by
+    which the tuning search keeps a winner (`tfla_bench.measure.tuning.reference_error`). On an H200,
+    exp Dqk 128 Dv 128 L 128 at seed 15 gives dq 5.36e-2 with the tuned and the default config alike,
+    and 3.7e-3 to 8.2e-3 at ten of twelve seeds (`docs/results-h200.md`)."""
+    names = ["h", "C", *GRAD_NAMES]
+    (h, state, grads), (h_d, state_d, grads_d), (h_r, state_r, grads_r) = result, default, reference
+    for name, a, d, r in zip(
+        names, [h, state[0], *grads], [h_d, state_d[0], *grads_d], [h_r, state_r[0], *grads_r], strict=True
+    ):
+        assert torch.isfinite(a).all(), name
+        allowed = max(tolerances[name], REFERENCE_SLACK * rel_rms(d, r))
+        assert rel_rms(a, r) < allowed, (
+            f"{name}: {rel_rms(a, r):.2e} (the default config's {rel_rms(d, r):.2e})"
+        )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", PAPER_SHAPES, ids=lambda s: f"{s[0]}-Dqk{s[1]}-Dv{s[2]}-L{s[3]}")
 def test_gpu_the_config_chosen_at_every_paper_shape_matches_the_reference(shape):
     # Whatever config_for picks on this GPU (an entry, the nearest tuned shape carried over, or the
     # default), against the float32 chunkwise reference, output and every gradient, and against the
-    # default config's result (the tuning search's check). The inputs are those of the tuned-config
-    # test above: some draws give every config, the default included, bf16 gradient errors beyond the
-    # tolerance at Dqk 256 and L 64 (dq 5.4e-2 with seed 16 on an H200), which is the kernel's
-    # precision at that input, not the config's.
+    # default config's result (the tuning search's check).
     gate, dqk, dv, chunk = shape
     config = config_for("tfla", dqk, dv, chunk, torch.bfloat16, gate, gpu_target(torch.device("cuda")))
     seq_len = max(4 * chunk, 1024)
@@ -618,15 +635,7 @@ def test_gpu_the_config_chosen_at_every_paper_shape_matches_the_reference(shape)
     result = run_with_grads(tfla_fn(gate, False, chunk, config), inputs, [], weights, gate)
     default = default_config("tfla", dqk, dv, chunk, torch.bfloat16, gate)
     baseline = run_with_grads(tfla_fn(gate, False, chunk, default), inputs, [], weights, gate)
-    try:
-        assert_within_rms(result, reference, BF16_RTOL, GRAD_NAMES)
-    except AssertionError as exc:  # say whether the default config misses the reference there too
-        (h, state, grads), (h_ref, state_ref, grads_ref) = baseline, reference
-        pairs = zip(
-            ["h", "C", *GRAD_NAMES], [h, state[0], *grads], [h_ref, state_ref[0], *grads_ref], strict=True
-        )
-        errors = ", ".join(f"{name} {rel_rms(a, b):.2e}" for name, a, b in pairs)
-        raise AssertionError(f"{exc}; the default config's errors: {errors}") from None
+    assert_config_within_reference(result, baseline, reference, BF16_RTOL)
     assert_within_rms(result, baseline, dict.fromkeys(BF16_RTOL, BF16_RUN_TO_RUN_RTOL), GRAD_NAMES)
 
 
@@ -649,8 +658,17 @@ def test_gpu_every_tuned_config_matches_the_reference(key):
     weights = make_weights(1, 2, seq_len, dqk, dv)
     reference = run_with_grads(chunkwise_fp32(gate), inputs, [], weights, gate)
     result = run_with_grads(tfla_fn(gate, False, chunk, config), inputs, [], weights, gate)
+    baseline = run_with_grads(
+        tfla_fn(gate, False, chunk, default_config("tfla", dqk, dv, chunk, dtype, gate)),
+        inputs,
+        [],
+        weights,
+        gate,
+    )
     assert result[0].dtype == dtype
-    assert_within_rms(result, reference, BF16_RTOL if dtype == torch.bfloat16 else FP16_RTOL, GRAD_NAMES)
+    assert_config_within_reference(
+        result, baseline, reference, BF16_RTOL if dtype == torch.bfloat16 else FP16_RTOL
+    )
 
 
 @pytest.mark.gpu
