@@ -286,6 +286,9 @@ def test_only_shapes_without_an_entry_for_the_gpu_are_tuned_each_once_at_its_lar
     elsewhere = tuning.untuned(cases, ("sm100", "NVIDIA B200"))
     assert sorted((s.head_dim_qk, s.seq_len) for s in elsewhere) == [(64, 1024), (128, 4096)]
     assert tuning.untuned(cases, ("", "")) == elsewhere  # no GPU name: no entry applies
+    constant_tokens = [case(dqk=64, dv=64, seq_len=t, batch=8192 // t) for t in (1024, 8192, 2048)]
+    (picked,) = tuning.untuned(constant_tokens, ("sm90", "NVIDIA H200"))
+    assert (picked.batch, picked.seq_len) == (1, 8192)  # equally many tokens: the longest sequence
 
 
 def test_tune_missing_saves_one_entry_per_untuned_shape_in_the_user_file(tmp_path, monkeypatch):

@@ -419,14 +419,18 @@ def shape_of(case: Case) -> Shape | None:
 
 def untuned(cases: list[Case], gpu: tuple[str, str]) -> list[Shape]:
     """The shapes to tune before measuring `cases` on a GPU (`config.gpu_target`): one per config key
-    without an entry for the GPU's name or architecture, at the key's largest case (B*NH*T)."""
+    without an entry for the GPU's name or architecture, at the key's largest case (B*NH*T; among
+    equally large ones, as in a sweep at constant tokens, the longest sequence)."""
+
+    def size(shape: Shape) -> tuple[int, int]:
+        return shape.batch * shape.heads * shape.seq_len, shape.seq_len
+
     largest: dict[tuple, Shape] = {}
     for shape in filter(None, map(shape_of, cases)):
         key = shape.config_key("")[1:]
         if kconfig.has_entry(key, gpu):
             continue
-        size = shape.batch * shape.heads * shape.seq_len
-        if key not in largest or size > largest[key].batch * largest[key].heads * largest[key].seq_len:
+        if key not in largest or size(shape) > size(largest[key]):
             largest[key] = shape
     return list(largest.values())
 
