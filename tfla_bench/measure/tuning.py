@@ -459,7 +459,8 @@ def tune_at_first_use(enabled: bool = True, processes: int | None = None) -> Non
     on a GPU at a shape without a tuned config for it (bf16 or fp16, no `config` given) tunes that
     shape first, at the call's batch, heads and length, saves the winner in the user's tuned-config
     file and uses it; later calls, and later processes, look it up. A search takes about a minute;
-    `processes` compile its candidates side by side (default: one per CPU, at most 16)."""
+    `processes` compile its candidates side by side (default: one per CPU, at most 16), started by
+    spawning, so a script that opts in keeps its own work under `if __name__ == "__main__":`."""
     workers = processes or min(16, multiprocessing.cpu_count())
     kconfig.set_first_use_tuner(functools.partial(_tune_shape, processes=workers) if enabled else None)
 
