@@ -165,6 +165,18 @@ def test_matches_recurrent_reference(case):
     check_against_reference(gate, normalize, batch, heads, seq_len, dqk, dv, chunk, config=config)
 
 
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_the_widest_tiles_and_launches_the_tuner_steps_to_match_the_reference(gate):
+    # Every sequence tile the whole chunk, every head-dim block the whole head dim, and the most warps
+    # and stages on the tuner's ladders (`tfla_bench.measure.tuning.LADDERS`).
+    whole = dict.fromkeys(("seq_q", "seq_kv", "bwd_seq_q", "bwd_seq_kv", "state_seq"), 32)
+    whole |= dict.fromkeys(("qk", "v", "bwd_qk", "bwd_v", "state_qk", "state_v"), 32)
+    whole |= dict.fromkeys(("num_warps", "bwd_num_warps", "state_num_warps"), 16)
+    whole |= dict.fromkeys(("num_stages", "bwd_num_stages", "state_num_stages"), 5)
+    config = replace(default_config("tfla", 32, 32, 32, torch.float32, gate), **whole)
+    check_against_reference(gate, False, 1, 2, 64, 32, 32, 32, config=config)
+
+
 # (gate, normalize, T, Dqk, Dv, L): dK and dV in one kernel; 16-wide blocks, so the dQ kernel's two
 # d_qk slices at Dqk 32 meet the fused kernel's one.
 FUSED_CASES = [

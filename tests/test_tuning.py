@@ -45,34 +45,100 @@ def test_limit_chunk_candidates_keep_whole_chunk_tiles():
             assert candidate.seq_q == candidate.bwd_seq_kv == 64
 
 
-def test_the_search_times_every_candidate_and_keeps_the_fastest_on_cpu(monkeypatch):
+def _timed_by_config(monkeypatch, full_ms, screen_ms=None):
+    """Time each call by its config: `full_ms(config)` in full, `screen_ms(config)` when screened."""
+    real = tuning.make_call
+
+    def tagged(s, inputs, config, mode):
+        call = real(s, inputs, config, mode)
+        call.config = config
+        return call
+
+    def fake_time(call, device, rule):
+        screened = rule is tuning.SCREEN_RULE
+        timed.append((call.config, screened))
+        return (screen_ms or full_ms)(call.config) if screened else full_ms(call.config)
+
+    timed = []
+    monkeypatch.setattr(tuning, "make_call", tagged)
+    monkeypatch.setattr(tuning, "time_call", fake_time)
+    return timed
+
+
+def test_the_search_screens_every_candidate_times_the_close_ones_and_keeps_the_fastest_on_cpu(monkeypatch):
     small = tuning.Shape("tfla", "exp", 1, 1, 64, 16, 32, 16, torch.float32)
     monkeypatch.setattr(tuning.Shape, "small", lambda self: self)  # the interpreter is slow
-    monkeypatch.setattr(
-        tuning,
-        "grid",
-        lambda s, group: {"fwd": {"num_warps": (4, 8)}, "bwd": {"bwd_num_warps": (2, 4)}, "state": {}}[group],
+    monkeypatch.setattr(tuning, "STEP_ROUNDS", 0)
+    grids = {"fwd": {"num_warps": (2, 4, 8)}, "bwd": {"bwd_num_warps": (2, 4)}, "state": {}}
+    monkeypatch.setattr(tuning, "grid", lambda s, group: grids[group])
+    fw = {2: 1.05, 4: 3.0, 8: 1.0}  # fwd: warps 8 fastest, 2 within the margin, the base (4) far off
+    timed = _timed_by_config(
+        monkeypatch,
+        lambda c: fw[c.num_warps] if c.bwd_num_warps == 4 else 5.0,
+        lambda c: fw[c.num_warps] * (1.02 if c.num_warps == 2 else 1.0) if c.bwd_num_warps == 4 else 5.0,
     )
-    times = iter([3.0, 1.0, 2.0, 5.0, 4.0])  # fwd: base 3, warps-8 1; bwd: base 2, warps 2: 5; state: 4
-    monkeypatch.setattr(tuning, "time_call", lambda call, device, rule: next(times))
     seen = []
-    best, trials = tuning.tune(
-        small, device="cpu", processes=0, groups=("fwd", "bwd", "state"), on_trial=seen.append
+    search = tuning.tune(
+        small, device="cpu", compiler=tuning.Compiler(0), groups=("fwd", "bwd", "state"), on_trial=seen.append
     )
-    assert seen == trials and [t.group for t in trials] == ["fwd", "fwd", "bwd", "bwd", "state"]
+    trials = search.trials
+    assert seen == trials and [t.group for t in trials] == ["fwd"] * 3 + ["bwd"] * 2 + ["state"]
     assert all(t.error == "" and t.rel_err <= 1e-5 for t in trials)  # float32: tiles change rounding only
-    assert best.num_warps == 8 and best.bwd_num_warps == 4  # the fastest of each group, else the base
-    table = tuning.markdown(small, trials, trials[0].config, "CPU")
-    assert (
-        "| fwd | fw | num_warps=8 | 1.000 |" in table
-        and "| bwd | fwbw | num_warps=8 bwd_num_warps=2 | 5.000 |" in table
-    )
+    assert all(t.screen_ms is not None for t in trials)
+    by_warps = {t.config.num_warps: t for t in trials[:3]}
+    assert by_warps[4].median_ms is None and by_warps[2].median_ms == 1.05 and by_warps[8].median_ms == 1.0
+    assert search.best.num_warps == 8 and search.best.bwd_num_warps == 4  # fastest of each group, else base
+    assert sum(not screened for _, screened in timed) == 2 + 1 + 1  # the finalists of each group only
+    assert set(search.seconds) == {"compile", "time"}
+    table = tuning.markdown(small, search, trials[0].config, "CPU")
+    assert "6 candidates" in table
+    assert "| fwd | fw | grid | num_warps=8 | 1.000 | 1.000 |" in table
+    assert "| fwd | fw | grid | default |  | 3.000 |" in table
+    assert "| bwd | fwbw | grid | num_warps=8 bwd_num_warps=2 |  | 5.000 |" in table
+
+
+def test_the_search_steps_past_its_grid_while_a_step_gains(monkeypatch):
+    small = tuning.Shape("tfla", "sig", 1, 1, 32, 16, 16, 16, torch.float32)
+    monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
+    monkeypatch.setattr(tuning, "grid", lambda s, group: {"num_warps": (4, 8)})
+    monkeypatch.setattr(tuning, "STEPS", {"fwd": ("num_warps", "num_stages")})
+    monkeypatch.setattr(tuning, "LADDERS", {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2, 3)})
+    base = kconfig.default_config("tfla", 16, 16, 16, torch.float32, "sig")
+    # warps 8 wins the grid, 16 the first step, 16 with one stage more the second; then nothing gains.
+    times = {(4, base.num_stages): 4.0, (8, base.num_stages): 3.0, (16, base.num_stages): 2.0}
+    times[(16, base.num_stages + 1)] = 1.0
+    _timed_by_config(monkeypatch, lambda c: times.get((c.num_warps, c.num_stages), 9.0))
+    search = tuning.tune(small, device="cpu", compiler=tuning.Compiler(0), groups=("fwd",))
+    assert (search.best.num_warps, search.best.num_stages) == (16, base.num_stages + 1)
+    stepped = [(t.config.num_warps, t.config.num_stages) for t in search.trials if t.stage == "step"]
+    assert (16, base.num_stages) in stepped and (16, base.num_stages + 1) in stepped
+    assert len(stepped) == len(set(stepped)) and (8, base.num_stages) not in stepped  # none tried twice
+
+
+def test_steps_move_one_field_one_rung_and_keep_the_dtype_of_the_states():
+    wide = tuning.Shape("tfla", "exp", 4, 8, 8192, 256, 512, 128)
+    base = kconfig.default_config("tfla", 256, 512, 128, torch.bfloat16, "exp")
+    assert not kconfig.float32_states("tfla", "exp", 256, base)  # one d_qk block of 256
+    for group in tuning.STEPS:
+        found = tuning.steps(wide, base, group)
+        assert found and len(found) == len(set(found)) and base not in found
+        for candidate in found:
+            kconfig.check_config("tfla", candidate, 256, 512, 128)
+            (moved,) = [f for f in tuning.LADDERS if getattr(candidate, f) != getattr(base, f)]
+            ladder = tuning.LADDERS[moved]
+            gap = abs(ladder.index(getattr(candidate, moved)) - ladder.index(getattr(base, moved)))
+            assert moved in tuning.STEPS[group] and gap == 1
+            assert not kconfig.float32_states("tfla", "exp", 256, candidate)
+    assert all(c.qk == 256 for c in tuning.steps(wide, base, "fwd"))  # a smaller block: float32 states
+    assert any(c.bwd_seq_q == 2 * base.bwd_seq_q for c in tuning.steps(wide, base, "bwd"))
+    assert any(c.state_num_stages != base.state_num_stages for c in tuning.steps(wide, base, "state"))
 
 
 def test_a_candidate_off_the_default_result_is_rejected(monkeypatch):
     small = tuning.Shape("tfla", "sig", 1, 1, 32, 16, 16, 16, torch.float32)
     monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
     monkeypatch.setattr(tuning, "grid", lambda s, group: {"bwd_num_warps": (2,)})
+    monkeypatch.setattr(tuning, "STEP_ROUNDS", 0)
     real = tuning.outputs
     monkeypatch.setattr(
         tuning,
@@ -82,11 +148,13 @@ def test_a_candidate_off_the_default_result_is_rejected(monkeypatch):
         ],
     )
     monkeypatch.setattr(tuning, "time_call", lambda call, device, rule: 1.0)
-    best, trials = tuning.tune(
-        small, device="cpu", processes=0, groups=("bwd",), rule=timing.StopRule(reps=1)
+    search = tuning.tune(
+        small, device="cpu", compiler=tuning.Compiler(0), groups=("bwd",), rule=timing.StopRule(reps=1)
     )
-    assert trials[1].median_ms is None and "from the default config's result" in trials[1].error
-    assert best == trials[0].config
+    rejected = search.trials[1]
+    assert rejected.median_ms is None and rejected.screen_ms is None
+    assert "from the default config's result" in rejected.error
+    assert search.best == search.trials[0].config
 
 
 def test_a_tuned_file_is_looked_up_by_architecture_and_shape(monkeypatch, tmp_path):
@@ -214,10 +282,11 @@ def _fake_gpu_search(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(kconfig, "gpu_target", lambda device: ("sm90", "NVIDIA H200"))
 
-    def found(shape, target, gpu, processes, on_trial=None, device="cuda"):
+    def found(shape, target, gpu, compiler, on_trial=None, device="cuda"):
         config = kconfig.default_config("tfla", shape.head_dim_qk, shape.head_dim_v, shape.chunk_size,
                                         shape.dtype, shape.gate)  # fmt: skip
         times = {"default_fwbw_ms": 2.0, "tuned_fwbw_ms": 1.0, "default_fw_ms": 1.0, "tuned_fw_ms": 0.5}
+        times.update(candidates=7, search_s=12.0, compile_s=5.0)
         return kconfig.tuned_entry(shape.config_key(target), config, **times), "| trial |\n"
 
     monkeypatch.setattr(tuning, "tune_entry", found)
@@ -297,20 +366,22 @@ def test_tune_missing_saves_one_entry_per_untuned_shape_in_the_user_file(tmp_pat
     monkeypatch.setattr(tuning.kconfig, "gpu_target", lambda device: ("sm100", "NVIDIA B200"))
     searched = []
 
-    def fake_search(shape, target, gpu, processes, on_trial=None, device="cuda"):
-        searched.append((shape.seq_len, target, gpu, device))
+    def fake_search(shape, target, gpu, compiler, on_trial=None, device="cuda"):
+        searched.append((shape.seq_len, target, gpu, device, compiler.processes))
         config = kconfig.default_config("tfla", shape.head_dim_qk, shape.head_dim_v, shape.chunk_size,
                                         shape.dtype, shape.gate)  # fmt: skip
-        times = {"default_fwbw_ms": 2.0, "tuned_fwbw_ms": 1.6}
+        times = {"default_fwbw_ms": 2.0, "tuned_fwbw_ms": 1.6, "candidates": 9, "search_s": 31.0}
         return kconfig.tuned_entry(shape.config_key(target), config, **times), ""
 
     monkeypatch.setattr(tuning, "tune_entry", fake_search)
     said = []
     entries = tuning.tune_missing([case(seq_len=1024), case(seq_len=2048)], "cuda:1", 4, said.append)
-    assert searched == [(2048, "sm100", "NVIDIA B200", "cuda:1")]
+    assert searched == [(2048, "sm100", "NVIDIA B200", "cuda:1", 4)]
     saved = json.loads(path.read_text())
     assert saved == entries and saved[0]["target"] == "sm100" and saved[0]["chunk_size"] == 128
-    assert said[0].startswith("tuning 1/1: tfla sig B2 NH4 T2048") and "(1.25x)" in said[1]
+    assert (
+        said[0].startswith("tuning 1/1: tfla sig B2 NH4 T2048") and "(1.25x); 9 candidates in 31 s" in said[1]
+    )
 
 
 def test_a_cpu_sweep_with_tune_says_it_tunes_nothing(tmp_path, capsys):
@@ -335,13 +406,13 @@ def test_a_winner_less_accurate_than_the_default_is_not_kept(monkeypatch):
     base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
     faster = dataclasses.replace(base, num_warps=8 if base.num_warps == 4 else 4)
     monkeypatch.setattr(tuning, "make_inputs", lambda shape, device: [])
-    monkeypatch.setattr(tuning, "tune", lambda shape, **_: (faster, []))
+    monkeypatch.setattr(tuning, "tune", lambda shape, **_: tuning.Search(faster, []))
     monkeypatch.setattr(tuning, "make_call", lambda shape, inputs, config, mode: None)
     monkeypatch.setattr(tuning, "time_call", lambda call, device, rule: 1.0)
     for tuned_err, kept in ((1.4e-2, faster), (1.6e-2, base)):
         errors = {base: 1e-2, faster: tuned_err}
         monkeypatch.setattr(tuning, "reference_error", lambda shape, config, device, e=errors: e[config])
-        entry, _ = tuning.tune_entry(shape(128), "sm90", "GPU", 0, device="cpu")
+        entry, _ = tuning.tune_entry(shape(128), "sm90", "GPU", tuning.Compiler(0), device="cpu")
         assert entry["config"] == dataclasses.asdict(kept)
         assert entry["default_reference_rel_err"] == 1e-2
         assert entry["tuned_reference_rel_err"] == errors[kept]
@@ -402,8 +473,8 @@ def test_a_shape_is_tuned_at_its_first_call_once_the_user_opts_in(first_use, mon
 
     calls = []
 
-    def fake_search(shape, target, gpu, processes, on_trial=None, device="cuda"):
-        calls.append((shape, target, gpu, processes, device))
+    def fake_search(shape, target, gpu, compiler, on_trial=None, device="cuda"):
+        calls.append((shape, target, gpu, compiler.processes, device))
         config = dataclasses.replace(
             kconfig.default_config("tfla", 16, 32, 16, torch.bfloat16, "sig"), num_warps=2
         )

@@ -10,7 +10,6 @@ Examples::
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -77,22 +76,23 @@ def tune(
     arch, name = kconfig.gpu_target(torch.device("cuda"))
     target = name if for_gpu else arch
     console = make_console()
-    for shape in parsed:
-        started = time.monotonic()
-        console.print(f"[bold]{shape.label()}[/] on {name} (entry for {target})")
-        entry, table = tuning.tune_entry(shape, target, name, processes, show_trial(console, shape))
-        kconfig.save_entry(path, entry)
-        if tables is not None:
-            # The search is saved by now: a table that cannot be written costs only itself.
-            with writes(f"the table of trials in {tables} (the tuned config is saved in {path})"):
-                tables.mkdir(parents=True, exist_ok=True)
-                (tables / f"tuning-{slug(shape)}.md").write_text(table)
-        gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
-        console.print(
-            f"  fwbw {entry['default_fwbw_ms']:.3f} -> {entry['tuned_fwbw_ms']:.3f} ms ({gain:.2f}x), "
-            f"fw {entry['default_fw_ms']:.3f} -> {entry['tuned_fw_ms']:.3f} ms; "
-            f"{time.monotonic() - started:.0f} s"
-        )
+    with tuning.Compiler(processes) as compiler:
+        for number, shape in enumerate(parsed, 1):
+            console.print(f"[bold]{number}/{len(parsed)} {shape.label()}[/] on {name} (entry for {target})")
+            entry, table = tuning.tune_entry(shape, target, name, compiler, show_trial(console, shape))
+            kconfig.save_entry(path, entry)
+            if tables is not None:
+                # The search is saved by now: a table that cannot be written costs only itself.
+                with writes(f"the table of trials in {tables} (the tuned config is saved in {path})"):
+                    tables.mkdir(parents=True, exist_ok=True)
+                    (tables / f"tuning-{slug(shape)}.md").write_text(table)
+            gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
+            console.print(
+                f"  fwbw {entry['default_fwbw_ms']:.3f} -> {entry['tuned_fwbw_ms']:.3f} ms ({gain:.2f}x), "
+                f"fw {entry['default_fw_ms']:.3f} -> {entry['tuned_fw_ms']:.3f} ms; "
+                f"{entry['candidates']} candidates in {entry['search_s']:.0f} s "
+                f"({entry['compile_s']:.0f} s compiling)"
+            )
     console.print(f"saved to {path}")
 
 
@@ -130,8 +130,15 @@ def show_trial(console: Console, shape: Shape) -> Callable[[Trial], None]:
     )
 
     def show(trial: Trial) -> None:
-        ms = f"{trial.median_ms:.3f} ms" if trial.median_ms is not None else trial.error[:100]
-        console.print(f"  {trial.group:5s} {tuning.changed_fields(trial.config, base)}: {ms}")
+        if trial.median_ms is not None:
+            ms = f"{trial.median_ms:.3f} ms (screened {trial.screen_ms:.3f})"
+        elif trial.screen_ms is not None:
+            ms = f"screened {trial.screen_ms:.3f} ms"
+        else:
+            ms = trial.error[:100]
+        console.print(
+            f"  {trial.group:5s} {trial.stage:4s} {tuning.changed_fields(trial.config, base)}: {ms}"
+        )
 
     return show
 

@@ -8,10 +8,16 @@ kernel `fwd`, the dQ/dK/dV kernels `bwd`, the recurrent state kernels `state`. T
 searched one after the other (a coordinate search): each over its grid (`grid`), the others at
 their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
 
-- Compiling: before a group is timed, every candidate runs once in `processes` worker processes at
-  a small shape with the same integer specializations as the tuned one (batch*heads and the number
-  of chunks multiples of 16), so the compiling happens side by side and the timing process finds
-  the kernels in Triton's cache (`TRITON_CACHE_DIR`, shared by the processes of a machine).
+- Past the grid: each field of the group (`STEPS`, a few beyond the grid's own) is moved one rung
+  up or down its ladder (`LADDERS`) from the group's winner, and the best of these neighbours and
+  the winner wins; up to `STEP_ROUNDS` times, while a neighbour gains (`steps`). Winners sat at the
+  grid's edges on an H200 (2026-12-03, Fig. 17): backward query tiles of 64 in all twelve shapes,
+  state blocks of 64 x 128 wherever the head dims allowed, three stages.
+- Compiling: before candidates are timed, each runs once at a small shape with the same integer
+  specializations as the tuned one (batch*heads and the number of chunks multiples of 16), in the
+  worker processes of a `Compiler`, kept for every search of a command, so the compiling happens
+  side by side and the timing process finds the kernels in Triton's cache (`TRITON_CACHE_DIR`,
+  shared by the processes of a machine).
 - Correctness: each candidate's fw output and fwbw gradients (q, k, v, i, f) are compared with
   those of the default config, which the GPU tests check against the float64 reference. A
   candidate whose relative RMS difference exceeds `TOLERANCE` is rejected, as is one that fails
@@ -19,7 +25,9 @@ their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
   reference (`reference_error`, at a shape of `CHECK_TOKENS` tokens): an error above
   `REFERENCE_SLACK` times the default config's keeps the default.
 - Timing: the suite's method (`timing.time_calls`): the L2 flushed before each call, a spin ahead
-  of it, the median to within +-0.5% or 1 s of calls.
+  of it. Every candidate is screened with `SCREEN_RULE` (a few calls); those within `SCREEN_MARGIN`
+  of the fastest screen, `FINALISTS` at most, are timed to within +-0.5% or 1 s of calls, and the
+  fastest of those wins.
 
 The result is one `config.tuned_entry` per shape, with the default's and the tuned config's median
 times; `config.load_tuned` registers such a file, and `config_for` looks the entries up by the GPU's
@@ -32,9 +40,11 @@ import dataclasses
 import functools
 import itertools
 import multiprocessing
+import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from multiprocessing.pool import Pool
 from typing import Any
 
 import torch
@@ -54,6 +64,23 @@ GROUPS = {
     "state": ("state_seq", "state_qk", "state_v", "state_num_warps"),
 }
 GROUP_MODE = {"fwd": "fw", "bwd": "fwbw", "state": "fwbw"}
+# The fields each group steps along past its grid, and the rungs of each field (`steps`).
+STEPS = {
+    "fwd": ("seq_q", "seq_kv", "qk", "v", "num_warps", "num_stages"),
+    "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_qk", "bwd_v", "bwd_num_warps", "bwd_num_stages"),
+    "state": ("state_seq", "state_qk", "state_v", "state_num_warps", "state_num_stages"),
+}
+LADDERS = {
+    **dict.fromkeys(("seq_q", "seq_kv", "bwd_seq_q", "bwd_seq_kv", "state_seq"), (16, 32, 64, 128, 256)),
+    **dict.fromkeys(("qk", "v", "bwd_qk", "bwd_v", "state_qk", "state_v"), (16, 32, 64, 128, 256, 512, 1024)),
+    **dict.fromkeys(("num_warps", "bwd_num_warps", "state_num_warps"), (2, 4, 8, 16)),
+    **dict.fromkeys(("num_stages", "bwd_num_stages", "state_num_stages"), (1, 2, 3, 4, 5)),
+}
+STEP_ROUNDS = 3
+SCREEN_RULE = timing.StopRule(reps=5)
+SCREEN_MARGIN = 0.08
+FINALISTS = 4
+DEFAULT_PROCESSES = 8
 TOLERANCE = 2e-2
 SMALL_CHUNKS = 16  # chunks of the compile shape: a multiple of 16, like the tuned one's
 TUNED_DTYPES = ("bfloat16", "float16")
@@ -106,13 +133,27 @@ class Shape:
 
 @dataclass(frozen=True)
 class Trial:
-    """A candidate of a group: its config, median ms (None: rejected), error vs the default, why rejected."""
+    """A candidate of a group: its config, its median ms (None: rejected, or screened out), its
+    error vs the default config's result, why it was rejected, its screened median, and where it
+    came from (`grid`, or `step` past the grid)."""
 
     group: str
     config: KernelConfig
     median_ms: float | None
     rel_err: float | None
     error: str = ""
+    screen_ms: float | None = None
+    stage: str = "grid"
+
+
+@dataclass
+class Search:
+    """What `tune` found: the best config, every trial (the base first in each group), and the
+    seconds spent compiling (`compile`) and checking and timing (`time`)."""
+
+    best: KernelConfig
+    trials: list[Trial]
+    seconds: dict[str, float] = field(default_factory=lambda: {"compile": 0.0, "time": 0.0})
 
 
 def grid(shape: Shape, group: str) -> dict[str, tuple[int, ...]]:
@@ -166,6 +207,33 @@ def candidates(shape: Shape, base: KernelConfig, group: str) -> list[KernelConfi
             continue
         if candidate not in found:
             found.append(candidate)
+    return found
+
+
+def steps(shape: Shape, base: KernelConfig, group: str) -> list[KernelConfig]:
+    """`base` with one field of `STEPS[group]` moved one rung up or down its ladder, where
+    `check_config` accepts it and the chunk states keep their dtype (`config.float32_states`, which
+    the forward head-dim block decides for mLSTMexp and which every kernel of the chain reads)."""
+    states = kconfig.float32_states(shape.kernel, shape.gate, shape.head_dim_qk, base)
+    found = []
+    for name in STEPS[group]:
+        ladder, value = LADDERS[name], getattr(base, name)
+        if value not in ladder:
+            continue
+        at = ladder.index(value)
+        for rung in ladder[max(at - 1, 0) : at + 2]:
+            candidate = dataclasses.replace(base, **{name: rung})
+            try:
+                kconfig.check_config(
+                    shape.kernel, candidate, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size
+                )
+            except ValueError:
+                continue
+            same_states = (
+                kconfig.float32_states(shape.kernel, shape.gate, shape.head_dim_qk, candidate) == states
+            )
+            if rung != value and same_states and candidate not in found:
+                found.append(candidate)
     return found
 
 
@@ -264,13 +332,31 @@ def _compile_one(args: tuple[Shape, KernelConfig, str]) -> str:
         return f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
 
 
-def compile_all(shape: Shape, configs: list[KernelConfig], processes: int, device: str) -> list[str]:
-    """Run every config once at the compile shape, `processes` at a time (0: in this process)."""
-    jobs = [(shape, config, device) for config in configs]
-    if processes <= 0:
-        return [_compile_one(job) for job in jobs]
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        return pool.map(_compile_one, jobs, chunksize=1)
+class Compiler:
+    """Runs candidates once at the compile shape (`_compile_one`), in `processes` worker processes
+    started by spawning at the first use and kept until the `with` block ends (0: in this process)."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._pool: Pool | None = None
+
+    def __enter__(self) -> Compiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def run(self, shape: Shape, configs: list[KernelConfig], device: str) -> list[str]:
+        """Every config once at `shape`'s compile shape: '' or the error's last line, per config."""
+        jobs = [(shape, config, device) for config in configs]
+        if self.processes <= 0:
+            return [_compile_one(job) for job in jobs]
+        if self._pool is None:
+            self._pool = multiprocessing.get_context("spawn").Pool(self.processes)
+        return self._pool.map(_compile_one, jobs, chunksize=1)
 
 
 def time_call(call: Callable[[], Any], device: str, rule: timing.StopRule) -> float:
@@ -282,43 +368,86 @@ def tune(
     shape: Shape,
     *,
     device: str = "cuda",
-    processes: int = 8,
+    compiler: Compiler | None = None,
     groups: tuple[str, ...] = ("bwd", "state", "fwd"),
     rule: timing.StopRule | None = None,
     on_trial: Callable[[Trial], None] | None = None,
     inputs: list[torch.Tensor] | None = None,
-) -> tuple[KernelConfig, list[Trial]]:
+) -> Search:
     """Coordinate search over `groups` (module docstring) from the default config, on `inputs`
-    (default: `make_inputs(shape, device)`).
-
-    Returns:
-        The best config and every trial, the default first in each group.
-    """
+    (default: `make_inputs(shape, device)`), compiling in `compiler` (default: `DEFAULT_PROCESSES`
+    worker processes for this search alone)."""
+    if compiler is None:
+        with Compiler(DEFAULT_PROCESSES) as own:
+            return tune(
+                shape, device=device, compiler=own, groups=groups, rule=rule, on_trial=on_trial, inputs=inputs
+            )
     rule = rule or timing.StopRule(rel_ci=0.005, budget_s=1.0, min_reps=10)
     best = kconfig.default_config(
         shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate
     )
     inputs = inputs if inputs is not None else make_inputs(shape, device)
     references = {mode: outputs(shape, inputs, best, mode) for mode in ("fw", "fwbw")}
-    trials: list[Trial] = []
+    search = Search(best, [])
     for group in groups:
-        mode = GROUP_MODE[group]
-        configs = candidates(shape, best, group)
-        errors = compile_all(shape, configs, processes, device)
-        group_trials = []
-        for config, error in zip(configs, errors, strict=True):
-            trial = _trial(shape, inputs, references[mode], group, config, mode, error, device, rule)
-            group_trials.append(trial)
-            if on_trial is not None:
-                on_trial(trial)
-        trials += group_trials
-        timed = [trial for trial in group_trials if trial.median_ms is not None]
-        if timed:
-            best = min(timed, key=lambda trial: trial.median_ms).config
-    return best, trials
+        configs, tried, stage = candidates(shape, best, group), set(), "grid"
+        for _ in range(1 + STEP_ROUNDS):
+            round_trials = _round(
+                shape, inputs, references, group, configs, stage, compiler, device, rule, search
+            )
+            for trial in round_trials:
+                if trial.config not in tried:
+                    search.trials.append(trial)
+                    if on_trial is not None:
+                        on_trial(trial)
+            tried.update(configs)
+            timed = [trial for trial in round_trials if trial.median_ms is not None]
+            winner = min(timed, key=lambda trial: trial.median_ms).config if timed else best
+            if stage == "step" and winner == best:
+                break
+            best, stage = winner, "step"
+            configs = [best, *(c for c in steps(shape, best, group) if c not in tried)]
+            if len(configs) == 1:
+                break
+    search.best = best
+    return search
 
 
-def _trial(
+def _round(
+    shape: Shape,
+    inputs: list[torch.Tensor],
+    references: dict[str, list[torch.Tensor]],
+    group: str,
+    configs: list[KernelConfig],
+    stage: str,
+    compiler: Compiler,
+    device: str,
+    rule: timing.StopRule,
+    search: Search,
+) -> list[Trial]:
+    """Compile `configs`, check and screen each, time the finalists in full (module docstring)."""
+    mode = GROUP_MODE[group]
+    started = time.monotonic()
+    errors = compiler.run(shape, configs, device)
+    compiled = time.monotonic()
+    screened = [
+        _screen(shape, inputs, references[mode], group, config, mode, error, device, stage)
+        for config, error in zip(configs, errors, strict=True)
+    ]
+    ranked = sorted((t for t in screened if t.screen_ms is not None), key=lambda t: t.screen_ms)
+    finalists = [
+        t.config for t in ranked[:FINALISTS] if t.screen_ms <= ranked[0].screen_ms * (1 + SCREEN_MARGIN)
+    ]
+    trials = [
+        _final(shape, inputs, trial, mode, device, rule) if trial.config in finalists else trial
+        for trial in screened
+    ]
+    search.seconds["compile"] += compiled - started
+    search.seconds["time"] += time.monotonic() - compiled
+    return trials
+
+
+def _screen(
     shape: Shape,
     inputs: list[torch.Tensor],
     reference: list[torch.Tensor],
@@ -327,17 +456,32 @@ def _trial(
     mode: str,
     error: str,
     device: str,
-    rule: timing.StopRule,
+    stage: str,
 ) -> Trial:
+    """A candidate checked against the default config's result and screened (`SCREEN_RULE`)."""
     if error:
-        return Trial(group, config, None, None, error)
+        return Trial(group, config, None, None, error, stage=stage)
     try:
         err = rel_rms(outputs(shape, inputs, config, mode), reference)
         if not err <= TOLERANCE:
-            return Trial(group, config, None, err, f"{err:.2e} from the default config's result")
-        return Trial(group, config, time_call(make_call(shape, inputs, config, mode), device, rule), err)
+            return Trial(group, config, None, err, f"{err:.2e} from the default config's result", stage=stage)
+        screen = time_call(make_call(shape, inputs, config, mode), device, SCREEN_RULE)
+        return Trial(group, config, None, err, screen_ms=screen, stage=stage)
     except Exception as exc:  # out of resources at the full shape, for instance
-        return Trial(group, config, None, None, f"{type(exc).__name__}: {str(exc).strip()[:200]}")
+        return Trial(
+            group, config, None, None, f"{type(exc).__name__}: {str(exc).strip()[:200]}", stage=stage
+        )
+
+
+def _final(
+    shape: Shape, inputs: list[torch.Tensor], trial: Trial, mode: str, device: str, rule: timing.StopRule
+) -> Trial:
+    """A screened candidate timed in full with `rule`."""
+    try:
+        median = time_call(make_call(shape, inputs, trial.config, mode), device, rule)
+        return dataclasses.replace(trial, median_ms=median)
+    except Exception as exc:  # noqa: BLE001 -- a failure here rejects the candidate like any other
+        return dataclasses.replace(trial, error=f"{type(exc).__name__}: {str(exc).strip()[:200]}")
 
 
 def changed_fields(config: KernelConfig, base: KernelConfig) -> str:
@@ -350,24 +494,35 @@ def changed_fields(config: KernelConfig, base: KernelConfig) -> str:
     return " ".join(changes) or "default"
 
 
-def markdown(shape: Shape, trials: list[Trial], base: KernelConfig, gpu: str) -> str:
-    """The trials as a table, fastest first within each group."""
+def markdown(shape: Shape, search: Search, base: KernelConfig, gpu: str) -> str:
+    """The trials as a table, fastest first within each group, after the search's seconds."""
     lines = [
-        f"Config search for {shape.label()} {str(shape.dtype).removeprefix('torch.')} on {gpu} "
-        f"(median ms of the group's mode; `rel err`: relative RMS vs the default config's result)",
+        f"Config search for {shape.label()} {str(shape.dtype).removeprefix('torch.')} on {gpu}: "
+        f"{len(search.trials)} candidates, {search.seconds['compile']:.0f} s compiling, "
+        f"{search.seconds['time']:.0f} s checking and timing "
+        f"(`screen ms`: a few calls; `median ms`: the finalists in full, in the group's mode; "
+        f"`rel err`: relative RMS vs the default config's result; `stage`: grid, or a step past it)",
         "",
-        "| group | mode | config (vs default) | median ms | rel err | note |",
-        "|---|---|---|---:|---:|---|",
+        "| group | mode | stage | config (vs default) | median ms | screen ms | rel err | note |",
+        "|---|---|---|---|---:|---:|---:|---|",
     ]
+
+    def order(trial: Trial) -> tuple:
+        return (
+            trial.median_ms is None,
+            trial.median_ms or 0.0,
+            trial.screen_ms is None,
+            trial.screen_ms or 0.0,
+        )
+
     for group in GROUPS:
-        rows = [trial for trial in trials if trial.group == group]
-        rows.sort(key=lambda trial: (trial.median_ms is None, trial.median_ms or 0.0))
-        for trial in rows:
+        for trial in sorted((t for t in search.trials if t.group == group), key=order):
             ms = f"{trial.median_ms:.3f}" if trial.median_ms is not None else ""
+            screen = f"{trial.screen_ms:.3f}" if trial.screen_ms is not None else ""
             err = f"{trial.rel_err:.1e}" if trial.rel_err is not None else ""
             lines.append(
-                f"| {group} | {GROUP_MODE[group]} | {changed_fields(trial.config, base)} | {ms} | {err} | "
-                f"{trial.error[:120]} |"
+                f"| {group} | {GROUP_MODE[group]} | {trial.stage} | {changed_fields(trial.config, base)} | "
+                f"{ms} | {screen} | {err} | {trial.error[:120]} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -376,17 +531,20 @@ def tune_entry(
     shape: Shape,
     target: str,
     gpu: str,
-    processes: int,
+    compiler: Compiler,
     on_trial: Callable[[Trial], None] | None = None,
     device: str = "cuda",
 ) -> tuple[dict, str]:
     """Search one shape on `device`; the tuned-config entry for `target` (with the default's and the
-    winner's fw and fwbw medians, measured side by side) and the markdown table of the search."""
+    winner's fw and fwbw medians, measured side by side, and the search's seconds) and the markdown
+    table of the search."""
+    started = time.monotonic()
     base = kconfig.default_config(
         shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate
     )
     inputs = make_inputs(shape, device)
-    best, trials = tune(shape, device=device, processes=processes, on_trial=on_trial, inputs=inputs)
+    search = tune(shape, device=device, compiler=compiler, on_trial=on_trial, inputs=inputs)
+    best = search.best
     errors = {
         label: reference_error(shape, config, device)
         for label, config in (("default", base), ("tuned", best))
@@ -403,8 +561,10 @@ def tune_entry(
             facts[f"{label}_{mode}_ms"] = round(time_call(call, device, rule), 4)
     facts.update(gpu=gpu, batch=shape.batch, heads=shape.heads, seq_len=shape.seq_len)
     facts.update(torch=torch.__version__, triton=triton.__version__)
+    facts.update(candidates=len(search.trials), search_s=round(time.monotonic() - started, 1))
+    facts.update(compile_s=round(search.seconds["compile"], 1))
     entry = kconfig.tuned_entry(shape.config_key(target), best, **facts)
-    return entry, markdown(shape, trials, base, gpu)
+    return entry, markdown(shape, search, base, gpu)
 
 
 def shape_of(case: Case) -> Shape | None:
@@ -444,13 +604,17 @@ def tune_missing(cases: list[Case], device: str, processes: int, say: Callable[[
     shapes = untuned(cases, gpu)
     path = kconfig.user_tuned_file()
     entries = []
-    for number, shape in enumerate(shapes, 1):
-        say(f"tuning {number}/{len(shapes)}: {shape.label()} on {gpu[1]}")
-        entry, _ = tune_entry(shape, gpu[0], gpu[1], processes, device=device)
-        kconfig.save_entry(path, entry)
-        entries.append(entry)
-        gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
-        say(f"  fwbw {entry['default_fwbw_ms']:.3f} -> {entry['tuned_fwbw_ms']:.3f} ms ({gain:.2f}x)")
+    with Compiler(processes) as compiler:
+        for number, shape in enumerate(shapes, 1):
+            say(f"tuning {number}/{len(shapes)}: {shape.label()} on {gpu[1]}")
+            entry, _ = tune_entry(shape, gpu[0], gpu[1], compiler, device=device)
+            kconfig.save_entry(path, entry)
+            entries.append(entry)
+            gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
+            say(
+                f"  fwbw {entry['default_fwbw_ms']:.3f} -> {entry['tuned_fwbw_ms']:.3f} ms ({gain:.2f}x); "
+                f"{entry['candidates']} candidates in {entry['search_s']:.0f} s"
+            )
     return entries
 
 
@@ -471,6 +635,7 @@ def _tune_shape(
     """The search of `tune_at_first_use`: one shape (`dims` = B, NH, T, Dqk, Dv, L), saved and registered."""
     shape = Shape(kernel, gate, *dims, dtype)
     arch, name = kconfig.gpu_target(device)
-    entry, _ = tune_entry(shape, arch, name, processes, device=str(device))
+    with Compiler(processes) as compiler:
+        entry, _ = tune_entry(shape, arch, name, compiler, device=str(device))
     kconfig.save_entry(kconfig.user_tuned_file(), entry)
     kconfig.register_tuned(*shape.config_key(arch), KernelConfig(**entry["config"]))
