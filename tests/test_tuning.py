@@ -250,9 +250,20 @@ def test_a_broken_tuned_file_is_one_clear_error(tmp_path):
 
 
 def test_the_compile_shape_keeps_the_integer_specializations():
-    small = shape(128).small()
-    assert small.batch * small.heads % 16 == 0 and (small.seq_len // small.chunk_size) % 16 == 0
-    assert (small.head_dim_qk, small.head_dim_v, small.chunk_size) == (128, 256, 128)
+    def kind(n):
+        return "one" if n == 1 else "x16" if n % 16 == 0 else "other"
+
+    # B8 NH16 at L1024: 8 chunks, which a small shape of 16 chunks would have compiled differently.
+    shapes = [(8, 16, 8192, 128), (8, 16, 8192, 1024), (1, 8, 65536, 2048), (3, 11, 8192 + 64, 128),
+              (1, 1, 100 * 64, 64), (2, 12, 64, 64)]  # fmt: skip
+    for batch, heads, seq_len, chunk in shapes:
+        tuned = tuning.Shape("tfla", "sig", batch, heads, seq_len, 128, 256, chunk)
+        small = tuned.small()
+        assert small.batch == 1 and small.heads <= 17 and small.seq_len <= 17 * chunk
+        assert kind(small.heads) == kind(batch * heads)
+        assert kind(-(-small.seq_len // chunk)) == kind(-(-seq_len // chunk))
+        assert small.seq_len % chunk == seq_len % chunk
+        assert (small.head_dim_qk, small.head_dim_v, small.chunk_size) == (128, 256, chunk)
 
 
 @pytest.mark.parametrize(

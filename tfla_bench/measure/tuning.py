@@ -14,10 +14,9 @@ their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
   grid's edges on an H200 (2026-12-03, Fig. 17): backward query tiles of 64 in all twelve shapes,
   state blocks of 64 x 128 wherever the head dims allowed, three stages.
 - Compiling: before candidates are timed, each runs once at a small shape with the same integer
-  specializations as the tuned one (batch*heads and the number of chunks multiples of 16), in the
-  worker processes of a `Compiler`, kept for every search of a command, so the compiling happens
-  side by side and the timing process finds the kernels in Triton's cache (`TRITON_CACHE_DIR`,
-  shared by the processes of a machine).
+  specializations as the tuned one (`Shape.small`), in the worker processes of a `Compiler`, kept
+  for every search of a command, so the compiling happens side by side and the timing process
+  finds the kernels in Triton's cache (`TRITON_CACHE_DIR`, shared by the processes of a machine).
 - Correctness: each candidate's fw output and fwbw gradients (q, k, v, i, f) are compared with
   those of the default config, which the GPU tests check against the float64 reference. A
   candidate whose relative RMS difference exceeds `TOLERANCE` is rejected, as is one that fails
@@ -82,7 +81,7 @@ SCREEN_MARGIN = 0.08
 FINALISTS = 4
 DEFAULT_PROCESSES = 8
 TOLERANCE = 2e-2
-SMALL_CHUNKS = 16  # chunks of the compile shape: a multiple of 16, like the tuned one's
+SMALL_CHUNKS = 16  # chunks (and heads) of the compile shape at most, plus one (`specialized_like`)
 TUNED_DTYPES = ("bfloat16", "float16")
 CHECK_TOKENS = 1024  # tokens of the reference check's sequence (four chunks at least)
 # The winner's error against the float32 reference may exceed the default config's by this factor:
@@ -91,6 +90,14 @@ REFERENCE_SLACK = 1.5
 # dK and dV in one kernel are tried up to these head dims (Dqk + Dv): on an H200 (2026-12-03) fwbw took
 # 0.95x the split kernels' time at 64 + 64, and 1.29-1.65x at 128 + 256 and 256 + 256 (three tile settings).
 FUSED_KV_TRY_DIMS = 256
+
+
+def specialized_like(count: int) -> int:
+    """A count at most `SMALL_CHUNKS` + 1 that a Triton launch specializes as it does `count`: it marks
+    an integer argument equal to 1, or divisible by 16, and compiles a variant for each."""
+    if count <= SMALL_CHUNKS:
+        return count
+    return SMALL_CHUNKS if count % 16 == 0 else SMALL_CHUNKS + 1
 
 
 @dataclass(frozen=True)
@@ -108,8 +115,16 @@ class Shape:
     dtype: torch.dtype = torch.bfloat16
 
     def small(self) -> Shape:
-        """The compile shape: one sequence of `SMALL_CHUNKS` chunks, 16 heads."""
-        return dataclasses.replace(self, batch=1, heads=16, seq_len=SMALL_CHUNKS * self.chunk_size)
+        """The compile shape: one sequence of at most `SMALL_CHUNKS` + 1 chunks and as many heads,
+        where Triton specializes the kernels' integers (chunks, batch*heads) as at this shape
+        (`specialized_like`) and the last chunk is as full."""
+        L = self.chunk_size
+        chunks = specialized_like(-(-self.seq_len // L))
+        partial = self.seq_len % L
+        seq_len = (chunks - 1) * L + partial if partial else chunks * L
+        return dataclasses.replace(
+            self, batch=1, heads=specialized_like(self.batch * self.heads), seq_len=seq_len
+        )
 
     def config_key(self, target: str) -> tuple:
         """The key of `config.TUNED_CONFIGS` for this shape on the GPUs of `target` (an architecture
