@@ -214,15 +214,18 @@ def candidates(shape: Shape, base: KernelConfig, group: str) -> list[KernelConfi
     found = [base]
     for point in itertools.product(*values.values()):
         candidate = dataclasses.replace(base, **dict(zip(values, point, strict=True)))
-        try:
-            kconfig.check_config(
-                shape.kernel, candidate, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size
-            )
-        except ValueError:
-            continue
-        if candidate not in found:
+        if runs(shape, candidate) and candidate not in found:
             found.append(candidate)
     return found
+
+
+def runs(shape: Shape, config: KernelConfig) -> bool:
+    """Whether `config.check_config` accepts `config` at the shape's kernel, head dims and chunk."""
+    try:
+        kconfig.check_config(shape.kernel, config, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size)
+    except ValueError:
+        return False
+    return True
 
 
 def steps(shape: Shape, base: KernelConfig, group: str) -> list[KernelConfig]:
@@ -238,16 +241,9 @@ def steps(shape: Shape, base: KernelConfig, group: str) -> list[KernelConfig]:
         at = ladder.index(value)
         for rung in ladder[max(at - 1, 0) : at + 2]:
             candidate = dataclasses.replace(base, **{name: rung})
-            try:
-                kconfig.check_config(
-                    shape.kernel, candidate, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size
-                )
-            except ValueError:
+            if rung == value or candidate in found or not runs(shape, candidate):
                 continue
-            same_states = (
-                kconfig.float32_states(shape.kernel, shape.gate, shape.head_dim_qk, candidate) == states
-            )
-            if rung != value and same_states and candidate not in found:
+            if kconfig.float32_states(shape.kernel, shape.gate, shape.head_dim_qk, candidate) == states:
                 found.append(candidate)
     return found
 
@@ -483,9 +479,7 @@ def _screen(
         screen = time_call(make_call(shape, inputs, config, mode), device, SCREEN_RULE)
         return Trial(group, config, None, err, screen_ms=screen, stage=stage)
     except Exception as exc:  # out of resources at the full shape, for instance
-        return Trial(
-            group, config, None, None, f"{type(exc).__name__}: {str(exc).strip()[:200]}", stage=stage
-        )
+        return Trial(group, config, None, None, _why(exc), stage=stage)
 
 
 def _final(
@@ -496,7 +490,12 @@ def _final(
         median = time_call(make_call(shape, inputs, trial.config, mode), device, rule)
         return dataclasses.replace(trial, median_ms=median)
     except Exception as exc:  # noqa: BLE001 -- a failure here rejects the candidate like any other
-        return dataclasses.replace(trial, error=f"{type(exc).__name__}: {str(exc).strip()[:200]}")
+        return dataclasses.replace(trial, error=_why(exc))
+
+
+def _why(exc: Exception) -> str:
+    """A rejected candidate's note: the exception's type and the start of its message."""
+    return f"{type(exc).__name__}: {str(exc).strip()[:200]}"
 
 
 def changed_fields(config: KernelConfig, base: KernelConfig) -> str:
