@@ -82,6 +82,9 @@ class KernelConfig:
         bwd_fused_kv: TFLA computes dK and dV in one kernel over the whole head dims, building each
             gate matrix once for both (head dims powers of two, `Dqk + Dv` at most `FUSED_KV_DIMS`);
             else one kernel per gradient and `bwd_qk` / `bwd_v` block.
+        states16: the chunk states stay in the 16-bit input dtype where `float32_states` would widen
+            them. Set only by a tuning search, where the 16-bit-state kernels gave the float32-state
+            result at this config and shape on the GPU (`tfla_bench.measure.tuning`); `adapted` drops it.
     """
 
     seq_q: int
@@ -103,6 +106,7 @@ class KernelConfig:
     state_num_stages: int = 3
     state_one_tile: bool = False
     bwd_fused_kv: bool = False
+    states16: bool = False
 
 
 def largest_pow2_divisor(n: int, cap: int) -> int:
@@ -334,7 +338,8 @@ def adapted(
         name: largest_pow2_divisor(head_dim_v if name.endswith("v") else head_dim_qk, getattr(config, name))
         for name in ("qk", "v", "bwd_qk", "bwd_v", "state_qk", "state_v")
     }
-    candidate = dataclasses.replace(config, **seq, **dims, state_seq=state_seq)
+    # 16-bit states were checked at the tuned shape's own compiled kernels only
+    candidate = dataclasses.replace(config, **seq, **dims, state_seq=state_seq, states16=False)
     try:
         check_config(kernel, candidate, head_dim_qk, head_dim_v, chunk_size)
     except ValueError:
@@ -452,8 +457,11 @@ def float32_states(kernel: str, gate: str, head_dim_qk: int, config: KernelConfi
     every swept config the mLSTMsig kernel and the single-block mLSTMexp kernel with 16-bit states,
     agreed with the float32-state result (h, dq, dk, dv to the bit; the gate gradients, whose chunk
     sums read the rounded states, within 5.7e-7). So: limit_chunk always, mLSTMexp TFLA whenever its
-    output kernel loops over more than one d_qk block.
+    output kernel loops over more than one d_qk block; unless the config is a tuned one whose 16-bit
+    states were checked on the GPU (`KernelConfig.states16`).
     """
+    if config.states16:
+        return False
     return kernel == "limit_chunk" or (gate == "exp" and head_dim_qk > config.qk)
 
 

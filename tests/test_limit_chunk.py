@@ -182,6 +182,24 @@ def test_state_passing():
     assert_all_close(g, g_full, FP32_RTOL, GRAD_NAMES[:5])
 
 
+def test_16_bit_states_of_a_checked_config_give_the_float32_states_result():
+    # limit_chunk keeps float32 states unless a tuning search checked 16-bit ones (`states16`); the
+    # readers cast the states to the input dtype, so both give the same output and gradients but the
+    # gate gradients' chunk sums, which read the rounded states.
+    inputs = make_inputs(1, 2, 96, 32, 64, seed=9)
+    inputs[:3] = [x.half() for x in inputs[:3]]
+    state = make_state("exp", False, 1, 2, 32, 64)
+    weights = make_weights(1, 2, 96, 32, 64)
+    config = replace(small_config(32), states16=True)
+    wide = run_with_grads(limit_chunk(32, small_config(32)), inputs, state, weights)
+    narrow = run_with_grads(limit_chunk(32, config), inputs, state, weights)
+    assert rel_rms(narrow[0], wide[0]) < 1e-6
+    for name, a, b in zip(GRAD_NAMES, narrow[2], wide[2], strict=False):
+        assert torch.equal(a, b) or rel_rms(a, b) < (1e-3 if name in ("di", "df") else 1e-6), name
+    h_ref, _, g_ref = run_with_grads(reference, inputs, state, weights)
+    assert rel_rms(narrow[0], h_ref) < 5e-3
+
+
 def test_second_backward_gives_the_same_gradients():
     inputs = [x.to(DEVICE).requires_grad_() for x in make_inputs(1, 2, 32, 16, 16, seed=6)]
     h = mlstm_limit_chunk(*inputs, chunk_size=16)

@@ -354,12 +354,18 @@ def test_state_dtype_follows_the_float32_states_rule(monkeypatch):
     inputs[:3] = [x.half().to(DEVICE) for x in inputs[:3]]
     inputs[3:] = [x.to(DEVICE) for x in inputs[3:]]
     outputs = {}
-    for gate, qk in (("sig", 16), ("exp", 32), ("exp", 16)):
-        config = replace(small_config(gate, 32, 32, 32), qk=qk)
-        outputs[gate, qk] = mlstm_tfla(*inputs, gate=gate, chunk_size=32, config=config)
-    assert seen == [torch.float16, torch.float16, torch.float32]
-    assert rel_rms(outputs["exp", 16], outputs["exp", 32]) < 2e-3
+    for gate, qk, narrow in (("sig", 16, False), ("exp", 32, False), ("exp", 16, False), ("exp", 16, True)):
+        config = replace(small_config(gate, 32, 32, 32), qk=qk, states16=narrow)
+        outputs[gate, qk, narrow] = mlstm_tfla(*inputs, gate=gate, chunk_size=32, config=config)
+    assert seen == [torch.float16, torch.float16, torch.float32, torch.float16]
+    assert rel_rms(outputs["exp", 16, False], outputs["exp", 32, False]) < 2e-3
+    # a tuned config whose 16-bit states were checked (`states16`): they are rounded where the
+    # readers would round the float32 ones, so h is the same
+    assert rel_rms(outputs["exp", 16, True], outputs["exp", 16, False]) < 1e-6
     assert float32_states("limit_chunk", "exp", 32, small_config("exp", 32, 32, 32))
+    assert not float32_states(
+        "limit_chunk", "exp", 32, replace(small_config("exp", 32, 32, 32), states16=True)
+    )
 
 
 def test_default_config():

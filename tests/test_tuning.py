@@ -157,6 +157,42 @@ def test_a_candidate_off_the_default_result_is_rejected(monkeypatch):
     assert search.best == search.trials[0].config
 
 
+@pytest.mark.parametrize("agrees", [True, False])
+def test_a_winner_with_float32_states_tries_16_bit_states_and_keeps_them_where_they_agree_and_gain(
+    monkeypatch, agrees
+):
+    # mLSTMexp with two d_qk blocks wins the grid: float32 chunk states (`float32_states`)
+    small = tuning.Shape("tfla", "exp", 1, 1, 64, 32, 16, 16, torch.float16)
+    monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
+    monkeypatch.setattr(tuning, "STEP_ROUNDS", 0)
+    monkeypatch.setattr(tuning, "grid", lambda s, group: {"qk": (16,)} if group == "fwd" else {})
+    if not agrees:  # as the miscompiled 16-bit states did
+        real = tuning.outputs
+        monkeypatch.setattr(
+            tuning,
+            "outputs",
+            lambda s, inputs, config, mode: [
+                x * (1.01 if config.states16 else 1.0) for x in real(s, inputs, config, mode)
+            ],
+        )
+    _timed_by_config(monkeypatch, lambda c: 1.0 if c.states16 else 2.0 if c.qk == 16 else 3.0)
+    search = tuning.tune(small, device="cpu", compiler=tuning.Compiler(0), groups=("fwd",))
+    assert search.trials[1].config.qk == 16 and not search.trials[1].config.states16
+    last = [t for t in search.trials if t.stage == "states16"]
+    if agrees:
+        assert [t.config.states16 for t in last] == [False, True] and last[1].rel_err <= tuning.STATES_MATCH
+        assert [t.median_ms for t in last] == [2.0, 1.0]
+        assert search.best == last[1].config and search.best.qk == 16
+        assert not kconfig.float32_states("tfla", "exp", 32, search.best)
+    else:
+        (rejected,) = last
+        assert rejected.median_ms is None and "from the float32 states' result" in rejected.error
+        assert search.best.qk == 16 and not search.best.states16
+    assert "| state | fwbw | states16 | qk=16 states16=True |" in tuning.markdown(
+        small, search, search.trials[0].config, "CPU"
+    )
+
+
 def test_a_tuned_file_is_looked_up_by_architecture_and_shape(monkeypatch, tmp_path):
     monkeypatch.setattr(kconfig, "TUNED_CONFIGS", {})
     kconfig.config_for.cache_clear()
@@ -192,6 +228,20 @@ def test_an_entry_for_one_gpu_wins_over_its_architecture(monkeypatch):
     lookup = ("tfla", 128, 256, 128, torch.bfloat16, "sig")
     assert kconfig.config_for(*lookup, ("sm90", "NVIDIA H200")) == for_h200
     assert kconfig.config_for(*lookup, ("sm90", "NVIDIA H100 80GB HBM3")) == for_arch
+    kconfig.config_for.cache_clear()
+
+
+def test_16_bit_states_checked_at_one_shape_are_not_carried_to_another(monkeypatch):
+    monkeypatch.setattr(kconfig, "TUNED_CONFIGS", {})
+    kconfig.config_for.cache_clear()
+    base = kconfig.default_config("tfla", 512, 512, 128, torch.bfloat16, "exp")
+    checked = dataclasses.replace(base, qk=128, states16=True)
+    kconfig.register_tuned("sm90", "tfla", 512, 512, 128, torch.bfloat16, "exp", checked)
+    gpu = ("sm90", "NVIDIA H200")
+    assert kconfig.config_for("tfla", 512, 512, 128, torch.bfloat16, "exp", gpu) == checked
+    carried = kconfig.config_for("tfla", 512, 512, 256, torch.bfloat16, "exp", gpu)
+    assert carried.qk == 128 and not carried.states16
+    assert kconfig.float32_states("tfla", "exp", 512, carried)
     kconfig.config_for.cache_clear()
 
 

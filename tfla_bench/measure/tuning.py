@@ -23,6 +23,13 @@ their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
   (out of shared memory, an error). The winner is then checked against the float32 chunkwise
   reference (`reference_error`, at a shape of `CHECK_TOKENS` tokens): an error above
   `REFERENCE_SLACK` times the default config's keeps the default.
+- 16-bit states: where the winner keeps its chunk states in float32 (`config.float32_states`: every
+  limit_chunk config, and mLSTMexp's with more than one forward d_qk block, a workaround of a Triton
+  miscompile that struck some configs only), the same config with 16-bit states
+  (`KernelConfig.states16`) is compiled and run too. Its fw output and its q, k, v gradients must
+  equal the float32-state ones within `STATES_MATCH`, its gate gradients within `GATES_MATCH` (the
+  readers cast the states to the input dtype anyway, so a correct compile agrees to the last bits;
+  the miscompile was 1e-2 off); it is kept where it is then faster in fwbw.
 - Timing: the suite's method (`timing.time_calls`): the L2 flushed before each call, a spin ahead
   of it. Every candidate is screened with `SCREEN_RULE` (a few calls); those within `SCREEN_MARGIN`
   of the fastest screen, `FINALISTS` at most, are timed to within +-0.5% or 1 s of calls, and the
@@ -87,6 +94,11 @@ CHECK_TOKENS = 1024  # tokens of the reference check's sequence (four chunks at 
 # The winner's error against the float32 reference may exceed the default config's by this factor:
 # the two configs differ in the order of their roundings, not in what they compute.
 REFERENCE_SLACK = 1.5
+# 16-bit states give float32 ones' h, dq, dk, dv to the bit, and the gate gradients, whose chunk
+# sums read the rounded states, to 5.7e-7 (bfloat16 on an H100, `results/kernels/state-dtype-check-h100.md`;
+# 1e-5 in float16 at the CPU tests' small shapes). The miscompile was 1.5e-2 to 9.6e-2 off in each.
+STATES_MATCH = 1e-6
+GATES_MATCH = 1e-3
 # dK and dV in one kernel are tried up to these head dims (Dqk + Dv): on an H200 (2026-12-03) fwbw took
 # 0.95x the split kernels' time at 64 + 64, and 1.29-1.65x at 128 + 256 and 256 + 256 (three tile settings).
 FUSED_KV_TRY_DIMS = 256
@@ -150,7 +162,8 @@ class Shape:
 class Trial:
     """A candidate of a group: its config, its median ms (None: rejected, or screened out), its
     error vs the default config's result, why it was rejected, its screened median, and where it
-    came from (`grid`, or `step` past the grid)."""
+    came from (`grid`, a `step` past the grid, or `states16`: the winner with float32, then 16-bit
+    chunk states, its error then vs the float32-state result)."""
 
     group: str
     config: KernelConfig
@@ -420,8 +433,50 @@ def tune(
             configs = [best, *(c for c in steps(shape, best, group) if c not in tried)]
             if len(configs) == 1:
                 break
+    if kconfig.float32_states(shape.kernel, shape.gate, shape.head_dim_qk, best):
+        found = _states16(shape, inputs, best, compiler, device, rule)
+        for trial in found:
+            search.trials.append(trial)
+            if on_trial is not None:
+                on_trial(trial)
+        timed = [trial for trial in found if trial.median_ms is not None]
+        best = min(timed, key=lambda trial: trial.median_ms).config if timed else best
     search.best = best
     return search
+
+
+def _states16(
+    shape: Shape,
+    inputs: list[torch.Tensor],
+    best: KernelConfig,
+    compiler: Compiler,
+    device: str,
+    rule: timing.StopRule,
+) -> list[Trial]:
+    """`best` with 16-bit chunk states, checked against `best`'s float32-state result; where it
+    agrees, both timed in fwbw, side by side (module docstring)."""
+    candidate = dataclasses.replace(best, states16=True)
+
+    def rejected(err: float | None, note: str) -> list[Trial]:
+        return [Trial("state", candidate, None, err, note, stage="states16")]
+
+    (error,) = compiler.run(shape, [candidate], device)
+    if error:
+        return rejected(None, error)
+    try:
+        narrow, wide = (
+            outputs(shape, inputs, c, "fw") + outputs(shape, inputs, c, "fwbw") for c in (candidate, best)
+        )
+        # h, dq, dk, dv; then the gate gradients
+        err, gates = rel_rms(narrow[:4], wide[:4]), rel_rms(narrow[4:], wide[4:])
+        if not (err <= STATES_MATCH and gates <= GATES_MATCH):
+            return rejected(
+                err, f"{err:.2e} ({gates:.2e} in the gate gradients) from the float32 states' result"
+            )
+        timed = {c: time_call(make_call(shape, inputs, c, "fwbw"), device, rule) for c in (best, candidate)}
+        return [Trial("state", c, timed[c], e, stage="states16") for c, e in ((best, 0.0), (candidate, err))]
+    except Exception as exc:  # noqa: BLE001 -- a failure here rejects the candidate like any other
+        return rejected(None, _why(exc))
 
 
 def _round(
@@ -515,7 +570,8 @@ def markdown(shape: Shape, search: Search, base: KernelConfig, gpu: str) -> str:
         f"{len(search.trials)} candidates, {search.seconds['compile']:.0f} s compiling, "
         f"{search.seconds['time']:.0f} s checking and timing "
         f"(`screen ms`: a few calls; `median ms`: the finalists in full, in the group's mode; "
-        f"`rel err`: relative RMS vs the default config's result; `stage`: grid, or a step past it)",
+        f"`rel err`: relative RMS vs the default config's result; `stage`: grid, a step past it, or the "
+        f"winner with float32 then 16-bit chunk states, `rel err` then vs the float32 states' result)",
         "",
         "| group | mode | stage | config (vs default) | median ms | screen ms | rel err | note |",
         "|---|---|---|---|---:|---:|---:|---|",
