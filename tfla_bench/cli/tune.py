@@ -130,8 +130,10 @@ def show_trial(console: Console, shape: Shape) -> Callable[[Trial], None]:
     )
 
     def show(trial: Trial) -> None:
-        if trial.median_ms is not None:
+        if trial.median_ms is not None and trial.screen_ms is not None:
             ms = f"{trial.median_ms:.3f} ms (screened {trial.screen_ms:.3f})"
+        elif trial.median_ms is not None:
+            ms = f"{trial.median_ms:.3f} ms"
         elif trial.screen_ms is not None:
             ms = f"screened {trial.screen_ms:.3f} ms"
         else:
