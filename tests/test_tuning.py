@@ -381,6 +381,91 @@ def test_tune_tables_that_cannot_be_written_keep_the_search(tmp_path, monkeypatc
     assert len(json.loads((tmp_path / "tuned.json").read_text())) == 1
 
 
+def test_a_search_that_breaks_the_cuda_context_stops_tune_in_one_line_naming_the_shapes_left(
+    tmp_path, monkeypatch, capsys
+):
+    _fake_gpu_search(monkeypatch)
+    found = tuning.tune_entry
+
+    def broken_at_the_second(shape, *args, **kwargs):
+        if shape.chunk_size == 64:
+            raise tuning.ContextLost("the CUDA context broke while tfla sig ... ran a candidate")
+        return found(shape, *args, **kwargs)
+
+    monkeypatch.setattr(tuning, "tune_entry", broken_at_the_second)
+    shapes = [
+        "tfla:sig:8,16,8192,128,256:128",
+        "tfla:sig:8,16,8192,128,256:64",
+        "tfla:exp:8,16,8192,128,256:64",
+    ]
+    assert main(["tune", *shapes, "--out", str(tmp_path / "tuned.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: the CUDA context broke") and err.count("\n") == 1
+    assert f"The 1 shape(s) before it are saved in {tmp_path / 'tuned.json'}" in err
+    assert err.rstrip().endswith("tfla-bench tune " + " ".join(shapes[1:]))
+    assert len(json.loads((tmp_path / "tuned.json").read_text())) == 1
+
+
+def test_a_candidate_that_breaks_a_worker_is_rejected_and_those_it_left_untried_run_again(monkeypatch):
+    # a worker whose CUDA context a candidate broke hands the candidates after it back untried
+    # (`UNTRIED`); the compiler starts its workers anew and runs them there
+    runs = []
+
+    def compile_one(job):
+        _, config, _ = job
+        runs.append(config.num_warps)
+        if config.num_warps == 4:
+            return tuning.LOST + "AcceleratorError: an illegal memory access was encountered"
+        return tuning.UNTRIED if runs.count(config.num_warps) == 1 else ""
+
+    monkeypatch.setattr(tuning, "_compile_one", compile_one)
+    stops = []
+    compiler = tuning.Compiler(0)
+    monkeypatch.setattr(compiler, "_stop", lambda: stops.append(1))
+    base = kconfig.default_config("tfla", 16, 16, 16, torch.float32, "sig")
+    configs = [dataclasses.replace(base, num_warps=w) for w in (4, 2, 8)]
+    errors = compiler.run(shape(16), configs, "cuda")
+    assert errors[0].startswith(tuning.LOST) and errors[1:] == ["", ""]
+    assert runs == [4, 2, 8, 2, 8] and len(stops) == 1  # one restart, the broken one not run again
+
+
+def test_a_worker_with_a_broken_cuda_context_runs_nothing_and_says_which_candidate_broke_it(monkeypatch):
+    small = tuning.Shape("tfla", "sig", 1, 1, 32, 16, 16, 16, torch.float32)
+    monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
+    config = small.default()
+    monkeypatch.setattr(tuning, "cuda_alive", lambda device: False)
+    assert tuning._compile_one((small, config, "cuda")) == tuning.UNTRIED
+    alive = iter([True, False])  # alive before the candidate, broken after it
+    monkeypatch.setattr(tuning, "cuda_alive", lambda device: next(alive))
+    monkeypatch.setattr(tuning, "make_inputs", lambda shape, device: 1 / 0)
+    assert tuning._compile_one((small, config, "cuda")) == tuning.LOST + "ZeroDivisionError: division by zero"
+
+
+def test_a_candidate_that_breaks_the_searching_process_stops_the_search(monkeypatch):
+    small = tuning.Shape("tfla", "sig", 1, 1, 32, 16, 16, 16, torch.float32)
+    monkeypatch.setattr(tuning, "cuda_alive", lambda device: False)
+    monkeypatch.setattr(tuning, "outputs", lambda *args: 1 / 0)
+    with pytest.raises(tuning.ContextLost, match="ran a candidate .*ZeroDivisionError"):
+        tuning._screen(small, [], [], "fwd", small.default(), "fw", "", "cpu", "grid")
+
+
+def test_a_sweep_whose_tuning_breaks_the_cuda_context_measures_the_shapes_left_untuned(tmp_path, monkeypatch):
+    monkeypatch.setenv(kconfig.TUNED_FILE_ENV, str(tmp_path / "tuned.json"))
+    monkeypatch.setattr(tuning.kconfig, "gpu_target", lambda device: ("sm100", "NVIDIA B200"))
+
+    def broken(shape, *args, **kwargs):
+        raise tuning.ContextLost("the CUDA context broke while tfla sig ... ran a candidate")
+
+    monkeypatch.setattr(tuning, "tune_entry", broken)
+    said = []
+    assert tuning.tune_missing([case(dqk=64, dv=64), case(dqk=32, dv=32)], "cuda", 2, said.append) == []
+    assert (
+        said[-1]
+        == "  the CUDA context broke while tfla sig ... ran a candidate; the 2 shape(s) left run untuned"
+    )
+    assert len(said) == 2 and not (tmp_path / "tuned.json").exists()
+
+
 def test_a_new_entry_replaces_the_one_of_its_key_and_keeps_the_others(tmp_path):
     base = kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "sig")
     path = tmp_path / "deeper" / "tuned.json"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tfla_bench.cli.paths import output_dir, output_file, writes
-from tfla_bench.errors import UserError
+from tfla_bench.errors import RunFailed, UserError
 from tfla_bench.run.console import make_console
 
 if TYPE_CHECKING:
@@ -79,7 +79,14 @@ def tune(
     with tuning.Compiler(processes) as compiler:
         for number, shape in enumerate(parsed, 1):
             console.print(f"[bold]{number}/{len(parsed)} {shape.label()}[/] on {name} (entry for {target})")
-            entry, table = tuning.tune_entry(shape, target, name, compiler, show_trial(console, shape))
+            try:
+                entry, table = tuning.tune_entry(shape, target, name, compiler, show_trial(console, shape))
+            except tuning.ContextLost as exc:
+                left = " ".join(shapes[number - 1 :])
+                raise RunFailed(
+                    f"{exc}. The {number - 1} shape(s) before it are saved in {path}; "
+                    f"to go on, in a new process: tfla-bench tune {left}"
+                ) from None
             kconfig.save_entry(path, entry)
             if tables is not None:
                 # The search is saved by now: a table that cannot be written costs only itself.
@@ -122,12 +129,9 @@ def parse_shape(text: str) -> Shape:
 def show_trial(console: Console, shape: Shape) -> Callable[[Trial], None]:
     """Print each trial of a search as one line: the fields it changes and its median (or why not)."""
     # imports torch, which only a tuning run needs.
-    from tfla_bench.kernels import config as kconfig
     from tfla_bench.measure import tuning
 
-    base = kconfig.default_config(
-        shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate
-    )
+    base = shape.default()
 
     def show(trial: Trial) -> None:
         if trial.median_ms is not None and trial.screen_ms is not None:

@@ -138,6 +138,12 @@ class Shape:
             self, batch=1, heads=specialized_like(self.batch * self.heads), seq_len=seq_len
         )
 
+    def default(self) -> KernelConfig:
+        """The kernel's default config at this shape (`config.default_config`)."""
+        return kconfig.default_config(
+            self.kernel, self.head_dim_qk, self.head_dim_v, self.chunk_size, self.dtype, self.gate
+        )
+
     def config_key(self, target: str) -> tuple:
         """The key of `config.TUNED_CONFIGS` for this shape on the GPUs of `target` (an architecture
         such as `sm90`, or a GPU's name)."""
@@ -341,9 +347,36 @@ def reference_error(shape: Shape, config: KernelConfig, device: str) -> float:
     return rel_rms(got, [h.detach(), *(x.grad for x in wide)])
 
 
+class ContextLost(RuntimeError):
+    """This process's CUDA context broke while it ran a candidate: an illegal memory access is
+    sticky, so nothing more runs in the process."""
+
+
+# The note of a candidate whose run broke its process's CUDA context, and the note of one that a
+# process broke so was never run: the `Compiler` runs it again in a fresh process.
+LOST = "CUDA context lost: "
+UNTRIED = "untried: its worker's CUDA context was lost"
+RESTARTS = 3
+
+
+def cuda_alive(device: str) -> bool:
+    """Whether this process can still run work on `device`."""
+    if not str(device).startswith("cuda"):
+        return True
+    try:
+        torch.ones(1, device=device).add_(1)
+        timing.synchronize(device)
+    except Exception:  # noqa: BLE001 -- any failure here means the context is gone
+        return False
+    return True
+
+
 def _compile_one(args: tuple[Shape, KernelConfig, str]) -> str:
-    """Worker: run `config` once at the compile shape (fw and fwbw); '' or the error's last line."""
+    """Worker: run `config` once at the compile shape (fw and fwbw); '' or the error's last line
+    (after `LOST` where the run broke the process's CUDA context); `UNTRIED` in a broken process."""
     shape, config, device = args
+    if not cuda_alive(device):
+        return UNTRIED
     try:
         small = shape.small()
         inputs = make_inputs(small, device)
@@ -353,12 +386,16 @@ def _compile_one(args: tuple[Shape, KernelConfig, str]) -> str:
         return ""
     except Exception as exc:  # a candidate that does not compile or run is rejected, not fatal
         traceback.print_exc()
-        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        note = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        return note if cuda_alive(device) else LOST + note
 
 
 class Compiler:
     """Runs candidates once at the compile shape (`_compile_one`), in `processes` worker processes
-    started by spawning at the first use and kept until the `with` block ends (0: in this process)."""
+    started by spawning at the first use and kept until the `with` block ends (0: in this process).
+    A candidate that breaks its worker's CUDA context (an illegal memory access in a kernel that
+    Triton miscompiled: it happened at some limit_chunk tile settings on an H200) is rejected; the
+    workers are then started anew and the candidates a broken worker left untried run in them."""
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
@@ -368,19 +405,35 @@ class Compiler:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
 
-    def run(self, shape: Shape, configs: list[KernelConfig], device: str) -> list[str]:
-        """Every config once at `shape`'s compile shape: '' or the error's last line, per config."""
-        jobs = [(shape, config, device) for config in configs]
+    def _map(self, jobs: list[tuple[Shape, KernelConfig, str]]) -> list[str]:
         if self.processes <= 0:
             return [_compile_one(job) for job in jobs]
         if self._pool is None:
             self._pool = multiprocessing.get_context("spawn").Pool(self.processes)
         return self._pool.map(_compile_one, jobs, chunksize=1)
+
+    def run(self, shape: Shape, configs: list[KernelConfig], device: str) -> list[str]:
+        """Every config once at `shape`'s compile shape: '' or the error's last line, per config."""
+        jobs = [(shape, config, device) for config in configs]
+        errors = [UNTRIED] * len(jobs)
+        for _ in range(1 + RESTARTS):
+            left = [i for i, error in enumerate(errors) if error == UNTRIED]
+            if not left:
+                break
+            found = self._map([jobs[i] for i in left])
+            for i, error in zip(left, found, strict=True):
+                errors[i] = error
+            if any(error == UNTRIED or error.startswith(LOST) for error in found):
+                self._stop()
+        return errors
 
 
 def time_call(call: Callable[[], Any], device: str, rule: timing.StopRule) -> float:
@@ -407,9 +460,7 @@ def tune(
                 shape, device=device, compiler=own, groups=groups, rule=rule, on_trial=on_trial, inputs=inputs
             )
     rule = rule or timing.StopRule(rel_ci=0.005, budget_s=1.0, min_reps=10)
-    best = kconfig.default_config(
-        shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate
-    )
+    best = shape.default()
     inputs = inputs if inputs is not None else make_inputs(shape, device)
     references = {mode: outputs(shape, inputs, best, mode) for mode in ("fw", "fwbw")}
     search = Search(best, [])
@@ -476,6 +527,7 @@ def _states16(
         timed = {c: time_call(make_call(shape, inputs, c, "fwbw"), device, rule) for c in (best, candidate)}
         return [Trial("state", c, timed[c], e, stage="states16") for c, e in ((best, 0.0), (candidate, err))]
     except Exception as exc:  # noqa: BLE001 -- a failure here rejects the candidate like any other
+        _check_context(shape, candidate, device, exc)
         return rejected(None, _why(exc))
 
 
@@ -534,6 +586,7 @@ def _screen(
         screen = time_call(make_call(shape, inputs, config, mode), device, SCREEN_RULE)
         return Trial(group, config, None, err, screen_ms=screen, stage=stage)
     except Exception as exc:  # out of resources at the full shape, for instance
+        _check_context(shape, config, device, exc)
         return Trial(group, config, None, None, _why(exc), stage=stage)
 
 
@@ -545,7 +598,18 @@ def _final(
         median = time_call(make_call(shape, inputs, trial.config, mode), device, rule)
         return dataclasses.replace(trial, median_ms=median)
     except Exception as exc:  # noqa: BLE001 -- a failure here rejects the candidate like any other
+        _check_context(shape, trial.config, device, exc)
         return dataclasses.replace(trial, error=_why(exc))
+
+
+def _check_context(shape: Shape, config: KernelConfig, device: str, exc: Exception) -> None:
+    """Raise `ContextLost` where the failure of `config` broke this process's CUDA context."""
+    if not cuda_alive(device):
+        raise ContextLost(
+            f"the CUDA context broke while {shape.label()} ran a candidate "
+            f"({changed_fields(config, shape.default())}: "
+            f"{_why(exc)[:120]}); this process can run no more kernels"
+        ) from exc
 
 
 def _why(exc: Exception) -> str:
@@ -609,9 +673,7 @@ def tune_entry(
     winner's fw and fwbw medians, measured side by side, and the search's seconds) and the markdown
     table of the search."""
     started = time.monotonic()
-    base = kconfig.default_config(
-        shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate
-    )
+    base = shape.default()
     inputs = make_inputs(shape, device)
     search = tune(shape, device=device, compiler=compiler, on_trial=on_trial, inputs=inputs)
     best = search.best
@@ -677,7 +739,11 @@ def tune_missing(cases: list[Case], device: str, processes: int, say: Callable[[
     with Compiler(processes) as compiler:
         for number, shape in enumerate(shapes, 1):
             say(f"tuning {number}/{len(shapes)}: {shape.label()} on {gpu[1]}")
-            entry, _ = tune_entry(shape, gpu[0], gpu[1], compiler, device=device)
+            try:
+                entry, _ = tune_entry(shape, gpu[0], gpu[1], compiler, device=device)
+            except ContextLost as exc:  # the sweep's workers measure with the configs it has
+                say(f"  {exc}; the {len(shapes) - number + 1} shape(s) left run untuned")
+                break
             kconfig.save_entry(path, entry)
             entries.append(entry)
             gain = entry["default_fwbw_ms"] / entry["tuned_fwbw_ms"]
