@@ -39,6 +39,7 @@ themselves never hit the limit (the kernels loop over them), so for 16-bit input
 """
 
 import dataclasses
+import importlib.metadata
 import json
 import math
 import os
@@ -82,9 +83,11 @@ class KernelConfig:
         bwd_fused_kv: TFLA computes dK and dV in one kernel over the whole head dims, building each
             gate matrix once for both (head dims powers of two, `Dqk + Dv` at most `FUSED_KV_DIMS`);
             else one kernel per gradient and `bwd_qk` / `bwd_v` block.
-        states16: the chunk states stay in the 16-bit input dtype where `float32_states` would widen
-            them. Set only by a tuning search, where the 16-bit-state kernels gave the float32-state
-            result at this config and shape on the GPU (`tfla_bench.measure.tuning`); `adapted` drops it.
+        states16: the chunk states (and their gradients, which overwrite them) stay in the 16-bit
+            input dtype where `float32_states` would widen them. Set only by a tuning search, where the
+            16-bit-state kernels gave the float32-state result at this config and shape on the GPU
+            (`tfla_bench.measure.tuning`); `adapted` drops it, and so does `load_tuned` for an entry
+            tuned under another Triton version.
     """
 
     seq_q: int
@@ -531,10 +534,21 @@ def load_tuned(path: Path) -> int:
         entries = json.loads(Path(path).read_text(encoding="utf-8-sig"))
         for entry in entries:
             key = [getattr(torch, entry[name]) if name == "dtype" else entry[name] for name in KEY_FIELDS]
-            register_tuned(*key, KernelConfig(**entry["config"]))
+            config = KernelConfig(**entry["config"])
+            if config.states16 and entry.get("triton") != _triton_version():
+                config = dataclasses.replace(config, states16=False)  # checked with another compiler
+            register_tuned(*key, config)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a tuned-config file ({exc})") from None
     return len(entries)
+
+
+@lru_cache(maxsize=1)
+def _triton_version() -> str | None:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def save_entry(path: Path, entry: dict) -> None:

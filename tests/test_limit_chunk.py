@@ -37,6 +37,7 @@ from mlstm_support import (
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
+from tfla_bench.kernels import chunkwise
 from tfla_bench.kernels.config import (
     SRAM_BYTES,
     TUNED_CONFIGS,
@@ -182,7 +183,7 @@ def test_state_passing():
     assert_all_close(g, g_full, FP32_RTOL, GRAD_NAMES[:5])
 
 
-def test_16_bit_states_of_a_checked_config_give_the_float32_states_result():
+def test_16_bit_states_of_a_checked_config_give_the_float32_states_result(monkeypatch):
     # limit_chunk keeps float32 states unless a tuning search checked 16-bit ones (`states16`); the
     # readers cast the states to the input dtype, so both give the same output and gradients but the
     # gate gradients' chunk sums, which read the rounded states.
@@ -191,12 +192,22 @@ def test_16_bit_states_of_a_checked_config_give_the_float32_states_result():
     state = make_state("exp", False, 1, 2, 32, 64)
     weights = make_weights(1, 2, 96, 32, 64)
     config = replace(small_config(32), states16=True)
+    seen = []
+    states_forward = chunkwise.states_forward
+
+    def spy(*args, **kwargs):
+        result = states_forward(*args, **kwargs)
+        seen.append(result[0].dtype)
+        return result
+
+    monkeypatch.setattr(chunkwise, "states_forward", spy)
     wide = run_with_grads(limit_chunk(32, small_config(32)), inputs, state, weights)
     narrow = run_with_grads(limit_chunk(32, config), inputs, state, weights)
+    assert seen[0] == torch.float32 and seen[-1] == torch.float16
     assert rel_rms(narrow[0], wide[0]) < 1e-6
     for name, a, b in zip(GRAD_NAMES, narrow[2], wide[2], strict=False):
         assert torch.equal(a, b) or rel_rms(a, b) < (1e-3 if name in ("di", "df") else 1e-6), name
-    h_ref, _, g_ref = run_with_grads(reference, inputs, state, weights)
+    h_ref = run_with_grads(reference, inputs, state, weights)[0]
     assert rel_rms(narrow[0], h_ref) < 5e-3
 
 

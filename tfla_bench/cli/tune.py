@@ -82,7 +82,12 @@ def tune(
             try:
                 entry, table = tuning.tune_entry(shape, target, name, compiler, show_trial(console, shape))
             except tuning.ContextLost as exc:
-                left = " ".join(shapes[number - 1 :])
+                given = [
+                    *(["--out", str(out)] if out else []),
+                    *(["--tables", str(tables)] if tables else []),
+                ]
+                given += [*(["--for-gpu"] if for_gpu else []), "--processes", str(processes)]
+                left = " ".join([*shapes[number - 1 :], *given])
                 raise RunFailed(
                     f"{exc}. The {number - 1} shape(s) before it are saved in {path}; "
                     f"to go on, in a new process: tfla-bench tune {left}"

@@ -386,8 +386,10 @@ def _compile_one(args: tuple[Shape, KernelConfig, str]) -> str:
         return ""
     except Exception as exc:  # a candidate that does not compile or run is rejected, not fatal
         traceback.print_exc()
-        note = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-        return note if cuda_alive(device) else LOST + note
+        lines = str(exc).strip().splitlines() or [""]
+        if cuda_alive(device):  # Triton's compile errors end with what went wrong
+            return f"{type(exc).__name__}: {lines[-1]}"
+        return f"{LOST}{type(exc).__name__}: {lines[0]}"  # CUDA's errors start with it
 
 
 class Compiler:
@@ -431,6 +433,13 @@ class Compiler:
             found = self._map([jobs[i] for i in left])
             for i, error in zip(left, found, strict=True):
                 errors[i] = error
+            broken = [i for i in left if errors[i].startswith(LOST)]
+            if self.processes <= 0 and broken:  # this process is the one broken
+                fields, note = changed_fields(configs[broken[0]], shape.default()), errors[broken[0]]
+                raise ContextLost(
+                    f"the CUDA context broke while {shape.label()} compiled a candidate "
+                    f"({fields}: {note.removeprefix(LOST)}); this process can run no more kernels"
+                )
             if any(error == UNTRIED or error.startswith(LOST) for error in found):
                 self._stop()
         return errors
@@ -613,8 +622,8 @@ def _check_context(shape: Shape, config: KernelConfig, device: str, exc: Excepti
 
 
 def _why(exc: Exception) -> str:
-    """A rejected candidate's note: the exception's type and the start of its message."""
-    return f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+    """A rejected candidate's note, on one line: the exception's type and the start of its message."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 
 
 def changed_fields(config: KernelConfig, base: KernelConfig) -> str:
@@ -677,20 +686,24 @@ def tune_entry(
     inputs = make_inputs(shape, device)
     search = tune(shape, device=device, compiler=compiler, on_trial=on_trial, inputs=inputs)
     best = search.best
-    errors = {
-        label: reference_error(shape, config, device)
-        for label, config in (("default", base), ("tuned", best))
-    }
-    if not errors["tuned"] <= REFERENCE_SLACK * errors["default"]:
-        best, errors["tuned"] = base, errors["default"]
-    rule = timing.StopRule(rel_ci=0.005, budget_s=2.0, min_reps=20)
-    facts: dict[str, object] = {
-        f"{label}_reference_rel_err": float(f"{err:.3g}") for label, err in errors.items()
-    }
-    for mode in ("fw", "fwbw"):
-        for label, config in (("default", base), ("tuned", best)):
-            call = make_call(shape, inputs, config, mode)
-            facts[f"{label}_{mode}_ms"] = round(time_call(call, device, rule), 4)
+    try:
+        errors = {
+            label: reference_error(shape, config, device)
+            for label, config in (("default", base), ("tuned", best))
+        }
+        if not errors["tuned"] <= REFERENCE_SLACK * errors["default"]:
+            best, errors["tuned"] = base, errors["default"]
+        rule = timing.StopRule(rel_ci=0.005, budget_s=2.0, min_reps=20)
+        facts: dict[str, object] = {
+            f"{label}_reference_rel_err": float(f"{err:.3g}") for label, err in errors.items()
+        }
+        for mode in ("fw", "fwbw"):
+            for label, config in (("default", base), ("tuned", best)):
+                call = make_call(shape, inputs, config, mode)
+                facts[f"{label}_{mode}_ms"] = round(time_call(call, device, rule), 4)
+    except Exception as exc:
+        _check_context(shape, best, device, exc)
+        raise
     facts.update(gpu=gpu, batch=shape.batch, heads=shape.heads, seq_len=shape.seq_len)
     facts.update(torch=torch.__version__, triton=triton.__version__)
     facts.update(candidates=len(search.trials), search_s=round(time.monotonic() - started, 1))
