@@ -3,6 +3,7 @@ states, a scale-invariant loss and its gradients, and the relative RMS compariso
 
 import torch
 
+from tfla_bench.kernels import chunkwise
 from tfla_bench.kernels.reference import state_names
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -83,3 +84,17 @@ def assert_within_rms(result, reference, tolerances, grad_names):
     for name, a, b in zip(names, [h, state[0], *grads], [h_ref, state_ref[0], *grads_ref], strict=True):
         assert torch.isfinite(a).all(), name
         assert rel_rms(a, b) < tolerances[name], f"{name}: {rel_rms(a, b):.2e}"
+
+
+def record_state_dtypes(monkeypatch) -> list[torch.dtype]:
+    """The dtype of the chunk states each forward pass stores from now on (`chunkwise.states_forward`)."""
+    seen = []
+    states_forward = chunkwise.states_forward
+
+    def spy(*args, **kwargs):
+        result = states_forward(*args, **kwargs)
+        seen.append(result[0].dtype)
+        return result
+
+    monkeypatch.setattr(chunkwise, "states_forward", spy)
+    return seen

@@ -31,13 +31,13 @@ from mlstm_support import (
     make_inputs,
     make_state,
     make_weights,
+    record_state_dtypes,
     rel_rms,
     run_with_grads,
 )
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
-from tfla_bench.kernels import chunkwise
 from tfla_bench.kernels.config import (
     SRAM_BYTES,
     TUNED_CONFIGS,
@@ -192,15 +192,7 @@ def test_16_bit_states_of_a_checked_config_give_the_float32_states_result(monkey
     state = make_state("exp", False, 1, 2, 32, 64)
     weights = make_weights(1, 2, 96, 32, 64)
     config = replace(small_config(32), states16=True)
-    seen = []
-    states_forward = chunkwise.states_forward
-
-    def spy(*args, **kwargs):
-        result = states_forward(*args, **kwargs)
-        seen.append(result[0].dtype)
-        return result
-
-    monkeypatch.setattr(chunkwise, "states_forward", spy)
+    seen = record_state_dtypes(monkeypatch)
     wide = run_with_grads(limit_chunk(32, small_config(32)), inputs, state, weights)
     narrow = run_with_grads(limit_chunk(32, config), inputs, state, weights)
     assert seen[0] == torch.float32 and seen[-1] == torch.float16

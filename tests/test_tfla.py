@@ -28,13 +28,13 @@ from mlstm_support import (
     make_inputs,
     make_state,
     make_weights,
+    record_state_dtypes,
     rel_rms,
     run_with_grads,
 )
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
-from tfla_bench.kernels import chunkwise
 from tfla_bench.kernels import config as config_module
 from tfla_bench.kernels.chunkwise import RowDots, Settings, gates_backward, gates_forward
 from tfla_bench.kernels.config import (
@@ -341,15 +341,7 @@ def test_gate_kernels_match_the_pytorch_gates(gate):
 def test_state_dtype_follows_the_float32_states_rule(monkeypatch):
     # 16-bit states for mLSTMsig and for a single d_qk block of mLSTMexp; float32 for mLSTMexp over
     # several blocks (config.float32_states), with the same result either way.
-    seen = []
-    states_forward = chunkwise.states_forward
-
-    def spy(*args, **kwargs):
-        result = states_forward(*args, **kwargs)
-        seen.append(result[0].dtype)
-        return result
-
-    monkeypatch.setattr(chunkwise, "states_forward", spy)
+    seen = record_state_dtypes(monkeypatch)
     inputs = make_inputs(1, 2, 64, 32, 32, seed=15)
     inputs[:3] = [x.half().to(DEVICE) for x in inputs[:3]]
     inputs[3:] = [x.to(DEVICE) for x in inputs[3:]]
