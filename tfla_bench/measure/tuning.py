@@ -435,11 +435,8 @@ class Compiler:
                 errors[i] = error
             broken = [i for i in left if errors[i].startswith(LOST)]
             if self.processes <= 0 and broken:  # this process is the one broken
-                fields, note = changed_fields(configs[broken[0]], shape.default()), errors[broken[0]]
-                raise ContextLost(
-                    f"the CUDA context broke while {shape.label()} compiled a candidate "
-                    f"({fields}: {note.removeprefix(LOST)}); this process can run no more kernels"
-                )
+                note = errors[broken[0]].removeprefix(LOST)
+                raise _lost(shape, configs[broken[0]], "compiled", note)
             if any(error == UNTRIED or error.startswith(LOST) for error in found):
                 self._stop()
         return errors
@@ -479,14 +476,9 @@ def tune(
             round_trials = _round(
                 shape, inputs, references, group, configs, stage, compiler, device, rule, search
             )
-            for trial in round_trials:
-                if trial.config not in tried:
-                    search.trials.append(trial)
-                    if on_trial is not None:
-                        on_trial(trial)
+            _record(search, [trial for trial in round_trials if trial.config not in tried], on_trial)
             tried.update(configs)
-            timed = [trial for trial in round_trials if trial.median_ms is not None]
-            winner = min(timed, key=lambda trial: trial.median_ms).config if timed else best
+            winner = _fastest(round_trials, best)
             if stage == "step" and winner == best:
                 break
             best, stage = winner, "step"
@@ -495,14 +487,22 @@ def tune(
                 break
     if kconfig.float32_states(shape.kernel, shape.gate, shape.head_dim_qk, best):
         found = _states16(shape, inputs, best, compiler, device, rule)
-        for trial in found:
-            search.trials.append(trial)
-            if on_trial is not None:
-                on_trial(trial)
-        timed = [trial for trial in found if trial.median_ms is not None]
-        best = min(timed, key=lambda trial: trial.median_ms).config if timed else best
+        _record(search, found, on_trial)
+        best = _fastest(found, best)
     search.best = best
     return search
+
+
+def _record(search: Search, trials: list[Trial], on_trial: Callable[[Trial], None] | None) -> None:
+    search.trials.extend(trials)
+    for trial in trials if on_trial is not None else ():
+        on_trial(trial)
+
+
+def _fastest(trials: list[Trial], fallback: KernelConfig) -> KernelConfig:
+    """The config of the fastest timed trial, or `fallback` where none was timed."""
+    timed = [trial for trial in trials if trial.median_ms is not None]
+    return min(timed, key=lambda trial: trial.median_ms).config if timed else fallback
 
 
 def _states16(
@@ -614,11 +614,14 @@ def _final(
 def _check_context(shape: Shape, config: KernelConfig, device: str, exc: Exception) -> None:
     """Raise `ContextLost` where the failure of `config` broke this process's CUDA context."""
     if not cuda_alive(device):
-        raise ContextLost(
-            f"the CUDA context broke while {shape.label()} ran a candidate "
-            f"({changed_fields(config, shape.default())}: "
-            f"{_why(exc)[:120]}); this process can run no more kernels"
-        ) from exc
+        raise _lost(shape, config, "ran", _why(exc)[:120]) from exc
+
+
+def _lost(shape: Shape, config: KernelConfig, doing: str, note: str) -> ContextLost:
+    return ContextLost(
+        f"the CUDA context broke while {shape.label()} {doing} a candidate "
+        f"({changed_fields(config, shape.default())}: {note}); this process can run no more kernels"
+    )
 
 
 def _why(exc: Exception) -> str:
