@@ -5,6 +5,7 @@ import torch
 
 from tfla_bench.kernels import chunkwise
 from tfla_bench.kernels.reference import state_names
+from tfla_bench.measure.tuning import REFERENCE_SLACK
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -84,6 +85,22 @@ def assert_within_rms(result, reference, tolerances, grad_names):
     for name, a, b in zip(names, [h, state[0], *grads], [h_ref, state_ref[0], *grads_ref], strict=True):
         assert torch.isfinite(a).all(), name
         assert rel_rms(a, b) < tolerances[name], f"{name}: {rel_rms(a, b):.2e}"
+
+
+def assert_config_within_reference(result, default, reference, tolerances, grad_names):
+    """A chosen config's `run_with_grads` result against the float32 reference: within `tolerances`,
+    or, at a name where the default config misses them too at these inputs (the kernel's bf16 error
+    at that draw, whatever the config), within `REFERENCE_SLACK` times the default's error, the rule
+    by which the tuning search keeps a winner (`tfla_bench.measure.tuning.reference_error`). On an
+    H200 the tuned and the default config give the same errors to three digits at every seed tried,
+    and a few draws of the trained gate ranges miss the bf16 tolerances with both
+    (`docs/results-h200.md`, "Correctness of the chosen configs")."""
+    (h_d, state_d, grads_d), (h_r, state_r, grads_r) = default, reference
+    pairs = zip(
+        ["h", "C", *grad_names], [h_d, state_d[0], *grads_d], [h_r, state_r[0], *grads_r], strict=True
+    )
+    allowed = {name: max(tolerances[name], REFERENCE_SLACK * rel_rms(d, r)) for name, d, r in pairs}
+    assert_within_rms(result, reference, allowed, grad_names)
 
 
 def record_state_dtypes(monkeypatch) -> list[torch.dtype]:
