@@ -430,7 +430,7 @@ def test_a_candidate_that_breaks_a_worker_is_rejected_and_those_it_left_untried_
     runs = []
 
     def compile_one(job):
-        _, config, _ = job
+        _, config, _, _ = job
         runs.append(config.num_warps)
         if config.num_warps == 4:
             return tuning.LOST + "AcceleratorError: an illegal memory access was encountered"
@@ -456,7 +456,7 @@ def test_a_worker_with_a_broken_cuda_context_runs_nothing_and_says_which_candida
     monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
     config = small.default()
     monkeypatch.setattr(tuning, "cuda_alive", lambda device: False)
-    assert tuning._compile_one((small, config, "cuda")) == tuning.UNTRIED
+    assert tuning._compile_one((small, config, "cuda", False)) == tuning.UNTRIED
     illegal = "CUDA error: an illegal memory access was encountered\nSearch for ...\nCompile with ..."
 
     def broken(shape, device):
@@ -465,10 +465,69 @@ def test_a_worker_with_a_broken_cuda_context_runs_nothing_and_says_which_candida
     monkeypatch.setattr(tuning, "make_inputs", broken)
     alive = iter([True, False])  # alive before the candidate, broken after it: CUDA's first line
     monkeypatch.setattr(tuning, "cuda_alive", lambda device: next(alive))
-    note = tuning._compile_one((small, config, "cuda"))
+    note = tuning._compile_one((small, config, "cuda", False))
     assert note == tuning.LOST + "RuntimeError: CUDA error: an illegal memory access was encountered"
     monkeypatch.setattr(tuning, "cuda_alive", lambda device: True)  # a compile error: its last line
-    assert tuning._compile_one((small, config, "cuda")) == "RuntimeError: Compile with ..."
+    assert tuning._compile_one((small, config, "cuda", False)) == "RuntimeError: Compile with ..."
+
+
+def test_a_candidate_off_the_default_result_at_the_compile_shape_is_rejected_in_its_worker(monkeypatch):
+    small = tuning.Shape("tfla", "sig", 1, 1, 32, 16, 16, 16, torch.float32)
+    monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
+    config = dataclasses.replace(small.default(), num_warps=2)
+    tuning._default_result.cache_clear()
+    assert tuning._compile_one((small, config, "cpu", False)) == ""  # the same sums in another order
+    real = tuning._run_both
+    monkeypatch.setattr(tuning, "_run_both", lambda s, c, d: [x * 1.5 for x in real(s, c, d)])
+    tuning._default_result.cache_clear()  # the default's result is now 1.5 times as large too
+    assert tuning._compile_one((small, config, "cpu", False)) == ""
+    tuning._default_result.cache_clear()  # no scaled result left for the tests after this one
+    monkeypatch.setattr(tuning, "_default_result", lambda s, d: real(s, s.default(), d))
+    note = tuning._compile_one((small, config, "cpu", False))
+    assert note == "5.00e-01 from the default config's result at the compile shape"
+    assert tuning._compile_one((small, config, "cpu", True)) == ""  # at the tuned shape: run, unchecked
+
+
+def test_what_passed_at_the_compile_shape_runs_at_the_tuned_shape_as_many_at_a_time_as_memory_holds(
+    monkeypatch,
+):
+    batches = []
+
+    def fake_map(jobs):
+        batches.append([(config.num_warps, full) for _, config, _, full in jobs])
+        return [
+            "RuntimeError: out of resources" if c.num_warps == 8 and not full else ""
+            for _, c, _, full in jobs
+        ]
+
+    compiler = tuning.Compiler(4)
+    monkeypatch.setattr(compiler, "_map", fake_map)
+    base = kconfig.default_config("tfla", 16, 16, 16, torch.float32, "sig")
+    configs = [dataclasses.replace(base, num_warps=w, num_stages=s) for w in (2, 4, 8) for s in (1, 2)]
+    assert compiler.run(shape(16), configs, "cpu") == [
+        "",
+        "",
+        "",
+        "",
+        *["RuntimeError: out of resources"] * 2,
+    ]
+    assert batches == [[(w, False) for w in (2, 2, 4, 4, 8, 8)]]  # no memory given: the compile shape only
+    monkeypatch.setattr(tuning, "probes_at_once", lambda processes, need, device: 3)
+    batches.clear()
+    assert compiler.run(shape(16), configs, "cuda", need_bytes=1 << 30)[4].endswith("out of resources")
+    assert batches[1:] == [[(2, True), (2, True), (4, True)], [(4, True)]]
+    assert (
+        tuning.Compiler(0).run(shape(16), [], "cuda", need_bytes=1 << 30) == []
+    )  # in this process: no second run
+
+
+def test_the_runs_at_the_tuned_shape_side_by_side_fit_the_free_memory(monkeypatch):
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * gib, 141 * gib))
+    assert tuning.probes_at_once(14, 9 * gib, "cuda") == 7  # 70 GiB over 9 + 1 GiB each
+    assert tuning.probes_at_once(4, 1 * gib, "cuda") == 4
+    assert tuning.probes_at_once(14, 500 * gib, "cuda") == 1
+    assert tuning.probes_at_once(6, 500 * gib, "cpu") == 6
 
 
 def test_a_candidate_that_breaks_the_searching_process_stops_the_search(monkeypatch):

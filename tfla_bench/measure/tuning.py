@@ -17,6 +17,11 @@ their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
   specializations as the tuned one (`Shape.small`), in the worker processes of a `Compiler`, kept
   for every search of a command, so the compiling happens side by side and the timing process
   finds the kernels in Triton's cache (`TRITON_CACHE_DIR`, shared by the processes of a machine).
+  There a candidate's output and gradients must agree with the default config's (`TOLERANCE`), and
+  one that does then runs once at the tuned shape in a worker too, as many side by side as the GPU's
+  free memory holds: Triton miscompiled some limit_chunk tile settings on an H200, and an illegal
+  memory access breaks the CUDA context of the process it happens in for good, so the tuning process
+  runs only what ran in a worker first.
 - Correctness: each candidate's fw output and fwbw gradients (q, k, v, i, f) are compared with
   those of the default config, which the GPU tests check against the float64 reference. A
   candidate whose relative RMS difference exceeds `TOLERANCE` is rejected, as is one that fails
@@ -87,6 +92,11 @@ SCREEN_RULE = timing.StopRule(reps=5)
 SCREEN_MARGIN = 0.08
 FINALISTS = 4
 DEFAULT_PROCESSES = 8
+# A candidate's run at the tuned shape in a worker (`Compiler.run`) takes what the default config's
+# first calls took in the tuning process, plus `WORKER_BYTES` for the worker's CUDA context and
+# Triton's; the runs side by side take at most `PROBE_MEMORY_SHARE` of the GPU's free memory.
+WORKER_BYTES = 1 << 30
+PROBE_MEMORY_SHARE = 0.7
 TOLERANCE = 2e-2
 SMALL_CHUNKS = 16  # chunks (and heads) of the compile shape at most, plus one (`specialized_like`)
 TUNED_DTYPES = ("bfloat16", "float16")
@@ -371,18 +381,36 @@ def cuda_alive(device: str) -> bool:
     return True
 
 
-def _compile_one(args: tuple[Shape, KernelConfig, str]) -> str:
-    """Worker: run `config` once at the compile shape (fw and fwbw); '' or the error's last line
+def _run_both(shape: Shape, config: KernelConfig, device: str) -> list[torch.Tensor]:
+    """`config`'s fw output and fwbw gradients at `shape`, on fresh inputs."""
+    inputs = make_inputs(shape, device)
+    return outputs(shape, inputs, config, "fw") + outputs(shape, inputs, config, "fwbw")
+
+
+@functools.lru_cache(maxsize=2)
+def _default_result(small: Shape, device: str) -> list[torch.Tensor]:
+    """The default config's result at a compile shape, once per worker process and shape."""
+    return _run_both(small, small.default(), device)
+
+
+def _compile_one(args: tuple[Shape, KernelConfig, str, bool]) -> str:
+    """Worker: run `config` once (fw and fwbw) at the compile shape, where its output and gradients
+    must be within `TOLERANCE` of the default config's there; or, with the job's last field (`full`),
+    once at the tuned shape itself, unchecked (`Compiler.run`). '' or why not: the error's last line
     (after `LOST` where the run broke the process's CUDA context); `UNTRIED` in a broken process."""
-    shape, config, device = args
+    shape, config, device, full = args
     if not cuda_alive(device):
         return UNTRIED
     try:
+        if full:
+            _run_both(shape, config, device)
+            timing.synchronize(device)
+            return ""
         small = shape.small()
-        inputs = make_inputs(small, device)
-        make_call(small, inputs, config, "fw")()
-        make_call(small, inputs, config, "fwbw")()
+        err = rel_rms(_run_both(small, config, device), _default_result(small, device))
         timing.synchronize(device)
+        if not err <= TOLERANCE:
+            return f"{err:.2e} from the default config's result at the compile shape"
         return ""
     except Exception as exc:  # a candidate that does not compile or run is rejected, not fatal
         traceback.print_exc()
@@ -392,12 +420,24 @@ def _compile_one(args: tuple[Shape, KernelConfig, str]) -> str:
         return f"{LOST}{type(exc).__name__}: {lines[0]}"  # CUDA's errors start with it
 
 
+def probes_at_once(processes: int, need_bytes: int, device: str) -> int:
+    """How many full-shape runs of `need_bytes` each the workers make side by side: as many as
+    `PROBE_MEMORY_SHARE` of the GPU's free memory holds, with `WORKER_BYTES` for each worker's own."""
+    if not str(device).startswith("cuda"):
+        return max(1, processes)
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(1, min(processes, int(PROBE_MEMORY_SHARE * free) // (need_bytes + WORKER_BYTES)))
+
+
 class Compiler:
-    """Runs candidates once at the compile shape (`_compile_one`), in `processes` worker processes
-    started by spawning at the first use and kept until the `with` block ends (0: in this process).
-    A candidate that breaks its worker's CUDA context (an illegal memory access in a kernel that
-    Triton miscompiled: it happened at some limit_chunk tile settings on an H200) is rejected; the
-    workers are then started anew and the candidates a broken worker left untried run in them."""
+    """Runs candidates in `processes` worker processes started by spawning at the first use and kept
+    until the `with` block ends (0: in this process): each once at the compile shape, checked against
+    the default config's result there (`_compile_one`), and those that pass once at the tuned shape,
+    so the tuning process runs only a candidate that ran there in a worker first. A candidate that
+    breaks its worker's CUDA context (an illegal memory access in a kernel that Triton miscompiled: it
+    happened at some limit_chunk tile settings on an H200, at the compile shape and at the tuned
+    shape) is rejected; the workers are then started anew and the candidates a broken worker left
+    untried run in them."""
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
@@ -415,16 +455,34 @@ class Compiler:
             self._pool.join()
             self._pool = None
 
-    def _map(self, jobs: list[tuple[Shape, KernelConfig, str]]) -> list[str]:
+    def _map(self, jobs: list[tuple[Shape, KernelConfig, str, bool]]) -> list[str]:
         if self.processes <= 0:
             return [_compile_one(job) for job in jobs]
         if self._pool is None:
             self._pool = multiprocessing.get_context("spawn").Pool(self.processes)
         return self._pool.map(_compile_one, jobs, chunksize=1)
 
-    def run(self, shape: Shape, configs: list[KernelConfig], device: str) -> list[str]:
-        """Every config once at `shape`'s compile shape: '' or the error's last line, per config."""
-        jobs = [(shape, config, device) for config in configs]
+    def run(
+        self, shape: Shape, configs: list[KernelConfig], device: str, need_bytes: int | None = None
+    ) -> list[str]:
+        """Every config once at `shape`'s compile shape; then, given `need_bytes` (the GPU memory one
+        call at `shape` takes) and worker processes, those that passed once at `shape` itself, as many
+        at a time as `probes_at_once` allows: '' or why not, per config."""
+        errors = self._jobs(shape, configs, device, False)
+        if need_bytes is None or self.processes <= 0:
+            return errors
+        passed = [i for i, error in enumerate(errors) if not error]
+        at_once = probes_at_once(self.processes, need_bytes, device)
+        for start in range(0, len(passed), at_once):
+            batch = passed[start : start + at_once]
+            for i, error in zip(
+                batch, self._jobs(shape, [configs[i] for i in batch], device, True), strict=True
+            ):
+                errors[i] = error
+        return errors
+
+    def _jobs(self, shape: Shape, configs: list[KernelConfig], device: str, full: bool) -> list[str]:
+        jobs = [(shape, config, device, full) for config in configs]
         errors = [UNTRIED] * len(jobs)
         for _ in range(1 + RESTARTS):
             left = [i for i, error in enumerate(errors) if error == UNTRIED]
@@ -467,14 +525,18 @@ def tune(
             )
     rule = rule or timing.StopRule(rel_ci=0.005, budget_s=1.0, min_reps=10)
     best = shape.default()
+    cuda = str(device).startswith("cuda")
+    held = torch.cuda.memory_allocated(device) if cuda else 0
     inputs = inputs if inputs is not None else make_inputs(shape, device)
     references = {mode: outputs(shape, inputs, best, mode) for mode in ("fw", "fwbw")}
+    # the peak of this process since its start, or of these calls: no less than one call takes
+    need = torch.cuda.max_memory_allocated(device) - held if cuda else None
     search = Search(best, [])
     for group in groups:
         configs, tried, stage = candidates(shape, best, group), set(), "grid"
         for _ in range(1 + STEP_ROUNDS):
             round_trials = _round(
-                shape, inputs, references, group, configs, stage, compiler, device, rule, search
+                shape, inputs, references, group, configs, stage, compiler, device, rule, search, need
             )
             _record(search, [trial for trial in round_trials if trial.config not in tried], on_trial)
             tried.update(configs)
@@ -486,7 +548,7 @@ def tune(
             if len(configs) == 1:
                 break
     if kconfig.float32_states(shape.kernel, shape.gate, shape.head_dim_qk, best):
-        found = _states16(shape, inputs, best, compiler, device, rule)
+        found = _states16(shape, inputs, best, compiler, device, rule, need)
         _record(search, found, on_trial)
         best = _fastest(found, best)
     search.best = best
@@ -512,6 +574,7 @@ def _states16(
     compiler: Compiler,
     device: str,
     rule: timing.StopRule,
+    need_bytes: int | None,
 ) -> list[Trial]:
     """`best` with 16-bit chunk states, checked against `best`'s float32-state result; where it
     agrees, both timed in fwbw, side by side (module docstring)."""
@@ -520,7 +583,7 @@ def _states16(
     def rejected(err: float | None, note: str) -> list[Trial]:
         return [Trial("state", candidate, None, err, note, stage="states16")]
 
-    (error,) = compiler.run(shape, [candidate], device)
+    (error,) = compiler.run(shape, [candidate], device, need_bytes)
     if error:
         return rejected(None, error)
     try:
@@ -551,11 +614,13 @@ def _round(
     device: str,
     rule: timing.StopRule,
     search: Search,
+    need_bytes: int | None,
 ) -> list[Trial]:
-    """Compile `configs`, check and screen each, time the finalists in full (module docstring)."""
+    """Compile and run `configs` in `compiler`'s workers (`Compiler.run`), then check and screen each
+    here and time the finalists in full (module docstring)."""
     mode = GROUP_MODE[group]
     started = time.monotonic()
-    errors = compiler.run(shape, configs, device)
+    errors = compiler.run(shape, configs, device, need_bytes)
     compiled = time.monotonic()
     screened = [
         _screen(shape, inputs, references[mode], group, config, mode, error, device, stage)
