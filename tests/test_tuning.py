@@ -463,7 +463,7 @@ def test_a_worker_with_a_broken_cuda_context_runs_nothing_and_says_which_candida
         raise RuntimeError(illegal)
 
     monkeypatch.setattr(tuning, "make_inputs", broken)
-    alive = iter([True, False])  # alive before the candidate, broken after it: CUDA's first line
+    alive = iter([True, False, False])  # alive before the candidate, broken after it: CUDA's first line
     monkeypatch.setattr(tuning, "cuda_alive", lambda device: next(alive))
     note = tuning._compile_one((small, config, "cuda", False))
     assert note == tuning.LOST + "RuntimeError: CUDA error: an illegal memory access was encountered"

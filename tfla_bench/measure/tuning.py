@@ -401,6 +401,13 @@ def _compile_one(args: tuple[Shape, KernelConfig, str, bool]) -> str:
     shape, config, device, full = args
     if not cuda_alive(device):
         return UNTRIED
+    note = _attempt(shape, config, device, full)
+    if str(device).startswith("cuda") and cuda_alive(device):
+        torch.cuda.empty_cache()  # what the run cached goes back to the tuning process and the other workers
+    return note
+
+
+def _attempt(shape: Shape, config: KernelConfig, device: str, full: bool) -> str:
     try:
         if full:
             _run_both(shape, config, device)
