@@ -123,6 +123,9 @@ def test_profiled_rows_get_measured_bytes_and_intensity(run_dir, tmp_path):
     assert profiled["measured_bytes"].tolist() == pytest.approx([SAMPLE_BYTES] * len(profiled))
     assert profiled["measured_intensity"].tolist() == pytest.approx(list(profiled["flops"] / SAMPLE_BYTES))
     assert (profiled["profiled_kernels"] == len(SAMPLE_KERNELS)).all()
+    # ncu would lock the clocks to base; every profile leaves them as they are.
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert calls and all(call[call.index("--clock-control") + 1] == "none" for call in calls)
     # The sdpa row carries param_causal: the join matched it on that column too.
     assert profiled.loc[profiled["kernel"] == "sdpa_cudnn", "param_causal"].tolist() == [False]
     assert len(list((run_dir / rundir.NCU).glob("*.csv"))) == len(profiled)

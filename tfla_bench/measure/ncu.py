@@ -15,11 +15,12 @@ name, in any order); lines before its header (`==PROF==` messages, warnings) are
 than the base ones (`Kbyte`, `usecond`) are converted, so a file written with `--print-units auto`
 parses too.
 
-ncu replays every kernel several times to collect its counters, restoring memory in between, and
-locks the clocks to base: its durations are not the runtime of the timed benchmark and are never
-used as such. The one exception is `tfla_bench.measure.validation`, which profiles single-kernel ops with
-`--clock-control none` (the GPU's own clocks) and only `gpu__time_duration` as an independent clock
-to check the suite's timing against.
+ncu replays every kernel several times to collect its counters, restoring memory in between, so its
+durations are not the runtime of the timed benchmark and are never used as such. By default ncu
+would also lock the GPU's clocks to base; the suite never changes a GPU's clocks, so every profile
+passes `GPU_CLOCKS` (`--clock-control none`: the GPU keeps its own clocks; the bytes are the same
+either way). `tfla_bench.measure.validation` profiles single-kernel ops that way with only
+`gpu__time_duration`, as an independent clock to check the suite's timing against.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 from tfla_bench.errors import UserError
 
 NOT_FOUND = "ncu not found on PATH: install Nsight Compute (part of the CUDA toolkit) or pass --ncu-path"
+GPU_CLOCKS = ("--clock-control", "none")  # leave the GPU's clocks as they are
 DRAM_READ = "dram__bytes_read.sum"
 DRAM_WRITE = "dram__bytes_write.sum"
 DURATION = "gpu__time_duration.sum"

@@ -52,7 +52,7 @@ GRAPH_MIN_L2 = 2
 GRAPH_CALLS = 100
 NCU_WARMUP = 3
 NCU_CALLS = 10
-NCU_OPTIONS = ("--clock-control", "none", "--cache-control", "all")
+NCU_OPTIONS = (*ncu.GPU_CLOCKS, "--cache-control", "all")
 TOLERANCE = 0.02
 # The sweep's default power-cap policy, which `suite_time` follows.
 POWER_CAP = MeasureSettings.power_cap

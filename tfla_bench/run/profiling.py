@@ -225,7 +225,9 @@ def _profile_one(
         json.dumps(dataclasses.asdict(row.case)),
     ]
     try:
-        kernels = ncu.profile(executable, program, log_file, timeout_s * TIMEOUT_FACTOR)
+        kernels = ncu.profile(
+            executable, program, log_file, timeout_s * TIMEOUT_FACTOR, options=ncu.GPU_CLOCKS
+        )
     except ncu.NcuError as exc:
         return CaseProfile(row.case, exc.status, flops=row.flops, error=exc.reason)
     return summarize(row, kernels)
