@@ -303,13 +303,14 @@ def profiled_roofline_figure(context: FigureContext, mode: str) -> Figure | None
     return fig
 
 
-def _theory_ms(kernel: str, shape: dict[str, Any], mode: str, dtype: str, chunk: int, acc: Accelerator):
-    """The model's runtime bounds on `acc` of the kernel's call at chunk size `chunk`, from the
-    counts its adapter reports (`mlstm_counts` with the adapter's state bytes)."""
+def _theory_counts(
+    kernel: str, shape: dict[str, Any], mode: str, dtype: str, chunk: int
+) -> tuple[float, float]:
+    """The model's FLOPs and bytes of the kernel's call at chunk size `chunk`, from the counts its
+    adapter reports (`mlstm_counts` with the adapter's state bytes)."""
     case = Case(kernel=kernel, mode=mode, dtype=dtype, **shape)
     adapter = registry.get(kernel)
-    flops, moved = mlstm_counts(case, mode, adapter.gate, "chunkwise", chunk, adapter.state_bytes(case))
-    return runtime_ms_lower(flops, moved, acc), runtime_ms_upper(flops, moved, acc)
+    return mlstm_counts(case, mode, adapter.gate, "chunkwise", chunk, adapter.state_bytes(case))
 
 
 def _theory_chunks(seq_len: int) -> list[int]:
@@ -343,12 +344,15 @@ def measured_vs_theory_figure(context: FigureContext, shape: dict[str, Any], mod
     for ax, kernel in zip(axes, kernels, strict=False):
         measured = rows[rows["kernel"] == kernel].sort_values("chunk_size")
         dtype = str(measured["dtype"].iloc[0])
+        # The counts do not depend on the roof: counted once per chunk size, bounded per roof.
+        counts = [_theory_counts(kernel, shape, mode, dtype, c) for c in chunks]
         for roof in context.roofs:
             acc = roof.accelerator
-            bounds = [_theory_ms(kernel, shape, mode, dtype, c, acc) for c in chunks]
+            lower = [runtime_ms_lower(flops, moved, acc) for flops, moved in counts]
+            upper = [runtime_ms_upper(flops, moved, acc) for flops, moved in counts]
             color = accelerator_style(acc).color
-            ax.plot(chunks, [b[0] for b in bounds], linestyle="--", color=color, label=f"{roof.label} lower")
-            ax.plot(chunks, [b[1] for b in bounds], linestyle=":", color=color, label=f"{roof.label} upper")
+            ax.plot(chunks, lower, linestyle="--", color=color, label=f"{roof.label} lower")
+            ax.plot(chunks, upper, linestyle=":", color=color, label=f"{roof.label} upper")
         style = _kernel_style(rows, kernel)
         ax.plot(
             measured["chunk_size"].astype(float),
