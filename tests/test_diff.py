@@ -232,15 +232,16 @@ def test_the_plot_runs_along_the_column_that_varies(tmp_path):
 RUNS = Path(__file__).resolve().parents[1] / "results" / "runs"
 DATA = Path(__file__).resolve().parent / "data"
 # Two back-to-back sweeps on one machine: Fig. 5 on an H100 (the second with the first's Triton
-# cache), and the smoke spec on a 2-core CPU that other processes shared.
+# cache) and on an H200 (each right after `make gpu`), and the smoke spec on a 2-core CPU that other
+# processes shared.
 BACK_TO_BACK = [
     (RUNS / "fig5_consttoken-20261126-184403", RUNS / "fig5_consttoken-20261126-185202"),
-    (RUNS / "fig5_consttoken-20261126-171127", RUNS / "fig5_consttoken-20261126-171946"),
+    (RUNS / "fig5_consttoken-20261203-h200-a", RUNS / "fig5_consttoken-20261203-h200-b"),
     (DATA / "smoke-cpu-a", DATA / "smoke-cpu-b"),
 ]
 
 
-@pytest.mark.parametrize(("a", "b"), BACK_TO_BACK, ids=["h100-gaps", "h100-again", "cpu"])
+@pytest.mark.parametrize(("a", "b"), BACK_TO_BACK, ids=["h100-gaps", "h200-again", "cpu"])
 def test_the_gate_stays_quiet_on_two_back_to_back_runs(a, b, capsys):
     assert main(["diff", str(a), str(b), "--threshold", "5"]) == 0, capsys.readouterr().out
 
