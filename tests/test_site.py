@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import xml.etree.ElementTree as ElementTree
 from functools import partial
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from tfla_bench.measure.row import ResultRow
 from tfla_bench.model.hardware import ACCELERATORS
 from tfla_bench.plots.base import Drawing, draw
 from tfla_bench.plots.catalog import run_context
-from tfla_bench.plots.history import HistoryFigure
+from tfla_bench.plots.history import MARKS, history_svg
 from tfla_bench.plots.runs import energy_uj_per_token, run_plots, series_panels, with_published
 from tfla_bench.run import rundir
 
@@ -179,23 +180,22 @@ def test_history_of_two_identical_runs_flags_nothing_and_a_slowdown_is_flagged_b
     assert list(moved["verdict"]) == ["slower"] and moved["key"].iloc[0].startswith(PLANTED)
 
 
-def test_a_history_figure_drawn_after_another_case_is_the_one_drawn_anew(tmp_path):
-    # Cases of different run counts and runtimes: nothing of the case drawn before may stay on the axes.
+def test_a_history_figure_labels_its_runs_and_marks_only_its_own_changes():
     runs = [RunRows(n, "s", "gpu", f"2026-11-0{d}", n, _rows(d)) for d, n in enumerate("abcd", 1)]
     slowed = RunRows("e", "s", "gpu", "2026-11-06", "e", _rows(0, {PLANTED: 3.0}))
     points = history([*runs, slowed])
     planted = points[points["key"].str.startswith(PLANTED)]
     other = points[~points["key"].str.startswith(PLANTED)]
-    short = other[other["key"] == other["key"].iloc[0]].head(2)
-    assert (planted["verdict"] == "slower").any() and len(short) == 2 and planted["key"].nunique() == 1
-    ratio = planted["median_ms"].max() / short["median_ms"].max()
-    assert not 0.5 < ratio < 2  # their y axes differ
-    reused = HistoryFigure()
-    for number, (case, title) in enumerate(((planted, "planted"), (short, "short"), (planted, "planted"))):
-        again, anew = tmp_path / f"reused-{number}.png", tmp_path / f"new-{number}.png"
-        reused.save(case, title, again)
-        HistoryFigure().save(case, title, anew)
-        assert again.read_bytes() == anew.read_bytes()
+    quiet = other[other["key"] == other["key"].iloc[0]]
+    assert (planted["verdict"] == "slower").sum() == 1 and not quiet["verdict"].isin(list(MARKS)).any()
+    svg = history_svg(planted, "tfla_sig fwbw: planted")
+    ElementTree.fromstring(svg)  # well-formed: a browser shows it
+    assert history_svg(planted, "tfla_sig fwbw: planted") == svg  # the same bytes every time
+    assert all(f"2026-11-0{d}" in svg for d in (1, 2, 3, 4, 6)) and "tfla_sig fwbw: planted" in svg
+    slower_mark = f'fill="{MARKS["slower"][1]}"'
+    assert svg.count(slower_mark) == 2  # the changed point and its legend entry
+    unchanged = history_svg(quiet, "quiet")
+    assert slower_mark not in unchanged and "beyond the noise" not in unchanged
 
 
 def test_a_site_weighs_less_than_its_share_of_50_mb_per_run(site):
@@ -239,7 +239,7 @@ def test_a_rebuild_draws_again_only_what_changed(site):
     # After every other test of the `site` fixture: it rebuilds the site they read.
     root, built, _ = site
     out = root / "out"
-    before = {path: path.stat().st_ino for path in out.rglob("*.png")}
+    before = {path: path.stat().st_ino for path in out.rglob("*") if path.suffix in (".png", ".svg")}
     runs = {run.rows.name: run for run in built.runs}
     old = _linked(out, runs["fig5_consttoken-h200"])
     changed = root / "runs" / "fig5_consttoken-h200"
@@ -247,7 +247,7 @@ def test_a_rebuild_draws_again_only_what_changed(site):
     (changed / rundir.ENV).write_text(json.dumps({**env, "host": "another node"}))
     steps = []
     build_site([root / "runs"], out, lambda line: None, lambda what, done, total: steps.append((what, done)))
-    after = {path: path.stat().st_ino for path in out.rglob("*.png")}
+    after = {path: path.stat().st_ino for path in out.rglob("*") if path.suffix in (".png", ".svg")}
     redrawn = {path.relative_to(out) for path in after if before.get(path) != after[path]}
     # The spec pages' cross-GPU figure is drawn each time; a history figure only anew; of the changed
     # run's figures, those drawn from its environment (all of the run), not those of its rows alone.

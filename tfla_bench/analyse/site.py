@@ -1,5 +1,6 @@
 """Every run in one static site (`tfla-bench site RUNS... --out DIR`): HTML, one CSS and one JS file,
-and the figures as PNG files; no server, opened from disk or served by any static server.
+and the figures as PNG (and the history's as SVG) files; no server, opened from disk or served by any
+static server.
 
 - `index.html`: the runs, one row each (spec, GPU, date, commit, cases ok of all, the headline),
   sortable by a click on a column head and filtered by spec, GPU and kernel;
@@ -13,7 +14,7 @@ and the figures as PNG files; no server, opened from disk or served by any stati
   pair of GPUs;
 - `history/<spec>.html`: each case that two or more runs share over time
   (`tfla_bench.analyse.history`), the changes beyond both runs' noise first, then one figure per
-  kernel and mode with a selector over its cases (one PNG per case, `tfla_bench.plots.history`).
+  kernel and mode with a selector over its cases (one SVG per case, `tfla_bench.plots.history`).
 
 Runs are read through `tfla_bench.run.rundir`, so a run written by an older version reads as
 `--resume` reads it. A run that cannot be read (no results.csv, a newer schema, env.json not JSON)
@@ -46,7 +47,7 @@ from tfla_bench.analyse.history import RunRows, case_text, commit_of, flagged, h
 from tfla_bench.errors import UserError
 from tfla_bench.plots.base import device_name
 from tfla_bench.plots.crossgpu import speedup_figure
-from tfla_bench.plots.history import HistoryFigure
+from tfla_bench.plots.history import history_svg
 from tfla_bench.plots.paper import paper_ratio_figure
 from tfla_bench.run import rundir
 
@@ -186,16 +187,14 @@ def _natural(text: str) -> str:
 
 
 def _history_figures(points: pd.DataFrame, title: str, folder: Path, key: str) -> list[tuple[str, str]]:
-    """One PNG per case of `points` (one kernel and mode) in `folder`, with `key`; returns (case, file
+    """One SVG per case of `points` (one kernel and mode) in `folder`, with `key`; returns (case, file
     name) pairs."""
     folder.mkdir(parents=True, exist_ok=True)
-    figure = HistoryFigure()
     written = []
     cases = sorted(points["case"].unique(), key=_natural)
     for number, case in enumerate(cases):
-        group = points[points["case"] == case]
-        name = f"case-{number}.png"
-        figure.save(group, f"{title}: {case}", folder / name)
+        name = f"case-{number}.svg"
+        rundir.write_atomic(folder / name, history_svg(points[points["case"] == case], f"{title}: {case}"))
         written.append((str(case), name))
     _write_key(folder, key, {"files": written})
     return written
