@@ -21,7 +21,9 @@ without the field), samples (readings inside the window), mean_power_w (counter_
 and the window's idle tail, from the sync after the calls to the counter's closing update, which the
 series charges to its calls: tail_s, tail_mj (the instantaneous power over it), tail_share (tail_mj /
 counter_mj: how far the series' energy per call exceeds the calls' own) and tail_w (its mean power);
-the last three empty without the instantaneous field.
+then head_w, the mean power over the window's first tail_s (a field that trails the calls reads it
+near idle, a GPU whose power outlasts its calls near full), and idle_w, over the idle pad before the
+window; the last five empty without the instantaneous field.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ COLUMNS = (
     "tail_mj",
     "tail_share",
     "tail_w",
+    "head_w",
+    "idle_w",
 )
 
 
@@ -181,6 +185,18 @@ def series_row(
         if instant is None
         else energy.integrate_mj(samplers["instant"].samples, spent.synced_s, spent.ended_s)
     )
+    # The field's mean over the window's first `tail_s` and over the idle pad before it: a field that
+    # trails the calls reads the head near idle; a GPU whose power outlasts its calls reads it full.
+    head = (
+        None
+        if instant is None
+        else energy.integrate_mj(samplers["instant"].samples, spent.started_s, spent.started_s + tail_s)
+    )
+    idle = (
+        None
+        if instant is None
+        else energy.integrate_mj(samplers["instant"].samples, spent.started_s - PAD_S + 0.1, spent.started_s)
+    )
     return {
         "calls": spent.calls,
         "seconds": round(spent.seconds, 4),
@@ -195,6 +211,8 @@ def series_row(
         "tail_mj": "" if tail is None else round(tail, 1),
         "tail_share": "" if tail is None else round(tail / spent.counted_mj, 4),
         "tail_w": "" if tail is None or tail_s <= 0 else round(tail / tail_s / 1e3, 1),
+        "head_w": "" if head is None or tail_s <= 0 else round(head / tail_s / 1e3, 1),
+        "idle_w": "" if idle is None else round(idle / (PAD_S - 0.1) / 1e3, 1),
     }
 
 
