@@ -49,6 +49,7 @@ from tfla_bench.measure.worker import clear_grads, grad_leaves, make_step
 WARMUP_S = 2.0  # calls before the first series: compiled, autotuned, the GPU at its working clock
 IDLE_S = 2.0  # idle before each series, so each starts from the same state
 PAD_S = 1.5  # readings before and after each series, so they cover its window
+IDLE_READ_S = PAD_S - 0.1  # the idle power is read over the pad before a series, its start left out
 COLUMNS = (
     "kernel",
     "mode",
@@ -180,23 +181,16 @@ def series_row(
         raise UserError(f"NVML's power readings around the {seconds:g} s series: {exc}") from None
     instant = integrated.get("instant")
     tail_s = spent.ended_s - spent.synced_s
-    tail = (
-        None
-        if instant is None
-        else energy.integrate_mj(samplers["instant"].samples, spent.synced_s, spent.ended_s)
-    )
+
+    def field_mj(start_s: float, end_s: float) -> float | None:
+        """The instantaneous field integrated from `start_s` to `end_s`, None without the field."""
+        return None if instant is None else energy.integrate_mj(samplers["instant"].samples, start_s, end_s)
+
+    tail = field_mj(spent.synced_s, spent.ended_s)
     # The field's mean over the window's first `tail_s` and over the idle pad before it: a field that
     # trails the calls reads the head near idle; a GPU whose power outlasts its calls reads it full.
-    head = (
-        None
-        if instant is None
-        else energy.integrate_mj(samplers["instant"].samples, spent.started_s, spent.started_s + tail_s)
-    )
-    idle = (
-        None
-        if instant is None
-        else energy.integrate_mj(samplers["instant"].samples, spent.started_s - PAD_S + 0.1, spent.started_s)
-    )
+    head = field_mj(spent.started_s, spent.started_s + tail_s)
+    idle = field_mj(spent.started_s - IDLE_READ_S, spent.started_s)
     return {
         "calls": spent.calls,
         "seconds": round(spent.seconds, 4),
@@ -212,7 +206,7 @@ def series_row(
         "tail_share": "" if tail is None else round(tail / spent.counted_mj, 4),
         "tail_w": "" if tail is None or tail_s <= 0 else round(tail / tail_s / 1e3, 1),
         "head_w": "" if head is None or tail_s <= 0 else round(head / tail_s / 1e3, 1),
-        "idle_w": "" if idle is None else round(idle / (PAD_S - 0.1) / 1e3, 1),
+        "idle_w": "" if idle is None else round(idle / IDLE_READ_S / 1e3, 1),
     }
 
 

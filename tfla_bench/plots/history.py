@@ -84,7 +84,7 @@ def history_svg(points: pd.DataFrame, title: str) -> str:
     """The SVG of one case's points (`history` rows, every GPU), titled `title`."""
     runs = points.sort_values(["date", "run"]).drop_duplicates("run")
     position = {run: i for i, run in enumerate(runs["run"])}
-    values = pd.concat([points["median_ms"], points["p20_ms"], points["p80_ms"]]).astype(float)
+    values = pd.concat([points["median_ms"], points["p20_ms"], points["p80_ms"]])
     values = values[_finite(values)]
     ticks = _y_ticks(float(values.min()), float(values.max())) if len(values) else _y_ticks(0.0, 1.0)
     y_low, y_high = ticks[0], ticks[-1]
@@ -94,6 +94,12 @@ def history_svg(points: pd.DataFrame, title: str) -> str:
 
     def y_at(value: float) -> float:
         return BOTTOM - (value - y_low) / (y_high - y_low) * (BOTTOM - TOP)
+
+    def points_of(rows: pd.DataFrame, column: str) -> list[tuple[float, float]]:
+        return [(x_at(run), y_at(value)) for run, value in zip(rows["run"], rows[column], strict=True)]
+
+    def polyline(coords: list[tuple[float, float]]) -> str:
+        return " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
 
     frame = f'x="{LEFT}" y="{TOP}" width="{RIGHT - LEFT}" height="{BOTTOM - TOP}"'
     parts = [f'<rect {frame} fill="none" stroke="#333"/>']
@@ -122,21 +128,18 @@ def history_svg(points: pd.DataFrame, title: str) -> str:
         color, marker = _gpu_look(str(gpu), index)
         band = line[_finite(line["p20_ms"]) & _finite(line["p80_ms"])]
         if len(band):
-            upper = [f"{x_at(r):.1f},{y_at(v):.1f}" for r, v in zip(band["run"], band["p80_ms"], strict=True)]
-            lower = [f"{x_at(r):.1f},{y_at(v):.1f}" for r, v in zip(band["run"], band["p20_ms"], strict=True)]
-            parts.append(
-                f'<polygon points="{" ".join(upper + lower[::-1])}" fill="{color}" fill-opacity=".2"/>'
-            )
+            outline = polyline(points_of(band, "p80_ms") + points_of(band, "p20_ms")[::-1])
+            parts.append(f'<polygon points="{outline}" fill="{color}" fill-opacity=".2"/>')
         line = line[_finite(line["median_ms"])]
-        coords = [(x_at(r), y_at(v)) for r, v in zip(line["run"], line["median_ms"], strict=True)]
-        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
-        parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+        coords = points_of(line, "median_ms")
+        parts.append(
+            f'<polyline points="{polyline(coords)}" fill="none" stroke="{color}" stroke-width="1.5"/>'
+        )
         parts += [_marker(marker, x, y, 6, color) for x, y in coords]
         legend[f"{gpu} (median, p20-p80)"] = _marker(marker, 0, 0, 6, color)
         for verdict, (mark, mark_color, text) in MARKS.items():
             moved = line[line["verdict"] == verdict]
-            for run, value in zip(moved["run"], moved["median_ms"], strict=True):
-                parts.append(_marker(mark, x_at(run), y_at(value), 11, mark_color))
+            parts += [_marker(mark, x, y, 11, mark_color) for x, y in points_of(moved, "median_ms")]
             if len(moved):
                 legend[text] = _marker(mark, 0, 0, 9, mark_color)
     top = middle - 8 * len(legend)
