@@ -389,6 +389,7 @@ def test_sweep_times_adaptively_when_the_spec_fixes_no_reps(capsys, plugins, spe
         ("--budget", "a finite number in (0, 86400] seconds"),
         ("--autotune-ms", "a finite number in (0, 60000] ms"),
         ("--timeout", "a finite number in (0, 604800] seconds"),
+        ("--energy-s", "a finite number in (0, 600] seconds"),
     ],
 )
 @pytest.mark.parametrize("value", ["0", "nan", "inf", "-1", "1e30"])

@@ -177,6 +177,12 @@ def test_different_gpus_and_versions_are_named(runs):
     assert diff_runs(a, b).warnings[2:] == []
     (b / "spec.json").write_text(json.dumps({"name": "t", "rel_ci": 0.01, "energy_method": "around"}))
     assert diff_runs(a, b).warnings[2:] == ["measurement setting energy_method differs: A series, B around"]
+    # ... and a series of at least 0.5 s, before its length was a setting.
+    (a / "spec.json").write_text(json.dumps({"name": "t", "rel_ci": 0.01, "energy_s": 0.5}))
+    (b / "spec.json").write_text(json.dumps({"name": "t", "rel_ci": 0.01}))
+    assert diff_runs(a, b).warnings[2:] == []
+    (a / "spec.json").write_text(json.dumps({"name": "t", "rel_ci": 0.01, "energy_s": 0.25}))
+    assert diff_runs(a, b).warnings[2:] == ["measurement setting energy_s differs: A 0.25, B 0.5"]
 
 
 def test_verdict_edges():

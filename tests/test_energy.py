@@ -68,6 +68,7 @@ def series(monitor, calls: Calls, **options) -> energy.Energy:
         counter=monitor.energy_mj,
         sync=calls.sync,
         per_call_s=options.pop("per_call_s", 0.01),
+        awake_w=options.pop("awake_w", 0.0),
         before_each=calls.reset,
         min_s=options.pop("min_s", 0.05),
         **options,
@@ -239,7 +240,9 @@ def test_a_sweep_whose_counter_does_not_move_says_why_in_env_json(tmp_path, monk
     (row,) = _sweep(tmp_path, monkeypatch, "stuck").rows
     assert row.status == "ok" and row.energy_mj is None and row.tokens_per_joule is None
     missing = json.loads((tmp_path / "run" / rundir.ENV).read_text())["measurement"]["energy"]["missing"]
-    assert missing.startswith("the counter did not move over ") and f"(first: {row.case.key})" in missing
+    # The awake power, measured before the first series, finds the counter standing still first.
+    assert missing.startswith("no awake power to take the series' idle tail off (the spins' window: ")
+    assert "the counter did not move over " in missing and f"(first: {row.case.key})" in missing
 
 
 def test_a_cpu_sweep_says_there_is_no_gpu_counter(tmp_path):
@@ -370,7 +373,12 @@ def test_on_a_gpu_the_counter_agrees_with_power_times_time_within_a_loose_factor
     with energy.PowerSampler(watts, interval_s=0.005) as sampler:
         time.sleep(1.0)
         spent = energy.measure_energy(
-            call, counter=monitor.energy_mj, sync=torch.cuda.synchronize, per_call_s=fastest, min_s=3.0
+            call,
+            counter=monitor.energy_mj,
+            sync=torch.cuda.synchronize,
+            per_call_s=fastest,
+            awake_w=0.0,
+            min_s=3.0,
         )
         time.sleep(1.5)
     assert spent.missing == "" and spent.counted_mj > 0 and spent.calls > 10
@@ -476,6 +484,62 @@ def test_around_the_timed_calls_the_calibration_takes_out_flushes_spins_and_the_
     assert opened.counted_mj / 60 > 1.02 * board.call_w * call_s * 1e3
 
 
+@pytest.mark.parametrize("call_s", [5e-3, 0.07])
+def test_the_series_takes_its_idle_tail_off_at_the_awake_power(board, call_s):
+    board.step_s = 0.1  # an H200's counter moves every 0.1 s or so
+    calls = []
+
+    def call() -> None:
+        calls.append(1)
+        board.draw(call_s, board.call_w)
+
+    common = dict(counter=board.counter, sync=lambda: None, per_call_s=call_s, min_s=0.25)
+    spent = energy.measure_energy(call, awake_w=board.awake_w, **common)
+    own_mj = board.call_w * call_s * 1e3
+    assert spent.calls == len(calls) and 0 < spent.tail_s <= board.step_s + 1e-9
+    assert spent.outside_mj == pytest.approx(board.awake_w * spent.tail_s * 1e3)
+    assert spent.per_call_mj == pytest.approx(own_mj, rel=0.01)
+    # Left in, the tail is charged to the calls: here up to a tenth of a second at the awake power.
+    whole = energy.measure_energy(call, awake_w=0.0, **common)
+    assert whole.per_call_mj == pytest.approx(own_mj + board.awake_w * whole.tail_s * 1e3 / whole.calls)
+
+
+def test_without_the_awake_power_a_series_gives_no_energy_and_env_json_says_why(monkeypatch):
+    monitor, _ = monitor_with(monkeypatch, lambda read: 10**6 + 1_000 * read)
+    monkeypatch.setattr(worker, "_monitor", lambda device: monitor)
+    monkeypatch.setattr(worker, "_CALIBRATIONS", {})
+    failed = energy.Calibration(missing="the spins' window: the counter did not move over 0.52 s")
+    monkeypatch.setattr(worker, "_calibration", lambda device, monitor, flush: failed)
+    result = worker.measure_case(registry.get("sdpa_math"), CASE, MeasureSettings(warmup=1, reps=3), "cpu")
+    assert result.row.status == "ok" and result.row.energy_mj is None and result.row.tokens_per_joule is None
+    assert result.energy_missing == (
+        "no awake power to take the series' idle tail off "
+        "(the spins' window: the counter did not move over 0.52 s)"
+    )
+
+
+def test_the_series_lasts_the_energy_s_setting_and_env_json_names_it(monkeypatch):
+    monitor, _ = monitor_with(monkeypatch, lambda read: 10**6 + 1_000 * read)
+    monkeypatch.setattr(worker, "_monitor", lambda device: monitor)
+    monkeypatch.setattr(worker, "_calibration", lambda device, monitor, flush: energy.Calibration(5.0))
+    lengths = []
+    measured = energy.measure_energy
+
+    def spy(call, **options):
+        lengths.append(options["min_s"])
+        return measured(call, **options)
+
+    monkeypatch.setattr(energy, "measure_energy", spy)
+    chosen = MeasureSettings(warmup=1, reps=3, energy_s=0.05)
+    result = worker.measure_case(registry.get("sdpa_math"), CASE, chosen, "cpu")
+    assert lengths == [0.05] and result.row.energy_mj > 0 and result.energy.outside_mj > 0
+    assert specs.parse_spec({**_spec_table(), "energy_s": 2}, "t").measurement.energy_s == 2.0
+    assert "at least 0.25 s of back-to-back" in energy.env_record(True, None, "series", 0.25)["method"]
+    expected = r"^spec.toml: key 'energy_s': expected a finite number in \(0, 600\] seconds"
+    with pytest.raises(UserError, match=expected):
+        specs.parse_spec({**_spec_table(), "energy_s": 0}, "spec.toml")
+
+
 def test_a_calibration_whose_counter_does_not_move_says_so_and_charges_nothing(board):
     board.awake_w = 0.0  # the counter stands still over the spins
     calibration = energy.calibrate(
@@ -486,7 +550,7 @@ def test_a_calibration_whose_counter_does_not_move_says_so_and_charges_nothing(b
         flush=lambda: board.draw(80e-6, board.flush_w),
         gpu_seconds=board.gpu_seconds,
     )
-    assert calibration.missing == "the spins' window: the counter did not move over 0.70 s"
+    assert calibration.missing == "the spins' window: the counter did not move over 0.45 s"
     spent = energy.charge(energy.Energy(0, 0.0, 1.0, 500_000), 10, 0.5, 10, calibration)
     assert spent.outside_mj == 0 and spent.missing == calibration.missing
 

@@ -446,6 +446,8 @@ def test_sweep_measures_beside_its_precompile(plugin_adapters, tmp_path, monkeyp
     assert all(row.median_ms < 1000 for row in report.rows)
     # Measured while it compiled, the row says so; after it (the held case too), not.
     assert [runner.BESIDE_NOTE in row.note for row in report.rows] == [False, False, False, True]
+    # ... and has no energy: the GPU's counter would count the precompile's work with its calls.
+    assert runner.BESIDE_NO_ENERGY_NOTE in report.rows[3].note and report.rows[3].energy_mj is None
     env = json.loads((run_dir / "env.json").read_text())
     assert (env["precompile"]["runs"], env["precompile"]["failed"]) == (2, 0)
     phases = json.loads((run_dir / "timings.json").read_text())["phases_s"]

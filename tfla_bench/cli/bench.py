@@ -170,6 +170,10 @@ class _Flags:
             help="around (the counter read around the timed calls) or series (calls of its own after them)",
         ),
     ] = None
+    energy_s: Annotated[
+        float | None,
+        typer.Option("--energy-s", help="the shortest energy series in seconds (the series method)"),
+    ] = None
     grad: Annotated[
         str | None,
         typer.Option("--grad", help="fwbw upstream gradient: fixed (randn, made once) or sum (out.sum())"),
@@ -596,6 +600,7 @@ def _with_measurement_flags(spec: Spec, flags: _Flags) -> Spec:
         "cuda_graph": flags.cuda_graph,
         "energy": flags.energy,
         "energy_method": flags.energy_method,
+        "energy_s": flags.energy_s,
         "clock": flags.clock,
         "power_cap": flags.power_cap,
         "grad": flags.grad,

@@ -21,25 +21,28 @@ It runs after the timed series of the case (`tfla_bench.measure.timing`), as a s
    longer than its kernel), or at `MAX_CALLS`.
 3. The device is synchronized, and the counter is read until its next update (at most
    `TICK_WAIT_S`), so the step that holds the end of the last call is counted.
-4. `energy_mj` = the counter's rise / calls; `tokens_per_joule` = batch x seq_len / (energy_mj / 1000).
+4. The window's idle tail, from the sync that found the calls done to that update (up to one step
+   of the counter), is charged at the awake GPU's power (`calibrate`, once per worker) and taken off:
+   `energy_mj` = (the counter's rise - awake power x tail) / calls; `tokens_per_joule` = batch x
+   seq_len / (energy_mj / 1000).
 
 What one call's energy includes: everything the board drew while the calls ran, the GPU's idle
 (static) power and its memory's included: the GPU's energy while it runs the kernel. The L2 holds
 what the call before left in it (the timed calls start from a flushed L2). Where the host queues a
 call more slowly than the GPU runs it, the GPU idles between calls and that idle time is charged
-too, as in any loop of such calls. The series ends with less than one step of the counter (20-100
-ms) of the GPU idling after the last call, at idle power; with `MIN_SERIES_S` of calls that is a
-few percent at most. A GPU at its power cap runs the series at the capped clock, as a sustained
-workload does.
+too, as in any loop of such calls. The idle tail after the last call is not: left in, it was about
+3% of a 0.5 s series on an H200 (docs/energy.md, "Validation"). A GPU at its power cap runs the
+series at the capped clock, as a sustained workload does.
 
 When there is no energy
 -----------------------
 The cells stay empty, never zero, and `env.json` says why (`measurement.energy.missing`, one line):
 the setting is off (`energy = false`), the case ran on the CPU, nvidia-ml-py is not installed or
-NVML is unusable, NVML gives no counter for the GPU (`Not Supported`), the counter did not move
-over the series, or it went backwards (a driver reload resets it). A 64-bit counter in millijoules
-wraps after 585 million years at 1 kW; a fall is taken as a wrap only when the wrapped rise is one
-a GPU can draw in the series' time (`MAX_BOARD_W`), and so is any rise.
+NVML is unusable, NVML gives no counter for the GPU (`Not Supported`), the awake power that the
+tail is charged at could not be measured, the counter did not move over the series, or it went
+backwards (a driver reload resets it). A 64-bit counter in millijoules wraps after 585 million years
+at 1 kW; a fall is taken as a wrap only when the wrapped rise is one a GPU can draw in the series'
+time (`MAX_BOARD_W`), and so is any rise.
 """
 
 from __future__ import annotations
@@ -54,9 +57,10 @@ from typing import Any, TypeVar
 
 from tfla_bench.measure.gpustate import Monitor, NoEnergyCounter
 
-# The shortest series of calls the counter is read around: with a step of 20-100 ms, the steps at
-# its ends are a small share of it.
-MIN_SERIES_S = 0.5
+# The shortest series of calls the counter is read around (the `energy_s` setting's default): long
+# enough that its per-call energy repeats within 1% on an H200, short enough that the GPU runs it at
+# the clock it ran the timed calls at, before its power cap sets in (docs/energy.md, "Validation").
+MIN_SERIES_S = 0.25
 # The most calls in one series (a call of microseconds whose launch is quicker still).
 MAX_CALLS = 100_000
 # How long to wait for an update of the counter at each end of the series, and how often to look.
@@ -71,12 +75,14 @@ FLUSH_PROBE = 10
 MAX_OUTSIDE_SHARE = 0.2
 # NVML's counter is an unsigned 64-bit integer.
 COUNTER_MODULUS = 2**64
+# What env.json says of each method; `{series_s}` is the series' shortest length (`energy_s`).
 METHODS = {
     "series": (
         "NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption), read after an update of it "
-        f"before and after at least {MIN_SERIES_S:g} s of back-to-back calls that follow the timed calls "
-        "(no L2 flush, no spin), the device synchronized at both ends; energy_mj = its rise / calls, idle "
-        "power during the calls included (docs/energy.md)"
+        "before and after at least {series_s:g} s of back-to-back calls that follow the timed calls "
+        "(no L2 flush, no spin), the device synchronized at both ends; energy_mj = (its rise - the awake "
+        "GPU's power, measured once per worker, x the idle tail from the sync after the calls to the "
+        "counter's closing update) / calls, idle power during the calls included (docs/energy.md)"
     ),
     "around": (
         "NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption), read after an update of it "
@@ -84,7 +90,7 @@ METHODS = {
         "the L2 flushes' energy - the awake GPU's power x the window's time outside the calls and "
         "flushes) / calls, both measured once per worker; a case timed again under its power cap, or "
         f"whose flushes, spins and idle GPU drew more than {MAX_OUTSIDE_SHARE:.0%} of the rise, from "
-        f"at least {MIN_SERIES_S:g} s of back-to-back calls of its own (docs/energy.md)"
+        "at least {series_s:g} s of back-to-back calls of its own (docs/energy.md)"
     ),
 }
 OFF = "turned off (the spec's energy = false, or --no-energy)"
@@ -104,7 +110,7 @@ class Energy:
         counted_mj: the counter's rise, None when there is no energy.
         missing: why there is no energy, empty when there is.
         outside_mj: what the L2 flushes, the spins and the idle GPU drew in the window (`charge`);
-            zero for a series of its own (`measure_energy`), which charges the calls everything.
+            for a series of its own (`measure_energy`), the awake GPU over the window's idle tail.
         method: `series` or `around` (`tfla_bench.measure.settings.ENERGY_METHODS`).
         synced_s: when the device was found done with the calls (the sync after them returned): the
             window's rest, to `ended_s`, is the idle device waiting for the counter's next update.
@@ -122,6 +128,11 @@ class Energy:
     @property
     def seconds(self) -> float:
         return self.ended_s - self.started_s
+
+    @property
+    def tail_s(self) -> float:
+        """The window's idle tail: from the sync that found the calls done to the closing read."""
+        return max(self.ended_s - self.synced_s, 0.0) if self.synced_s else 0.0
 
     @property
     def per_call_mj(self) -> float | None:
@@ -195,6 +206,7 @@ def measure_energy(
     counter: Callable[[], int],
     sync: Callable[[], None],
     per_call_s: float,
+    awake_w: float,
     before_each: Callable[[], None] | None = None,
     min_s: float = MIN_SERIES_S,
     max_calls: int = MAX_CALLS,
@@ -206,13 +218,15 @@ def measure_energy(
         counter: reads the energy counter in mJ (`Monitor.energy_mj`); raises `NoEnergyCounter`.
         sync: waits for the device (`timing.synchronize`).
         per_call_s: the time of one call, for the number of calls (the timed series' fastest).
+        awake_w: the awake GPU's power in W (`Calibration.awake_w`), charged over the idle tail.
         before_each: state reset before each call (gradients to None); no GPU work.
         min_s, max_calls: `back_to_back`'s.
     """
     calls, opened = window(
         lambda: back_to_back(call, before_each, per_call_s, min_s, max_calls), counter=counter, sync=sync
     )
-    return dataclasses.replace(opened, calls=calls or 0)
+    tail_mj = awake_w * 1e3 * opened.tail_s if opened.counted_mj is not None else 0.0
+    return dataclasses.replace(opened, calls=calls or 0, outside_mj=tail_mj)
 
 
 def window(
@@ -388,10 +402,13 @@ def unavailable(monitor: Monitor | None) -> str | None:
     return None
 
 
-def env_record(enabled: bool, missing: str | None, method: str = "series") -> dict[str, Any]:
+def env_record(
+    enabled: bool, missing: str | None, method: str = "series", series_s: float = MIN_SERIES_S
+) -> dict[str, Any]:
     """`env.json`'s `measurement.energy`: whether it is on, the method, and why the cells are empty
     (None while nothing says so; a sweep sets it at the first row without energy)."""
-    return {"enabled": enabled, "method": METHODS[method], "missing": OFF if not enabled else missing}
+    described = METHODS[method].format(series_s=series_s)
+    return {"enabled": enabled, "method": described, "missing": OFF if not enabled else missing}
 
 
 def tell_missing(env: dict[str, Any], reason: str) -> bool:

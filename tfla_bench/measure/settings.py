@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tfla_bench.errors import UserError
+from tfla_bench.measure.energy import MIN_SERIES_S
 
 GRAD_MODES = ("fixed", "sum")
 # How a timed call's time is read (`tfla_bench.measure.timing`): CUDA events around it, or the GPU's
@@ -52,10 +53,12 @@ class MeasureSettings:
             first call (`tfla_bench.measure.timing.autotuning_budget`); Triton's own is 100.
         energy: read NVML's energy counter for the row's `energy_mj` and `tokens_per_joule` (GPU
             only; `tfla_bench.measure.energy`).
-        energy_method: `series` (at least 0.5 s of back-to-back calls after the timed ones, 0.6-0.7 s
-            a case on an H200) or `around` (the counter read around the timed calls, less what their
+        energy_method: `series` (at least `energy_s` of back-to-back calls after the timed ones, its
+            idle tail taken off) or `around` (the counter read around the timed calls, less what their
             flushes, spins and idle GPU drew; a case whose power cap set in, or whose calls drew too
             small a share of the window, falls back to the series).
+        energy_s: the shortest energy series in seconds; a series costs about this plus one step of
+            the counter (up to 0.1 s on an H200) a case.
     """
 
     warmup: int | None = None
@@ -75,6 +78,7 @@ class MeasureSettings:
     autotune_ms: float = 20.0
     energy: bool = True
     energy_method: str = "series"
+    energy_s: float = MIN_SERIES_S
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ RULES: dict[str, Rule] = {
     "autotune_ms": Rule("number", 0, 60_000, open_low=True, unit=" ms"),
     "energy": Rule("bool"),
     "energy_method": Rule("choice", choices=ENERGY_METHODS),
+    "energy_s": Rule("number", 0, 600, open_low=True, unit=" seconds"),
 }
 
 

@@ -342,7 +342,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     at_cap: list[energy.Energy | None] = []
 
     def energy_at_cap() -> None:  # the series at the clock the cap set, before the settle (`retime`)
-        at_cap.append(_energy(timed, reset_grads, monitor, device, first_stats.min_ms))
+        at_cap.append(_energy(timed, reset_grads, monitor, device, first_stats.min_ms, settings.energy_s))
 
     capped = gpustate.retime(
         series,
@@ -361,7 +361,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     elif opened is not None:
         spent, energy_note = _charged(opened, stats, flush, device, monitor)
     if settings.energy and spent is None:
-        spent = _energy(timed, reset_grads, monitor, device, stats.min_ms)
+        spent = _energy(timed, reset_grads, monitor, device, stats.min_ms, settings.energy_s)
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
     if capped.note:
         note, settle_s = capped.note, (settle_s or 0.0) + capped.settle_s
@@ -407,20 +407,36 @@ def _energy(
     monitor: gpustate.Monitor | None,
     device: str,
     fastest_ms: float,
+    min_s: float,
 ) -> energy.Energy | None:
-    """The case's energy series (`energy.measure_energy`), None without a GPU monitor (the CPU)."""
+    """The case's energy series (`energy.measure_energy`), its idle tail charged at the worker's awake
+    power (`awake_calibration`); None without a GPU monitor (the CPU)."""
     if monitor is None:
         return None
     # imports torch at import time, which only this path needs.
     from tfla_bench.measure import timing
 
+    awake = awake_calibration(device, monitor)
+    if awake.missing:
+        return energy.Energy(missing=f"no awake power to take the series' idle tail off ({awake.missing})")
     return energy.measure_energy(
         timed,
         counter=monitor.energy_mj,
         sync=functools.partial(timing.synchronize, device),
         per_call_s=fastest_ms / 1e3,
+        awake_w=awake.awake_w,
         before_each=reset_grads,
+        min_s=min_s,
     )
+
+
+def awake_calibration(device: str, monitor: gpustate.Monitor) -> energy.Calibration:
+    """A calibration of `device` that holds its awake power: any the worker has, else one without
+    flushes (`_calibration`)."""
+    for (known, _), calibration in _CALIBRATIONS.items():
+        if known == device:
+            return calibration
+    return _calibration(device, monitor, None)
 
 
 def _charged(

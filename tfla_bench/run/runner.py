@@ -903,6 +903,7 @@ def _start_workers(
             spec.measurement.energy,
             next((i.no_energy for i in infos if i.no_energy), None),
             spec.measurement.energy_method,
+            spec.measurement.energy_s,
         ),
     }
     env = envinfo.collect(spec, devices, infos, measurement)
@@ -1068,9 +1069,13 @@ class _Dispatch:
         if crashed is not None:
             return ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=self.host)
         settings = self.spec.measurement_for(planned.adapter)
-        job = Job(planned.case, type(planned.adapter).__module__, settings, planned.adapter.family)
         compiling = self.compiling
         beside = compiling is not None and compiling.running
+        # The energy counter is the whole GPU's: beside the precompile it would count its work too.
+        no_energy = beside and settings.energy
+        if no_energy:
+            settings = dataclasses.replace(settings, energy=False)
+        job = Job(planned.case, type(planned.adapter).__module__, settings, planned.adapter.family)
         began = time.monotonic()
         measurement = worker.run(job)
         if self.stop.is_set():
@@ -1079,10 +1084,12 @@ class _Dispatch:
             return _HELD
         row = _row(planned, measurement, self.host, _gpu_name(worker))
         if beside and row.status == "ok":
-            row = dataclasses.replace(row, note="; ".join(filter(None, (row.note, BESIDE_NOTE))))
+            note = BESIDE_NO_ENERGY_NOTE if no_energy else BESIDE_NOTE
+            row = dataclasses.replace(row, note="; ".join(filter(None, (row.note, note))))
         with self.lock:
-            if measurement.energy_missing:
-                self.tell_energy_missing(f"{measurement.energy_missing} (first: {row.case.key})")
+            missing = BESIDE_NO_ENERGY if no_energy and row.status == "ok" else measurement.energy_missing
+            if missing:
+                self.tell_energy_missing(f"{missing} (first: {row.case.key})")
             self.crashes.record(row.case.kernel, row.status, row.error)
             self.clock.add_case(
                 planned.case.kernel,
@@ -1118,6 +1125,10 @@ LONG_CALL_S = 0.02
 # The note of a row measured while the precompile compiled beside it: its processes' torch work
 # shares the GPU (on an H200, long attention calls measured so took 2.5-5.3% longer than warm).
 BESIDE_NOTE = "measured beside the precompile"
+# Such a row has no energy: NVML's counter is the GPU's, and it would charge the precompile's work
+# to the calls (on an H200 up to twice the energy of the same call measured warm).
+BESIDE_NO_ENERGY = "measured beside the precompile, whose GPU work the energy counter would count too"
+BESIDE_NO_ENERGY_NOTE = f"{BESIDE_NOTE}, so without energy (the counter would count its GPU work too)"
 # `_Dispatch.measure`'s answer for a case that runs again after the precompile.
 _HELD = object()
 

@@ -76,6 +76,7 @@ TOP_KEYS = (
     "autotune_ms",
     "energy",
     "energy_method",
+    "energy_s",
     "params",
     "shape",
     "override",
