@@ -236,6 +236,25 @@ def test_a_sweep_writes_the_cells_which_survive_the_csv_and_a_resume(tmp_path, m
     assert again[32].energy_mj > 0 and kept in csv_path.read_text()
 
 
+def test_a_run_from_before_the_series_length_was_recorded_resumes_at_the_length_it_measured(
+    tmp_path, monkeypatch
+):
+    _sweep(tmp_path, monkeypatch, "rises", seq_len=(16, 32))
+    run = tmp_path / "run"
+    # As such a run wrote them: neither its spec.json nor its attempt's record names energy_s.
+    table = json.loads((run / rundir.SPEC).read_text())
+    env = json.loads((run / rundir.ENV).read_text())
+    del table["energy_s"], env["spec_record"]["energy_s"]
+    (run / rundir.SPEC).write_text(json.dumps(table))
+    (run / rundir.ENV).write_text(json.dumps(env))
+    lines = (run / rundir.RESULTS).read_text().splitlines(keepends=True)
+    (run / rundir.RESULTS).write_text("".join(lines[:2]))
+    assert main(["sweep", "--resume", str(run)]) == 0  # no "spec.json was edited"
+    resumed = json.loads((run / rundir.ENV).read_text())["resumed"][-1]
+    assert "at least 0.5 s of back-to-back" in resumed["measurement"]["energy"]["method"]
+    assert len(rundir.read_results(run / rundir.RESULTS).rows) == 2
+
+
 def test_a_sweep_whose_counter_does_not_move_says_why_in_env_json(tmp_path, monkeypatch):
     (row,) = _sweep(tmp_path, monkeypatch, "stuck").rows
     assert row.status == "ok" and row.energy_mj is None and row.tokens_per_joule is None

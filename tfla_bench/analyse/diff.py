@@ -48,7 +48,7 @@ from matplotlib.lines import Line2D
 from tfla_bench.errors import UserError
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
-from tfla_bench.measure.settings import MeasureSettings
+from tfla_bench.measure.settings import BEFORE_RECORDED, MeasureSettings
 from tfla_bench.plots.base import DPI, MAX_ASPECT, new_figure
 from tfla_bench.plots.runs import MODE_TITLES, set_log2_x
 from tfla_bench.plots.style import row_style
@@ -356,10 +356,6 @@ def env_warnings(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
         for name in dict.fromkeys([*facts_a, *facts_b])
         if name != "tfla-bench" and facts_a.get(name) != facts_b.get(name)
     ]
-
-
-# The value of a setting that a run measured with before its spec.json recorded the setting.
-BEFORE_RECORDED = {"energy_method": "series", "energy_s": 0.5}
 
 
 def settings_warnings(run_a: Path, run_b: Path) -> list[str]:

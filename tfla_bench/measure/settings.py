@@ -23,6 +23,9 @@ POWER_CAP_MODES = ("gaps", "again")
 # Where the energy per call is read (`tfla_bench.measure.energy`): around the timed calls, less what
 # the flushes, spins and idle GPU in their window drew, or in a series of calls of its own after them.
 ENERGY_METHODS = ("around", "series")
+# The value of a setting that a run measured with before its spec.json recorded the setting: `diff`
+# compares it, and `--resume` measures the rest of such a run with it.
+BEFORE_RECORDED = {"energy_method": "series", "energy_s": 0.5}
 # The longest a case may run, first call included: a week.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 

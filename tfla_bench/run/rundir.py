@@ -83,6 +83,7 @@ from typing import Any
 
 from tfla_bench.errors import UserError
 from tfla_bench.measure.row import CASE_COLUMNS, METRIC_COLUMNS, REQUIRED_COLUMNS, ResultRow
+from tfla_bench.measure.settings import BEFORE_RECORDED
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
 
 SCHEMA_VERSION = 4
@@ -714,7 +715,9 @@ def spec_edit(run_dir: Path, spec: dict[str, Any]) -> str | None:
     """How `spec` (the run's `SPEC` as read now) differs from the spec its latest attempt recorded
     (`spec_difference`), or None: the same, or a run that recorded none."""
     record = _latest_attempt(read_env(run_dir)).get("spec_record")
-    return spec_difference(record, spec) if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return None
+    return spec_difference({**BEFORE_RECORDED, **record}, spec)
 
 
 def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:

@@ -125,6 +125,7 @@ from tfla_bench.measure import energy, envinfo
 from tfla_bench.measure import roofs as roofs_module
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
+from tfla_bench.measure.settings import BEFORE_RECORDED
 from tfla_bench.measure.worker import (
     CrashGuard,
     Job,
@@ -270,6 +271,8 @@ def load_run_spec(run_dir: Path) -> Spec:
         raw = rundir.read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
+    if isinstance(raw, dict):
+        raw = {**BEFORE_RECORDED, **raw}  # what a run measured with before it was recorded
     return parse_spec(raw, str(path))
 
 
