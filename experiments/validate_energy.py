@@ -272,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the awake power: {awake.missing}", file=sys.stderr)
         return 1
     rows = []
+    sample_s = args.sample_ms / 1e3
     for seconds in args.seconds:
         try:
-            sample_s = args.sample_ms / 1e3
             row = series_row(
                 step, reset, monitor, readers, seconds, fastest, sample_s, awake.awake_w, args.lead
             )

@@ -5,7 +5,7 @@ around the timed calls less what ran beside them (`window`, `calibrate`, `charge
 The counter (`nvmlDeviceGetTotalEnergyConsumption`, read by `gpustate.Monitor.energy_mj`) is the
 GPU board's energy in millijoules since the driver was loaded. It moves in steps: the driver
 updates it every 20-100 ms, depending on the GPU. One call is far shorter than a step, so the
-worker reads the counter around a series of calls that lasts at least `MIN_SERIES_S`, and divides.
+worker reads the counter around a series of calls that lasts at least the `energy_s` setting, and divides.
 
 The series (`measure_energy`)
 -----------------------------
@@ -16,9 +16,9 @@ It runs after the timed series of the case (`tfla_bench.measure.timing`), as a s
    it counts begins where the calls begin, not up to one step earlier.
 2. Calls back to back, each after the gradients are set to None (host work, no kernel), without
    the L2 flush and the spin that precede every timed call: neither is charged to the kernel. The
-   calls stop once the count planned from the timed series' fastest call would last
-   `MIN_SERIES_S`, or once `MIN_SERIES_S` of the host's time has passed (a call whose launch takes
-   longer than its kernel), or at `MAX_CALLS`.
+   calls stop once the count planned from the timed series' fastest call would last the series'
+   length (the `energy_s` setting, `MIN_SERIES_S` by default), or once that much of the host's time
+   has passed (a call whose launch takes longer than its kernel), or at `MAX_CALLS`.
 3. The device is synchronized, and the counter is read until its next update (at most
    `TICK_WAIT_S`), so the step that holds the end of the last call is counted.
 4. The window's idle tail, from the sync that found the calls done to that update (up to one step
