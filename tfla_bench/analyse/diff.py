@@ -48,7 +48,7 @@ from matplotlib.lines import Line2D
 from tfla_bench.errors import UserError
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
-from tfla_bench.measure.settings import BEFORE_RECORDED, MeasureSettings
+from tfla_bench.measure.settings import MeasureSettings, as_recorded
 from tfla_bench.plots.base import DPI, MAX_ASPECT, new_figure
 from tfla_bench.plots.runs import MODE_TITLES, set_log2_x
 from tfla_bench.plots.style import row_style
@@ -367,7 +367,7 @@ def settings_warnings(run_a: Path, run_b: Path) -> list[str]:
             recorded.append(json.loads((Path(run_dir) / rundir.SPEC).read_text()))
         except (OSError, ValueError):
             return []  # a run without a readable spec.json: nothing to compare
-    spec_a, spec_b = ({**BEFORE_RECORDED, **spec} for spec in recorded)
+    spec_a, spec_b = (as_recorded(spec) for spec in recorded)
     return [
         f"measurement setting {name} differs: A {spec_a.get(name, 'not recorded')}, "
         f"B {spec_b.get(name, 'not recorded')}"

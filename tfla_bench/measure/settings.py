@@ -23,8 +23,8 @@ POWER_CAP_MODES = ("gaps", "again")
 # Where the energy per call is read (`tfla_bench.measure.energy`): around the timed calls, less what
 # the flushes, spins and idle GPU in their window drew, or in a series of calls of its own after them.
 ENERGY_METHODS = ("around", "series")
-# The value of a setting that a run measured with before its spec.json recorded the setting: `diff`
-# compares it, and `--resume` measures the rest of such a run with it.
+# The value of a setting that a run measured with before its spec.json recorded the setting
+# (`as_recorded`).
 BEFORE_RECORDED = {"energy_method": "series", "energy_s": 0.5}
 # The longest a case may run, first call included: a week.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -61,7 +61,7 @@ class MeasureSettings:
             flushes, spins and idle GPU drew; a case whose power cap set in, or whose calls drew too
             small a share of the window, falls back to the series).
         energy_s: the shortest energy series in seconds; a series costs about this plus one step of
-            the counter (up to 0.1 s on an H200) a case.
+            the counter (about 0.1 s on an H200) a case.
     """
 
     warmup: int | None = None
@@ -142,6 +142,13 @@ RULES: dict[str, Rule] = {
     "energy_method": Rule("choice", choices=ENERGY_METHODS),
     "energy_s": Rule("number", 0, 600, open_low=True, unit=" seconds"),
 }
+
+
+def as_recorded(table: dict[str, Any]) -> dict[str, Any]:
+    """A run's spec table (its spec.json, or the copy its env.json recorded) with the settings it
+    does not name at the values it measured with (`BEFORE_RECORDED`): what `diff` compares, and what
+    `--resume` measures the rest of the run with."""
+    return {**BEFORE_RECORDED, **table}
 
 
 def check(key: str, value: Any, where: str) -> Any:

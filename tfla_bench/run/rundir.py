@@ -83,7 +83,7 @@ from typing import Any
 
 from tfla_bench.errors import UserError
 from tfla_bench.measure.row import CASE_COLUMNS, METRIC_COLUMNS, REQUIRED_COLUMNS, ResultRow
-from tfla_bench.measure.settings import BEFORE_RECORDED
+from tfla_bench.measure.settings import as_recorded
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
 
 SCHEMA_VERSION = 4
@@ -717,7 +717,7 @@ def spec_edit(run_dir: Path, spec: dict[str, Any]) -> str | None:
     record = _latest_attempt(read_env(run_dir)).get("spec_record")
     if not isinstance(record, dict):
         return None
-    return spec_difference({**BEFORE_RECORDED, **record}, spec)
+    return spec_difference(as_recorded(record), spec)
 
 
 def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:

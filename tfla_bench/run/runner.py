@@ -125,7 +125,7 @@ from tfla_bench.measure import energy, envinfo
 from tfla_bench.measure import roofs as roofs_module
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.row import ResultRow
-from tfla_bench.measure.settings import BEFORE_RECORDED
+from tfla_bench.measure.settings import as_recorded
 from tfla_bench.measure.worker import (
     CrashGuard,
     Job,
@@ -271,9 +271,7 @@ def load_run_spec(run_dir: Path) -> Spec:
         raw = rundir.read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
-    if isinstance(raw, dict):
-        raw = {**BEFORE_RECORDED, **raw}  # what a run measured with before it was recorded
-    return parse_spec(raw, str(path))
+    return parse_spec(as_recorded(raw) if isinstance(raw, dict) else raw, str(path))
 
 
 def resume_plan(
