@@ -14,8 +14,9 @@ Two steps, each in a process of its own:
 2. Compile: each distinct variant with `triton.compile` for `GPUTarget("cuda", 90, 32)` (no GPU
    needed), pointers and integers that divide by 16 marked so, as Triton specializes them at a launch.
    The digest of its PTX is taken without the lines that name source positions (`.loc`, `.file`, the
-   debug sections), which a change that only moves code alters; the SASS's (`cuobjdump -sass` of
-   the cubin) without its comments.
+   debug sections) and without the labels that mark where an inlined `triton.jit` helper begins and
+   ends (`$L__tmp3:`, which no instruction branches to), which a change that only moves code alters;
+   the SASS's (`cuobjdump -sass` of the cubin) without its comments.
 
 OUT.json lists every variant with its two digests. `--compare BEFORE.json` then says which variants
 differ, appeared or went away, and exits 1 if any did.
@@ -58,7 +59,7 @@ CALLS = [
 ]
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32", "int64": "i64"}
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
-DEBUG_LINE = re.compile(r"^\s*(\.loc|\.file)\b")
+DEBUG_LINE = re.compile(r"^\s*(\.loc|\.file)\b|^\$L__tmp\d+:$")
 
 
 def record() -> list[dict]:

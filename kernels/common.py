@@ -57,24 +57,29 @@ def tile_bounds(c, i_tile, L: tl.constexpr, BLOCK: tl.constexpr, T):
 
 
 @triton.jit
+def load_rows(base, rows, valid, cols, D: tl.constexpr):
+    """The tile `M[rows, cols]` of the row-major matrix `M` of width `D` at `base`; zero in the rows
+    that are not `valid`."""
+    return tl.load(base + rows[:, None] * D + cols[None, :], mask=valid[:, None], other=0.0)
+
+
+@triton.jit
+def store_rows(base, rows, valid, cols, D: tl.constexpr, tile):
+    """`M[rows, cols] = tile`, in the dtype of `M` (as `load_rows`), in the rows that are `valid`."""
+    tl.store(base + rows[:, None] * D + cols[None, :], tile.to(base.dtype.element_ty), mask=valid[:, None])
+
+
+@triton.jit
 def dot_rows(
-    x_ptr,
-    x_rows,
-    x_valid,
-    y_ptr,
-    y_rows,
-    y_valid,
-    acc,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    x_ptr, x_rows, x_valid, y_ptr, y_rows, y_valid, acc,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """`acc + X[x_rows] Y[y_rows]^T` for row-major `X, Y` of width `D`, `BLOCK_D` columns at a time:
     the scores `S = Q K^T` and `dS = dH V^T` over a head dim (Algorithm 1, lines 6-9)."""
     offs_d = tl.arange(0, BLOCK_D)
     for d0 in range(0, D, BLOCK_D):
-        x = tl.load(x_ptr + x_rows[:, None] * D + (d0 + offs_d)[None, :], mask=x_valid[:, None], other=0.0)
-        y = tl.load(y_ptr + y_rows[:, None] * D + (d0 + offs_d)[None, :], mask=y_valid[:, None], other=0.0)
+        x = load_rows(x_ptr, x_rows, x_valid, d0 + offs_d, D)
+        y = load_rows(y_ptr, y_rows, y_valid, d0 + offs_d, D)
         acc = tl.dot(x, tl.trans(y), acc, input_precision=DOT_PRECISION)
     return acc
 
@@ -100,8 +105,8 @@ def _add_keys_tile(
     where a float32 sum over the steps would cross the warps on every tile (on an H100 that sum made
     the state kernel take 1.47x as long)."""
     valid = t < end
-    k = tl.load(k_base + t[:, None] * DQK + offs_qk[None, :], mask=valid[:, None], other=0.0)
-    v = tl.load(v_base + t[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+    k = load_rows(k_base, t, valid, offs_qk, DQK)
+    v = load_rows(v_base, t, valid, offs_v, DV)
     b = tl.load(gate_ptr + t, mask=valid, other=0.0)
     log_i = tl.load(log_i_ptr + t, mask=valid, other=float("-inf"))
     k_weighted = tl.trans((k * tl.exp(log_scale - b + log_i)[:, None]).to(k_base.dtype.element_ty))
@@ -114,34 +119,15 @@ def _add_keys_tile(
 
 @triton.jit
 def fwd_kernel_states(
-    k_ptr,
-    v_ptr,
-    b_ptr,
-    log_i_ptr,
-    g_ptr,
-    a_max_ptr,
-    C0_ptr,
-    n0_ptr,
-    m0_ptr,
-    C_ptr,
-    n_ptr,
-    m_ptr,
-    C_final_ptr,
-    T,
-    NC,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    L: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_DQK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    USE_MAX_STATE: tl.constexpr,
-    HAS_N: tl.constexpr,
-    HAS_INITIAL: tl.constexpr,
-    STORE_FINAL: tl.constexpr,
-    ONE_TILE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    k_ptr, v_ptr, b_ptr, log_i_ptr, g_ptr, a_max_ptr,  # the keys, the values and the log gates
+    C0_ptr, n0_ptr, m0_ptr,  # the initial state
+    C_ptr, n_ptr, m_ptr, C_final_ptr,  # the chunk-boundary states, the final C
+    T, NC,
+    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    USE_MAX_STATE: tl.constexpr, HAS_N: tl.constexpr, HAS_INITIAL: tl.constexpr, STORE_FINAL: tl.constexpr,
+    ONE_TILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """Chunk-boundary states: `C_k = g_bar_k C_{k-1} + (a_bar_k * K)^T V` (eq. 41) and `n_k` (eq. 42).
 
     The recurrence runs in float32 registers from the initial state (`C0, n0, m0`, float32, with
@@ -226,8 +212,8 @@ def _add_queries_tile(
     """`dC + Q_bar^T dH~` over the steps `t < end` (B.3), with `Q_bar = exp(b + m_{k-1} - m) Q / sqrt(d)`
     (`log_scale = m_{k-1}`) and `dH~ = dH / denom`."""
     valid = t < end
-    q = tl.load(q_base + t[:, None] * DQK + offs_qk[None, :], mask=valid[:, None], other=0.0)
-    dh = tl.load(dh_base + t[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+    q = load_rows(q_base, t, valid, offs_qk, DQK)
+    dh = load_rows(dh_base, t, valid, offs_v, DV)
     log_weight = tl.load(gate_ptr + t, mask=valid, other=0.0) + log_scale
     if USE_MAX_STATE:
         log_weight -= tl.load(m_row_ptr + t, mask=valid, other=0.0)
@@ -240,35 +226,15 @@ def _add_queries_tile(
 
 @triton.jit
 def bwd_kernel_dstates(
-    q_ptr,
-    dh_ptr,
-    b_ptr,
-    g_ptr,
-    m_row_ptr,
-    denom_ptr,
-    m_ptr,
-    C_ptr,
-    dC_ptr,
-    dC_final_ptr,
-    dC0_ptr,
-    dg_ptr,
-    T,
-    NC,
-    BH,
-    scale,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    L: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_DQK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    USE_MAX_STATE: tl.constexpr,
-    HAS_DENOM: tl.constexpr,
-    HAS_FINAL_GRAD: tl.constexpr,
-    STORE_INITIAL_GRAD: tl.constexpr,
-    ONE_TILE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    q_ptr, dh_ptr, b_ptr, g_ptr, m_row_ptr, denom_ptr,  # the queries, the output gradient, the gates
+    m_ptr, C_ptr,  # the forward's states
+    dC_ptr, dC_final_ptr, dC0_ptr, dg_ptr,  # the state gradients, and the chunk-sum gate gradients
+    T, NC, BH, scale,
+    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    USE_MAX_STATE: tl.constexpr, HAS_DENOM: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr,
+    STORE_INITIAL_GRAD: tl.constexpr, ONE_TILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """State gradients `dC_k` for k = NC .. 0, from the final-state gradient `dC_NC` (float32 at
     `dC_final_ptr` with `HAS_FINAL_GRAD`, else zero).
 

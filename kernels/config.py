@@ -300,14 +300,9 @@ CHUNK_STEP_WEIGHT = 4
 
 def register_tuned(
     target: str,
-    kernel: str,
-    head_dim_qk: int,
-    head_dim_v: int,
-    chunk_size: int,
-    dtype: torch.dtype,
-    gate: str,
+    kernel: str, head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: torch.dtype, gate: str,
     config: KernelConfig,
-) -> None:
+) -> None:  # fmt: skip
     """Use `config` for this kernel and shape on the GPUs of `target`: an architecture (`sm90`) or
     a GPU's name (`torch.cuda.get_device_name`), which wins over its architecture."""
     check_config(kernel, config, head_dim_qk, head_dim_v, chunk_size)
@@ -374,14 +369,9 @@ def _shortfall(key: tuple, head_dim_qk: int, head_dim_v: int) -> float:
 
 @lru_cache(maxsize=256)
 def config_for(
-    kernel: str,
-    head_dim_qk: int,
-    head_dim_v: int,
-    chunk_size: int,
-    dtype: torch.dtype,
-    gate: str,
+    kernel: str, head_dim_qk: int, head_dim_v: int, chunk_size: int, dtype: torch.dtype, gate: str,
     gpu: tuple[str, str],
-) -> KernelConfig:
+) -> KernelConfig:  # fmt: skip
     """The config of one call on a GPU (`gpu_target`): the entry tuned for this GPU's name at this
     shape, else the entry for its architecture, else the nearest tuned shape of the same kernel,
     gate and dtype on this GPU or architecture that can run here (`adapted`; among equally near ones,

@@ -62,34 +62,19 @@ from tfla_bench.kernels.chunkwise import (
     resolve_config,
     states_backward,
 )
-from tfla_bench.kernels.common import dot_rows
+from tfla_bench.kernels.common import dot_rows, load_rows, store_rows
 from tfla_bench.kernels.config import KernelConfig, float32_states, unsupported_reason
 
 
 @triton.jit
 def limit_chunk_fwd_kernel_h(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    b_ptr,
-    log_i_ptr,
-    C_ptr,
-    n_ptr,
-    m_ptr,
-    h_ptr,
-    m_row_ptr,
-    denom_ptr,
-    T,
-    NC,
-    scale,
-    eps,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    L: tl.constexpr,
-    BLOCK_DQK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, b_ptr, log_i_ptr,  # the inputs and their log gates
+    C_ptr, n_ptr, m_ptr,  # the chunk-boundary states
+    h_ptr, m_row_ptr, denom_ptr,  # the outputs, and what the backward pass reuses
+    T, NC, scale, eps,
+    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """Outputs of one (chunk, d_hv block) from the whole L x L tile; also the row max state and denom."""
     N_DV: tl.constexpr = DV // BLOCK_DV
     pid = tl.program_id(0)
@@ -113,8 +98,8 @@ def limit_chunk_fwd_kernel_h(
     h_inter = tl.zeros([L, BLOCK_DV], dtype=tl.float32)
     n_inter = tl.zeros([L], dtype=tl.float32)
     for d0 in range(0, DQK, BLOCK_DQK):
-        q = tl.load(q_base + offs_t[:, None] * DQK + (d0 + offs_dqk)[None, :], mask=valid[:, None], other=0.0)
-        k = tl.load(k_base + offs_t[:, None] * DQK + (d0 + offs_dqk)[None, :], mask=valid[:, None], other=0.0)
+        q = load_rows(q_base, offs_t, valid, d0 + offs_dqk, DQK)
+        k = load_rows(k_base, offs_t, valid, d0 + offs_dqk, DQK)
         C = tl.load(C_base + (d0 + offs_dqk)[:, None] * DV + offs_v[None, :])
         s = tl.dot(q, tl.trans(k), s, input_precision=DOT_PRECISION)
         h_inter = tl.dot(q, C.to(dtype), h_inter, input_precision=DOT_PRECISION)
@@ -132,50 +117,25 @@ def limit_chunk_fwd_kernel_h(
     inter_weight = tl.exp(b + m_prev - m_row)
 
     # H = (b_bar Q C_{k-1} + (S * D) V) / sqrt(d) and its denominator (eqs. 51-55)
-    v = tl.load(v_ptr + bh * T * DV + offs_t[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+    v = load_rows(v_ptr + bh * T * DV, offs_t, valid, offs_v, DV)
     h_num = tl.dot(p.to(dtype), v, h_inter * inter_weight[:, None], input_precision=DOT_PRECISION) * scale
     n_q = (n_inter * inter_weight + tl.sum(p, axis=1)) * scale
     denom = tl.maximum(tl.abs(n_q), tl.exp(-m_row)) + eps
     h = h_num / denom[:, None]
-    tl.store(
-        h_ptr + bh * T * DV + offs_t[:, None] * DV + offs_v[None, :],
-        h.to(h_ptr.dtype.element_ty),
-        mask=valid[:, None],
-    )
+    store_rows(h_ptr + bh * T * DV, offs_t, valid, offs_v, DV, h)
     tl.store(m_row_ptr + gate_base + offs_t, m_row, mask=valid & (i_dv == 0))
     tl.store(denom_ptr + gate_base + offs_t, denom, mask=valid & (i_dv == 0))
 
 
 @triton.jit
 def limit_chunk_bwd_kernel_dqkv(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    dh_ptr,
-    b_ptr,
-    log_i_ptr,
-    g_ptr,
-    m_ptr,
-    m_row_ptr,
-    denom_ptr,
-    C_ptr,
-    dC_ptr,
-    dq_ptr,
-    dk_ptr,
-    dv_ptr,
-    qdq_ptr,
-    kdk_ptr,
-    kdk_inter_ptr,
-    T,
-    NC,
-    scale,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    L: tl.constexpr,
-    BLOCK_DQK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, dh_ptr, b_ptr, log_i_ptr, g_ptr,  # the inputs, the output gradient, the gates
+    m_ptr, m_row_ptr, denom_ptr, C_ptr, dC_ptr,  # what the forward pass stored, the state gradients
+    dq_ptr, dk_ptr, dv_ptr, qdq_ptr, kdk_ptr, kdk_inter_ptr,  # the gradients and their row dot products
+    T, NC, scale,
+    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """dQ, dK, dV of one chunk from its whole L x L tiles, and the row dot products q . dq, k . dk
     and k . dk_inter (the inter-chunk part of dK, through the state at the chunk's end)."""
     pid = tl.program_id(0)
@@ -244,19 +204,15 @@ def limit_chunk_bwd_kernel_dqkv(
         acc_q = tl.zeros([L, BLOCK_DQK], dtype=tl.float32)
         acc_k = tl.zeros([L, BLOCK_DQK], dtype=tl.float32)
         for v0 in range(0, DV, BLOCK_DV):
-            dh = tl.load(
-                dh_base + offs_t[:, None] * DV + (v0 + offs_dv)[None, :], mask=valid[:, None], other=0.0
-            )
-            v = tl.load(
-                v_base + offs_t[:, None] * DV + (v0 + offs_dv)[None, :], mask=valid[:, None], other=0.0
-            )
+            dh = load_rows(dh_base, offs_t, valid, v0 + offs_dv, DV)
+            v = load_rows(v_base, offs_t, valid, v0 + offs_dv, DV)
             state_offs = (d0 + offs_dqk)[:, None] * DV + (v0 + offs_dv)[None, :]
             C = tl.load(C_base + state_offs)
             dC = tl.load(dC_base + state_offs)
             acc_q = tl.dot(dh, tl.trans(C.to(dtype)), acc_q, input_precision=DOT_PRECISION)
             acc_k = tl.dot(v, tl.trans(dC.to(dtype)), acc_k, input_precision=DOT_PRECISION)
-        q = tl.load(q_base + offs_t[:, None] * DQK + (d0 + offs_dqk)[None, :], mask=valid[:, None], other=0.0)
-        k = tl.load(k_base + offs_t[:, None] * DQK + (d0 + offs_dqk)[None, :], mask=valid[:, None], other=0.0)
+        q = load_rows(q_base, offs_t, valid, d0 + offs_dqk, DQK)
+        k = load_rows(k_base, offs_t, valid, d0 + offs_dqk, DQK)
         dk_inter = acc_k * kv_weight[:, None]
         dq = tl.dot(dp, k, acc_q * q_weight[:, None], input_precision=DOT_PRECISION)
         dk = tl.dot(tl.trans(dp), q, dk_inter, input_precision=DOT_PRECISION)

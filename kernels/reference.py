@@ -119,17 +119,9 @@ def _denominator(nq: torch.Tensor, m: torch.Tensor | None, eps: float) -> torch.
 
 
 def mlstm_recurrent(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    i: torch.Tensor,
-    f: torch.Tensor,
-    *,
-    gate: str = "exp",
-    initial_state: State | None = None,
-    eps: float = 1e-6,
-    normalize: bool = False,
-) -> tuple[torch.Tensor, State]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: torch.Tensor, *,
+    gate: str = "exp", initial_state: State | None = None, eps: float = 1e-6, normalize: bool = False,
+) -> tuple[torch.Tensor, State]:  # fmt: skip
     """The mLSTM step by step (eqs. 1-5; mLSTMsig eqs. 22-24).
 
     Args:
@@ -175,17 +167,9 @@ def mlstm_recurrent(
 
 
 def mlstm_parallel(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    i: torch.Tensor,
-    f: torch.Tensor,
-    *,
-    gate: str = "exp",
-    initial_state: State | None = None,
-    eps: float = 1e-6,
-    normalize: bool = False,
-) -> tuple[torch.Tensor, State]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: torch.Tensor, *,
+    gate: str = "exp", initial_state: State | None = None, eps: float = 1e-6, normalize: bool = False,
+) -> tuple[torch.Tensor, State]:  # fmt: skip
     """The fully parallel stabilized mLSTM (appendix B.1), `O(T^2)` memory.
 
     The initial state enters as one more "column" of the gate matrix with log weight
@@ -219,18 +203,10 @@ def mlstm_parallel(
 
 
 def mlstm_chunkwise(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    i: torch.Tensor,
-    f: torch.Tensor,
-    *,
-    gate: str = "exp",
-    chunk_size: int = 64,
-    initial_state: State | None = None,
-    eps: float = 1e-6,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: torch.Tensor, *,
+    gate: str = "exp", chunk_size: int = 64, initial_state: State | None = None, eps: float = 1e-6,
     normalize: bool = False,
-) -> tuple[torch.Tensor, State]:
+) -> tuple[torch.Tensor, State]:  # fmt: skip
     """The chunkwise parallel mLSTM (appendix B.2): an inter-chunk recurrence and intra-chunk attention.
 
     `T` need not be a multiple of `chunk_size`; the last chunk is then shorter. Other arguments and

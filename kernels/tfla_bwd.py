@@ -34,14 +34,16 @@ unless `HAS_DENOM`.
 import triton
 import triton.language as tl
 
-from tfla_bench.kernels.common import dot_rows, program_tile, tile_bounds
+from tfla_bench.kernels.common import dot_rows, load_rows, program_tile, store_rows, tile_bounds
 
 
 @triton.jit
 def _query_log_scale(
-    b_ptr, m_row_ptr, denom_ptr, offs, valid, USE_MAX_STATE: tl.constexpr, HAS_DENOM: tl.constexpr
+    b_ptr, m_row_ptr, denom_ptr, gate_base, offs, valid, USE_MAX_STATE: tl.constexpr, HAS_DENOM: tl.constexpr
 ):
-    """Per query row: `b - m` (the row part of log D) and `1 / denom` (1 where the row is invalid)."""
+    """Per query row of the head at `gate_base`: `b - m` (the row part of log D) and `1 / denom` (1
+    where the row is invalid)."""
+    b_ptr, m_row_ptr, denom_ptr = b_ptr + gate_base, m_row_ptr + gate_base, denom_ptr + gate_base
     b = tl.load(b_ptr + offs, mask=valid, other=0.0)
     if USE_MAX_STATE:
         b = b - tl.load(m_row_ptr + offs, mask=valid, other=0.0)
@@ -54,33 +56,14 @@ def _query_log_scale(
 
 @triton.jit
 def tfla_bwd_kernel_dq(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    dh_ptr,
-    b_ptr,
-    log_i_ptr,
-    m_row_ptr,
-    denom_ptr,
-    m_ptr,
-    C_ptr,
-    dq_ptr,
-    qdq_ptr,
-    T,
-    NC,
-    BH,
-    scale,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    L: tl.constexpr,
-    BLOCK_LQ: tl.constexpr,
-    BLOCK_LKV: tl.constexpr,
-    BLOCK_DQK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    USE_MAX_STATE: tl.constexpr,
-    HAS_DENOM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, dh_ptr, b_ptr, log_i_ptr,  # the inputs, the output gradient, the log gates
+    m_row_ptr, denom_ptr, m_ptr, C_ptr,  # what the forward pass stored
+    dq_ptr, qdq_ptr,  # dQ and the row dot products q . dq
+    T, NC, BH, scale,
+    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_LQ: tl.constexpr, BLOCK_LKV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    USE_MAX_STATE: tl.constexpr, HAS_DENOM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """dQ of one (L_hq tile, d_qk block), and the row dot products q . dq of that block."""
     i_dqk, i_lq, c, bh = program_tile(DQK // BLOCK_DQK, L // BLOCK_LQ, NC)
     q_start, chunk_start, chunk_end = tile_bounds(c, i_lq, L, BLOCK_LQ, T)
@@ -100,20 +83,12 @@ def tfla_bwd_kernel_dq(
     dtype = q_ptr.dtype.element_ty
 
     log_scale_q, inv_denom = _query_log_scale(
-        b_ptr + gate_base,
-        m_row_ptr + gate_base,
-        denom_ptr + gate_base,
-        offs_q,
-        q_valid,
-        USE_MAX_STATE,
-        HAS_DENOM,
+        b_ptr, m_row_ptr, denom_ptr, gate_base, offs_q, q_valid, USE_MAX_STATE, HAS_DENOM
     )
     # Inter-chunk part dQ_inter = dH~ C_{k-1}^T (B.3) over the d_hv blocks; b_bar is applied after the loop
     acc = tl.zeros([BLOCK_LQ, BLOCK_DQK], dtype=tl.float32)
     for d0 in range(0, DV, BLOCK_DV):
-        dh = tl.load(
-            dh_base + offs_q[:, None] * DV + (d0 + offs_dv)[None, :], mask=q_valid[:, None], other=0.0
-        )
+        dh = load_rows(dh_base, offs_q, q_valid, d0 + offs_dv, DV)
         C = tl.load(state_base + offs_qk[:, None] * DV + (d0 + offs_dv)[None, :])
         acc = tl.dot(dh, tl.trans(C.to(dtype)), acc, input_precision=DOT_PRECISION)
     if USE_MAX_STATE:
@@ -134,24 +109,20 @@ def tfla_bwd_kernel_dq(
         causal = (offs_q[:, None] >= kv[None, :]) & q_valid[:, None]
         gate = tl.where(causal, tl.exp(log_scale_q[:, None] + (log_i_kv - b_kv)[None, :]), 0.0)
         p = ds * gate * inv_denom[:, None]
-        k = tl.load(k_base + kv[:, None] * DQK + offs_qk[None, :], mask=kv_valid[:, None], other=0.0)
+        k = load_rows(k_base, kv, kv_valid, offs_qk, DQK)
         acc = tl.dot(p.to(dtype), k, acc, input_precision=DOT_PRECISION)
 
     dq = acc * scale
-    q = tl.load(
-        q_ptr + bh * T * DQK + offs_q[:, None] * DQK + offs_qk[None, :], mask=q_valid[:, None], other=0.0
-    )
-    tl.store(
-        dq_ptr + bh * T * DQK + offs_q[:, None] * DQK + offs_qk[None, :],
-        dq.to(dq_ptr.dtype.element_ty),
-        mask=q_valid[:, None],
-    )
+    q = load_rows(q_ptr + bh * T * DQK, offs_q, q_valid, offs_qk, DQK)
+    store_rows(dq_ptr + bh * T * DQK, offs_q, q_valid, offs_qk, DQK, dq)
     tl.store(qdq_ptr + (i_dqk * BH + bh) * T + offs_q, tl.sum(q.to(tl.float32) * dq, axis=1), mask=q_valid)
 
 
 @triton.jit
-def _key_log_weight(b_ptr, log_i_ptr, offs, valid):
-    """Per key row: `log_i - b` (the column part of log D); -inf where the row is invalid."""
+def _key_log_weight(b_ptr, log_i_ptr, gate_base, offs, valid):
+    """Per key row of the head at `gate_base`: `log_i - b` (the column part of log D); -inf where the
+    row is invalid."""
+    b_ptr, log_i_ptr = b_ptr + gate_base, log_i_ptr + gate_base
     b = tl.load(b_ptr + offs, mask=valid, other=0.0)
     log_i = tl.load(log_i_ptr + offs, mask=valid, other=float("-inf"))
     return log_i - b
@@ -169,36 +140,14 @@ def _key_inter_weight(g_ptr, m_ptr, bh, NC, c, log_weight_kv, USE_MAX_STATE: tl.
 
 @triton.jit
 def tfla_bwd_kernel_dkv(
-    x_ptr,
-    y_ptr,
-    z_ptr,
-    k_ptr,
-    b_ptr,
-    log_i_ptr,
-    g_ptr,
-    m_row_ptr,
-    denom_ptr,
-    m_ptr,
-    dC_ptr,
-    out_ptr,
-    kdk_ptr,
-    kdk_inter_ptr,
-    T,
-    NC,
-    BH,
-    scale,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    L: tl.constexpr,
-    BLOCK_LQ: tl.constexpr,
-    BLOCK_LKV: tl.constexpr,
-    BLOCK_DQK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    GRAD_V: tl.constexpr,
-    USE_MAX_STATE: tl.constexpr,
-    HAS_DENOM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    x_ptr, y_ptr, z_ptr, k_ptr, b_ptr, log_i_ptr, g_ptr,  # the operands (docstring), the keys, the gates
+    m_row_ptr, denom_ptr, m_ptr, dC_ptr,  # what the forward pass stored, the state gradients
+    out_ptr, kdk_ptr, kdk_inter_ptr,  # dK or dV, the row dot products k . dk and k . dk_inter
+    T, NC, BH, scale,
+    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_LQ: tl.constexpr, BLOCK_LKV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    GRAD_V: tl.constexpr, USE_MAX_STATE: tl.constexpr, HAS_DENOM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """dK (`GRAD_V=False`) or dV of one (L_kv tile, outer block) from `X, Y, Z` (module docstring);
     dK also the row dot products k . dk of that block (all of dK, and its inter-chunk part)."""
     if GRAD_V:
@@ -229,14 +178,12 @@ def tfla_bwd_kernel_dkv(
     dtype = x_ptr.dtype.element_ty
 
     k_ptrs = k_ptr + bh * T * DQK + offs_kv[:, None] * DQK + offs_out[None, :]
-    log_weight_kv = _key_log_weight(b_ptr + gate_base, log_i_ptr + gate_base, offs_kv, kv_valid)
+    log_weight_kv = _key_log_weight(b_ptr, log_i_ptr, gate_base, offs_kv, kv_valid)
     # Inter-chunk part dK_inter = V dC_k^T, dV_inter = K dC_k (B.3) over the inner blocks; a_bar is
     # applied after the loop
     acc = tl.zeros([BLOCK_LKV, BLOCK_OUT], dtype=tl.float32)
     for d0 in range(0, D_IN, BLOCK_IN):
-        x = tl.load(
-            x_base + offs_kv[:, None] * D_IN + (d0 + offs_in)[None, :], mask=kv_valid[:, None], other=0.0
-        )
+        x = load_rows(x_base, offs_kv, kv_valid, d0 + offs_in, D_IN)
         if GRAD_V:
             dC = tl.load(state_base + (d0 + offs_in)[:, None] * DV + offs_out[None, :]).to(dtype)
         else:
@@ -253,13 +200,7 @@ def tfla_bwd_kernel_dkv(
         q_rows = q_start + offs_q
         q_valid = q_rows < chunk_end
         log_scale_q, inv_denom = _query_log_scale(
-            b_ptr + gate_base,
-            m_row_ptr + gate_base,
-            denom_ptr + gate_base,
-            q_rows,
-            q_valid,
-            USE_MAX_STATE,
-            HAS_DENOM,
+            b_ptr, m_row_ptr, denom_ptr, gate_base, q_rows, q_valid, USE_MAX_STATE, HAS_DENOM
         )
         # X Y^T: dS_bar^T = V dH~^T or S^T = K Q^T, accumulated over the inner blocks
         xy_t = tl.zeros([BLOCK_LKV, BLOCK_LQ], dtype=tl.float32)
@@ -269,14 +210,10 @@ def tfla_bwd_kernel_dkv(
         causal = (q_rows[None, :] >= offs_kv[:, None]) & q_valid[None, :]
         gate_t = tl.where(causal, tl.exp(log_weight_kv[:, None] + log_scale_q[None, :]), 0.0)
         p_t = xy_t * gate_t * (inv_denom * scale)[None, :]
-        z = tl.load(z_base + q_rows[:, None] * D_OUT + offs_out[None, :], mask=q_valid[:, None], other=0.0)
+        z = load_rows(z_base, q_rows, q_valid, offs_out, D_OUT)
         acc = tl.dot(p_t.to(dtype), z, acc, input_precision=DOT_PRECISION)
 
-    tl.store(
-        out_ptr + bh * T * D_OUT + offs_kv[:, None] * D_OUT + offs_out[None, :],
-        acc.to(out_ptr.dtype.element_ty),
-        mask=kv_valid[:, None],
-    )
+    store_rows(out_ptr + bh * T * D_OUT, offs_kv, kv_valid, offs_out, D_OUT, acc)
     if not GRAD_V:
         # k is loaded again rather than kept live through the loop (register pressure)
         k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
@@ -285,35 +222,14 @@ def tfla_bwd_kernel_dkv(
 
 @triton.jit
 def tfla_bwd_kernel_dkv_fused(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    dh_ptr,
-    b_ptr,
-    log_i_ptr,
-    g_ptr,
-    m_row_ptr,
-    denom_ptr,
-    m_ptr,
-    dC_ptr,
-    dk_ptr,
-    dv_ptr,
-    kdk_ptr,
-    kdk_inter_ptr,
-    T,
-    NC,
-    scale,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    L: tl.constexpr,
-    BLOCK_LQ: tl.constexpr,
-    BLOCK_LKV: tl.constexpr,
-    BLOCK_DQK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    USE_MAX_STATE: tl.constexpr,
-    HAS_DENOM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, dh_ptr, b_ptr, log_i_ptr, g_ptr,  # the inputs, the output gradient, the gates
+    m_row_ptr, denom_ptr, m_ptr, dC_ptr,  # what the forward pass stored, the state gradients
+    dk_ptr, dv_ptr, kdk_ptr, kdk_inter_ptr,  # dK, dV, the row dot products k . dk and k . dk_inter
+    T, NC, scale,
+    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_LQ: tl.constexpr, BLOCK_LKV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    USE_MAX_STATE: tl.constexpr, HAS_DENOM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """dK and dV of one L_kv tile over the whole head dims, in one program: each query tile's gate
     matrix is built once for both, where `tfla_bwd_kernel_dkv` builds it once per gradient and outer
     block. Also the row dot products k . dk and k . dk_inter (into their first head-dim slice).
@@ -340,21 +256,17 @@ def tfla_bwd_kernel_dkv_fused(
     state_base = dC_ptr + (bh * (NC + 1) + c + 1) * DQK * DV
     dtype = q_ptr.dtype.element_ty
 
-    log_weight_kv = _key_log_weight(b_ptr + gate_base, log_i_ptr + gate_base, offs_kv, kv_valid)
+    log_weight_kv = _key_log_weight(b_ptr, log_i_ptr, gate_base, offs_kv, kv_valid)
     # Inter-chunk parts dK_inter = V dC_k^T (over d_hv blocks) and dV_inter = K dC_k (over d_qk
     # blocks) (B.3); a_bar is applied after the loops
     acc_k = tl.zeros([BLOCK_LKV, DQK], dtype=tl.float32)
     for d0 in range(0, DV, BLOCK_DV):
-        v = tl.load(
-            v_base + offs_kv[:, None] * DV + (d0 + offs_bv)[None, :], mask=kv_valid[:, None], other=0.0
-        )
+        v = load_rows(v_base, offs_kv, kv_valid, d0 + offs_bv, DV)
         dC = tl.load(state_base + offs_qk[:, None] * DV + (d0 + offs_bv)[None, :]).to(dtype)
         acc_k = tl.dot(v, tl.trans(dC), acc_k, input_precision=DOT_PRECISION)
     acc_v = tl.zeros([BLOCK_LKV, DV], dtype=tl.float32)
     for d0 in range(0, DQK, BLOCK_DQK):
-        k = tl.load(
-            k_base + offs_kv[:, None] * DQK + (d0 + offs_bqk)[None, :], mask=kv_valid[:, None], other=0.0
-        )
+        k = load_rows(k_base, offs_kv, kv_valid, d0 + offs_bqk, DQK)
         dC = tl.load(state_base + (d0 + offs_bqk)[:, None] * DV + offs_v[None, :]).to(dtype)
         acc_v = tl.dot(k, dC, acc_v, input_precision=DOT_PRECISION)
     a_bar = _key_inter_weight(g_ptr, m_ptr, bh, NC, c, log_weight_kv, USE_MAX_STATE)
@@ -370,13 +282,7 @@ def tfla_bwd_kernel_dkv_fused(
         q_rows = q_start + offs_q
         q_valid = q_rows < chunk_end
         log_scale_q, inv_denom = _query_log_scale(
-            b_ptr + gate_base,
-            m_row_ptr + gate_base,
-            denom_ptr + gate_base,
-            q_rows,
-            q_valid,
-            USE_MAX_STATE,
-            HAS_DENOM,
+            b_ptr, m_row_ptr, denom_ptr, gate_base, q_rows, q_valid, USE_MAX_STATE, HAS_DENOM
         )
         causal = (q_rows[None, :] >= offs_kv[:, None]) & q_valid[None, :]
         gate_t = tl.where(causal, tl.exp(log_weight_kv[:, None] + log_scale_q[None, :]), 0.0)
@@ -386,23 +292,15 @@ def tfla_bwd_kernel_dkv_fused(
         ds_t = dot_rows(
             v_base, offs_kv, kv_valid, dh_base, q_rows, q_valid, ds_t, DV, BLOCK_DV, DOT_PRECISION
         )
-        q = tl.load(q_base + q_rows[:, None] * DQK + offs_qk[None, :], mask=q_valid[:, None], other=0.0)
+        q = load_rows(q_base, q_rows, q_valid, offs_qk, DQK)
         acc_k = tl.dot((ds_t * gate_t).to(dtype), q, acc_k, input_precision=DOT_PRECISION)
         s_t = tl.zeros([BLOCK_LKV, BLOCK_LQ], dtype=tl.float32)
         s_t = dot_rows(k_base, offs_kv, kv_valid, q_base, q_rows, q_valid, s_t, DQK, BLOCK_DQK, DOT_PRECISION)
-        dh = tl.load(dh_base + q_rows[:, None] * DV + offs_v[None, :], mask=q_valid[:, None], other=0.0)
+        dh = load_rows(dh_base, q_rows, q_valid, offs_v, DV)
         acc_v = tl.dot((s_t * gate_t).to(dtype), dh, acc_v, input_precision=DOT_PRECISION)
 
-    tl.store(
-        dk_ptr + bh * T * DQK + offs_kv[:, None] * DQK + offs_qk[None, :],
-        acc_k.to(dk_ptr.dtype.element_ty),
-        mask=kv_valid[:, None],
-    )
-    tl.store(
-        dv_ptr + bh * T * DV + offs_kv[:, None] * DV + offs_v[None, :],
-        acc_v.to(dv_ptr.dtype.element_ty),
-        mask=kv_valid[:, None],
-    )
+    store_rows(dk_ptr + bh * T * DQK, offs_kv, kv_valid, offs_qk, DQK, acc_k)
+    store_rows(dv_ptr + bh * T * DV, offs_kv, kv_valid, offs_v, DV, acc_v)
     # k is loaded again rather than kept live through the loop (register pressure)
     k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
     tl.store(kdk_ptr + gate_base + offs_kv, tl.sum(k * acc_k, axis=1), mask=kv_valid)

@@ -24,38 +24,19 @@ denominator `denom` that the backward pass reuses are `[BH, T]` float32.
 import triton
 import triton.language as tl
 
-from tfla_bench.kernels.common import dot_rows, program_tile, tile_bounds
+from tfla_bench.kernels.common import dot_rows, load_rows, program_tile, store_rows, tile_bounds
 
 
 @triton.jit
 def tfla_fwd_kernel_h(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    b_ptr,
-    log_i_ptr,
-    row_max_ptr,
-    C_ptr,
-    n_ptr,
-    m_ptr,
-    h_ptr,
-    m_row_ptr,
-    denom_ptr,
-    T,
-    NC,
-    scale,
-    eps,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    L: tl.constexpr,
-    BLOCK_LQ: tl.constexpr,
-    BLOCK_LKV: tl.constexpr,
-    BLOCK_DQK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    USE_MAX_STATE: tl.constexpr,
-    HAS_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, b_ptr, log_i_ptr, row_max_ptr,  # the inputs and their log gates
+    C_ptr, n_ptr, m_ptr,  # the chunk-boundary states
+    h_ptr, m_row_ptr, denom_ptr,  # the outputs, and what the backward pass reuses
+    T, NC, scale, eps,
+    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_LQ: tl.constexpr, BLOCK_LKV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    USE_MAX_STATE: tl.constexpr, HAS_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """Outputs `H = (b_bar Q / sqrt(d)) C_{k-1} + (S * D) V` of one (L_hq tile, d_hv block), normalized.
 
     Row `i` weights the inter-chunk product by `exp(r_i)` and the intra-chunk entry `(i, j)` by
@@ -97,9 +78,7 @@ def tfla_fwd_kernel_h(
     acc = tl.zeros([BLOCK_LQ, BLOCK_DV], dtype=tl.float32)
     n_acc = tl.zeros([BLOCK_LQ], dtype=tl.float32)
     for d0 in range(0, DQK, BLOCK_DQK):
-        q = tl.load(
-            q_base + offs_q[:, None] * DQK + (d0 + offs_dqk)[None, :], mask=q_valid[:, None], other=0.0
-        )
+        q = load_rows(q_base, offs_q, q_valid, d0 + offs_dqk, DQK)
         C = tl.load(state_base + (d0 + offs_dqk)[:, None] * DV + offs_v[None, :])
         acc = tl.dot(q, C.to(dtype), acc, input_precision=DOT_PRECISION)
         if HAS_N:
@@ -119,7 +98,7 @@ def tfla_fwd_kernel_h(
         # Lines 10-17: the gate matrix with the causal mask, at the row's final scale
         causal = (offs_q[:, None] >= kv[None, :]) & q_valid[:, None]
         p = s * tl.where(causal, tl.exp(row_log[:, None] + (log_i_kv - b_kv)[None, :]), 0.0)
-        v = tl.load(v_base + kv[:, None] * DV + offs_v[None, :], mask=(kv < chunk_end)[:, None], other=0.0)
+        v = load_rows(v_base, kv, kv < chunk_end, offs_v, DV)
         acc = tl.dot(p.to(dtype), v, acc, input_precision=DOT_PRECISION)
         if HAS_N:
             n_acc += tl.sum(p, axis=1)
@@ -139,8 +118,4 @@ def tfla_fwd_kernel_h(
     # Line 37: store H, and the denominator of each row for the backward pass
     if HAS_N:
         tl.store(denom_ptr + gate_base + offs_q, denom, mask=q_valid & (i_dv == 0))
-    tl.store(
-        h_ptr + bh * T * DV + offs_q[:, None] * DV + offs_v[None, :],
-        h.to(h_ptr.dtype.element_ty),
-        mask=q_valid[:, None],
-    )
+    store_rows(h_ptr + bh * T * DV, offs_q, q_valid, offs_v, DV, h)

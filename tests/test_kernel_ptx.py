@@ -21,10 +21,16 @@ import triton.language as tl
 
 
 @triton.jit
+def load(ptr, offs, n):
+    return tl.load(ptr + offs, mask=offs < n)
+
+
+@triton.jit
 def scaled(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-{moved}    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * {factor}, mask=offs < n)
+{moved}    tl.store(y_ptr + offs, {x} * {factor}, mask=offs < n)
 """
+INLINE_LOAD = "tl.load(x_ptr + offs, mask=offs < n)"
 VARIANT = {
     "kernel": "toy_kernel:scaled",
     "args": {
@@ -37,10 +43,10 @@ VARIANT = {
 }
 
 
-def compiled(folder: Path, factor: str, moved: str = "") -> dict:
+def compiled(folder: Path, factor: str, moved: str = "", x: str = INLINE_LOAD) -> dict:
     """The toy kernel's variant compiled by the tool, in a process without the interpreter."""
     folder.mkdir(parents=True)
-    (folder / "toy_kernel.py").write_text(TOY.format(factor=factor, moved=moved))
+    (folder / "toy_kernel.py").write_text(TOY.format(factor=factor, moved=moved, x=x))
     script = (
         "import json, sys, kernel_ptx; print(json.dumps(kernel_ptx.compile_variant(json.loads(sys.argv[1]))))"
     )
@@ -61,6 +67,9 @@ def test_moving_the_source_keeps_the_digests_and_changing_it_does_not(tmp_path):
     assert "error" not in first and len(first["ptx"]) == len(first["sass"]) == 16
     moved = compiled(tmp_path / "b", "2.0", moved="    # a comment and a blank line move the store\n\n")
     assert (moved["ptx"], moved["sass"]) == (first["ptx"], first["sass"])
+    # the load through a helper: the PTX gains only the labels that mark the inlined call
+    helper = compiled(tmp_path / "helper", "2.0", x="load(x_ptr, offs, n)")
+    assert (helper["ptx"], helper["sass"]) == (first["ptx"], first["sass"])
     changed = compiled(tmp_path / "c", "3.0")
     assert changed["ptx"] != first["ptx"] and changed["sass"] != first["sass"]
 
