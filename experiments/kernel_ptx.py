@@ -14,7 +14,7 @@ Two steps, each in a process of its own:
 2. Compile: each distinct variant with `triton.compile` for `GPUTarget("cuda", 90, 32)` (no GPU
    needed), pointers and integers that divide by 16 marked so, as Triton specializes them at a launch.
    The digest of its PTX is taken without the lines that name source positions (`.loc`, `.file`, the
-   debug sections) and without the labels that mark where an inlined `triton.jit` helper begins and
+   debug sections) and without the labels that mark where an inlined `triton.jit` function begins and
    ends (`$L__tmp3:`, which no instruction branches to), which a change that only moves code alters;
    the SASS's (`cuobjdump -sass` of the cubin) without its comments.
 
