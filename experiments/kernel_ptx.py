@@ -56,6 +56,8 @@ CALLS = [
     ("tfla", "sig", 128, 256, 128, {"normalize": True}),
     ("tfla", "sig", 64, 64, 64, {"bwd_fused_kv": True}),
     ("tfla", "exp", 64, 64, 64, {"bwd_fused_kv": True}),
+    ("tfla", "sig", 128, 256, 128, {"tma": True}),
+    ("tfla", "exp", 128, 256, 128, {"tma": True}),
 ]
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32", "int64": "i64"}
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
@@ -92,7 +94,8 @@ def record() -> list[dict]:
     functions = {"tfla": mlstm_tfla, "limit_chunk": mlstm_limit_chunk}
     for kernel, gate, dqk, dv, chunk, options in CALLS:
         cfg = kconfig.config_for(kernel, dqk, dv, chunk, torch.bfloat16, gate, ("sm90", "sm90"))
-        cfg = dataclasses.replace(cfg, bwd_fused_kv=options.get("bwd_fused_kv", False))
+        tma = options.get("tma", False)  # every tile through a TMA descriptor
+        cfg = dataclasses.replace(cfg, bwd_fused_kv=options.get("bwd_fused_kv", False), tma=tma, bwd_tma=tma)
         q, k = (torch.randn(1, 1, 2 * chunk, dqk, dtype=torch.bfloat16, requires_grad=True) for _ in "qk")
         v = torch.randn(1, 1, 2 * chunk, dv, dtype=torch.bfloat16, requires_grad=True)
         i, f = (torch.randn(1, 1, 2 * chunk, requires_grad=True) for _ in "if")
@@ -114,7 +117,11 @@ def record() -> list[dict]:
 def describe(value) -> dict:
     """An argument as Triton specializes it: a pointer's dtype, an integer's width and divisibility."""
     import torch
+    from triton.runtime.jit import mangle_type
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
+    if isinstance(value, TensorDescriptor):
+        return {"type": mangle_type(value)}  # "tensordesc<bf16[1, 64, 128]>"
     if isinstance(value, torch.Tensor):
         return {"type": "*" + DTYPES[str(value.dtype).removeprefix("torch.")], "div16": True}
     if isinstance(value, bool):
@@ -136,8 +143,10 @@ def compile_variant(variant: dict) -> dict:
     fn = getattr(importlib.import_module(module), name)
     args = variant["args"]
     signature, constexprs, attrs = {}, {}, {}
+    defaults = {param.name: param.default for param in fn.params}
     for index, arg_name in enumerate(fn.arg_names):
-        arg = args[arg_name]
+        # a parameter the launch left out takes its default (a constexpr the launches never set)
+        arg = args.get(arg_name, {"constexpr": defaults[arg_name]})
         if "constexpr" in arg:
             signature[arg_name] = "constexpr"
             constexprs[arg_name] = arg["constexpr"]

@@ -79,6 +79,30 @@ def pointer_or(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
     return stand_in if x is None else x
 
 
+def tma_rows(x: torch.Tensor, rows: int, columns: int):
+    """The Hopper tensor descriptor of a contiguous `[..., T, D]` tensor as `[BH, T, D]`, with blocks
+    `[1, rows, columns]` (`common.load_tile`): rows past `T` come back as zeros, never another head's."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if x.is_cuda and torch.cuda.get_device_capability(x.device) < (9, 0):
+        major, minor = torch.cuda.get_device_capability(x.device)
+        raise ValueError(
+            f"config.tma and config.bwd_tma need a GPU with TMA (sm90 or later), got sm{major}{minor}"
+        )
+    if x.data_ptr() % 16:
+        raise ValueError(
+            "config.tma and config.bwd_tma need inputs whose addresses are multiples of 16 bytes"
+        )
+    x = x.view(-1, *x.shape[-2:])
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, rows, columns])
+
+
+def tma_states(C: torch.Tensor, rows: int, columns: int):
+    """The descriptor of the chunk states `[BH, NC + 1, Dqk, Dv]` as `[BH * (NC + 1), Dqk, Dv]`, with
+    `[1, rows, columns]` blocks (`common.load_state`)."""
+    return tma_rows(C.view(-1, *C.shape[2:]), rows, columns)
+
+
 class ChunkSums(NamedTuple):
     """The cumulative log gates the kernels read (`gates.ChunkGates` without `a`), float32: `b`
     `[BH, T]`, `g` and `a_max` `[BH, NC]`; where the output kernel reads it (`KernelOps.row_max`: TFLA's

@@ -70,18 +70,44 @@ def store_rows(base, rows, valid, cols, D: tl.constexpr, tile):
 
 
 @triton.jit
+def load_tile(src, bh, row0, rows, valid, col0, cols, D: tl.constexpr, TMA: tl.constexpr):
+    """`load_rows(src, rows, valid, cols, D)` with `src` one head's base; with `TMA`, the same tile
+    through `src`, the Hopper tensor descriptor (`tma_rows`) of every head's `[T, D]` rows, as
+    `[bh, row0:, col0:]`. The descriptor returns zeros for rows past `T` only: a caller's rows past
+    `valid` must all be past `T` (a tile within its chunk), or the caller zeroes them."""
+    if TMA:
+        tile = src.load([bh, row0, col0]).reshape(rows.shape[0], cols.shape[0])
+    else:
+        tile = load_rows(src, rows, valid, cols, D)
+    return tile
+
+
+@triton.jit
 def dot_rows(
     x_ptr, x_rows, x_valid, y_ptr, y_rows, y_valid, acc,
     D: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    bh=0, x_row0=0, y_row0=0, TMA: tl.constexpr = False,
 ):  # fmt: skip
     """`acc + X[x_rows] Y[y_rows]^T` for row-major `X, Y` of width `D`, `BLOCK_D` columns at a time:
-    the scores `S = Q K^T` and `dS = dH V^T` over a head dim (Algorithm 1, lines 6-9)."""
+    the scores `S = Q K^T` and `dS = dH V^T` over a head dim (Algorithm 1, lines 6-9). With `TMA`,
+    `X` and `Y` are descriptors (`load_tile`) and the tiles start at rows `x_row0`, `y_row0`."""
     offs_d = tl.arange(0, BLOCK_D)
     for d0 in range(0, D, BLOCK_D):
-        x = load_rows(x_ptr, x_rows, x_valid, d0 + offs_d, D)
-        y = load_rows(y_ptr, y_rows, y_valid, d0 + offs_d, D)
+        x = load_tile(x_ptr, bh, x_row0, x_rows, x_valid, d0, d0 + offs_d, D, TMA)
+        y = load_tile(y_ptr, bh, y_row0, y_rows, y_valid, d0, d0 + offs_d, D, TMA)
         acc = tl.dot(x, tl.trans(y), acc, input_precision=DOT_PRECISION)
     return acc
+
+
+@triton.jit
+def load_state(src, index, row0, rows, col0, cols, DV: tl.constexpr, TMA: tl.constexpr):
+    """The block `[rows, cols]` of one chunk state at `src`, the state's base; with `TMA`, through
+    `src`, the descriptor of every state (`tma_states`), as state `index` at `[row0:, col0:]`."""
+    if TMA:
+        block = src.load([index, row0, col0]).reshape(rows.shape[0], cols.shape[0])
+    else:
+        block = tl.load(src + rows[:, None] * DV + cols[None, :])
+    return block
 
 
 @triton.jit

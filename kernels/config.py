@@ -83,6 +83,10 @@ class KernelConfig:
         bwd_fused_kv: TFLA computes dK and dV in one kernel over the whole head dims, building each
             gate matrix once for both (head dims powers of two, `Dqk + Dv` at most `FUSED_KV_DIMS`);
             else one kernel per gradient and `bwd_qk` / `bwd_v` block.
+        tma, bwd_tma: TFLA's forward output kernel (`tma`), its dQ kernel and its dK and dV kernels
+            (`bwd_tma`; not the fused one) load their tiles and state blocks through Hopper tensor
+            descriptors (TMA, sm90 and later) instead of pointers. `bwd_tma` needs `bwd_seq_q <=
+            bwd_seq_kv`, so that every query tile of the dK and dV kernels ends within its chunk.
         states16: the chunk states (and their gradients, which overwrite them) stay in the 16-bit
             input dtype where `float32_states` would widen them. Set only by a tuning search, where the
             16-bit-state kernels gave the float32-state result at this config and shape on the GPU
@@ -110,6 +114,8 @@ class KernelConfig:
     state_one_tile: bool = False
     bwd_fused_kv: bool = False
     states16: bool = False
+    tma: bool = False
+    bwd_tma: bool = False
 
 
 def largest_pow2_divisor(n: int, cap: int) -> int:
@@ -480,6 +486,12 @@ def check_config(
         raise ValueError(
             f"config.bwd_fused_kv needs the TFLA kernel and head dims that are powers of two with Dqk + Dv "
             f"<= {FUSED_KV_DIMS}, got {kernel} Dqk {head_dim_qk} Dv {head_dim_v}"
+        )
+    if (config.tma or config.bwd_tma) and kernel != "tfla":
+        raise ValueError(f"config.tma and config.bwd_tma are options of the TFLA kernel, not of {kernel}")
+    if config.bwd_tma and config.bwd_seq_q > config.bwd_seq_kv:
+        raise ValueError(
+            f"config.bwd_tma needs bwd_seq_q <= bwd_seq_kv, got {config.bwd_seq_q} > {config.bwd_seq_kv}"
         )
     if config.state_one_tile and config.state_seq != chunk_size:
         raise ValueError(

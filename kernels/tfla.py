@@ -42,6 +42,8 @@ from tfla_bench.kernels.chunkwise import (
     prepare_call,
     resolve_config,
     states_backward,
+    tma_rows,
+    tma_states,
 )
 from tfla_bench.kernels.config import KernelConfig, float32_states
 from tfla_bench.kernels.tfla_bwd import tfla_bwd_kernel_dkv, tfla_bwd_kernel_dkv_fused, tfla_bwd_kernel_dq
@@ -54,16 +56,25 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     """The output kernel, one program per (d_hv block, L_hq tile, chunk, batch*head)."""
     bh, seq_len = log_i.shape
     dqk, dv, nc, cfg = q.shape[-1], v.shape[-1], gates.g.shape[-1], s.config
+    tiles = (q, k, v, C)
+    if cfg.tma:  # their descriptors: Triton then launches the site every time (`launch.Launches`)
+        tiles = (
+            tma_rows(q, cfg.seq_q, cfg.qk),
+            tma_rows(k, cfg.seq_kv, cfg.qk),
+            tma_rows(v, cfg.seq_kv, cfg.v),
+            tma_states(C, cfg.qk, cfg.v),
+        )
     s.launches(
         "output", tfla_fwd_kernel_h, bh * nc * (s.chunk_size // cfg.seq_q) * (dv // cfg.v),
         (
-            q, k, v, gates.b, log_i, pointer_or(gates.row_max, gates.b), C, pointer_or(n, C),
+            *tiles[:3], gates.b, log_i, pointer_or(gates.row_max, gates.b), tiles[3], pointer_or(n, C),
             pointer_or(m, C), h, pointer_or(m_row, h), pointer_or(denom, h), seq_len, nc, dqk**-0.5, s.eps,
         ),
         lambda: dict(
             DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_LQ=cfg.seq_q, BLOCK_LKV=cfg.seq_kv, BLOCK_DQK=cfg.qk,
             BLOCK_DV=cfg.v, USE_MAX_STATE=s.use_max_state, HAS_N=s.has_n,
             DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **({"TMA": True} if cfg.tma else {}),
         ),
     )  # fmt: skip
 
@@ -99,9 +110,19 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_g
     dq = torch.empty_like(q)
     qdq = torch.empty(n_qk_blocks, bh, seq_len, dtype=torch.float32, device=q.device)
     b, log_i, g, m_row_arg, denom_arg, m_arg = gate_args
+    # The tiles of the dQ, dK and dV kernels: the tensors, or with `bwd_tma` their descriptors
+    # (`tma_rows`, with each launch's blocks) and the option
+    tma = dict(TMA=True) if cfg.bwd_tma else {}
+    q_rows, kv_rows, qk, dv_block = cfg.bwd_seq_q, cfg.bwd_seq_kv, cfg.bwd_qk, cfg.bwd_v
+
+    def tiles(*blocks):
+        return [tma_rows(x, rows, cols) if tma else x for x, rows, cols in blocks]
+
     tfla_bwd_kernel_dq[(bh * nc * n_q_tiles * n_qk_blocks,)](
-        q, k, v, dh, b, log_i, m_row_arg, denom_arg, m_arg, C, dq, qdq, seq_len, nc, bh, scale, **settings
-    )
+        *tiles((q, q_rows, qk), (k, kv_rows, qk), (v, kv_rows, dv_block), (dh, q_rows, dv_block)),
+        b, log_i, m_row_arg, denom_arg, m_arg, tma_states(C, qk, dv_block) if tma else C, dq, qdq,
+        seq_len, nc, bh, scale, **settings, **tma,
+    )  # fmt: skip
 
     # The state gradients take the place of the forward states (read for the last time by the
     # dstates kernel, just before it overwrites them).
@@ -118,12 +139,15 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_g
         )
         return dq, dk, dv, RowDots(qdq, kdk[0], kdk[1]), dg, dC0
     kdk = torch.empty(2, n_qk_blocks, bh, seq_len, dtype=torch.float32, device=q.device)
+    dC_blocks = tma_states(dC, qk, dv_block) if tma else dC
     tfla_bwd_kernel_dkv[(bh * nc * n_kv_tiles * n_qk_blocks,)](
-        v, dh, q, k, *gate_args, dC, dk, kdk[0], kdk[1], seq_len, nc, bh, scale, GRAD_V=False, **settings
-    )
+        *tiles((v, kv_rows, dv_block), (dh, q_rows, dv_block), (q, q_rows, qk), (k, kv_rows, qk)),
+        *gate_args, dC_blocks, dk, kdk[0], kdk[1], seq_len, nc, bh, scale, GRAD_V=False, **settings, **tma,
+    )  # fmt: skip
     tfla_bwd_kernel_dkv[(bh * nc * n_kv_tiles * (dv_dim // cfg.bwd_v),)](
-        k, q, dh, k, *gate_args, dC, dv, b, b, seq_len, nc, bh, scale, GRAD_V=True, **settings
-    )
+        *tiles((k, kv_rows, qk), (q, q_rows, qk), (dh, q_rows, dv_block)), k,
+        *gate_args, dC_blocks, dv, b, b, seq_len, nc, bh, scale, GRAD_V=True, **settings, **tma,
+    )  # fmt: skip
 
     return dq, dk, dv, RowDots(qdq, kdk[0], kdk[1]), dg, dC0
 

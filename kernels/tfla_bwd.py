@@ -34,7 +34,15 @@ unless `HAS_DENOM`.
 import triton
 import triton.language as tl
 
-from tfla_bench.kernels.common import dot_rows, load_rows, program_tile, store_rows, tile_bounds
+from tfla_bench.kernels.common import (
+    dot_rows,
+    load_rows,
+    load_state,
+    load_tile,
+    program_tile,
+    store_rows,
+    tile_bounds,
+)
 
 
 @triton.jit
@@ -63,8 +71,11 @@ def tfla_bwd_kernel_dq(
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_LQ: tl.constexpr, BLOCK_LKV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     USE_MAX_STATE: tl.constexpr, HAS_DENOM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):  # fmt: skip
-    """dQ of one (L_hq tile, d_qk block), and the row dot products q . dq of that block."""
+    """dQ of one (L_hq tile, d_qk block), and the row dot products q . dq of that block. With `TMA`
+    (`KernelConfig.bwd_tma`), `q_ptr`, `k_ptr`, `v_ptr`, `dh_ptr` and `C_ptr` are tensor descriptors,
+    as in `tfla_fwd_kernel_h`."""
     i_dqk, i_lq, c, bh = program_tile(DQK // BLOCK_DQK, L // BLOCK_LQ, NC)
     q_start, chunk_start, chunk_end = tile_bounds(c, i_lq, L, BLOCK_LQ, T)
     if q_start >= T:
@@ -75,12 +86,18 @@ def tfla_bwd_kernel_dq(
     offs_qk = i_dqk * BLOCK_DQK + tl.arange(0, BLOCK_DQK)
     offs_dv = tl.arange(0, BLOCK_DV)
     q_valid = offs_q < chunk_end
-    gate_base = bh * T
-    dh_base = dh_ptr + bh * T * DV
-    v_base = v_ptr + bh * T * DV
-    k_base = k_ptr + bh * T * DQK
-    state_base = C_ptr + (bh * (NC + 1) + c) * DQK * DV
-    dtype = q_ptr.dtype.element_ty
+    bh32, state_index = bh.to(tl.int32), (bh * (NC + 1) + c).to(tl.int32)  # a descriptor's indices
+    if TMA:
+        gate_base, dh_base, v_base, k_base, state_base = bh * T, dh_ptr, v_ptr, k_ptr, C_ptr
+        q_base = q_ptr
+        dtype = dq_ptr.dtype.element_ty
+    else:
+        gate_base = bh * T
+        dh_base = dh_ptr + bh * T * DV
+        v_base = v_ptr + bh * T * DV
+        k_base = k_ptr + bh * T * DQK
+        state_base = C_ptr + (bh * (NC + 1) + c) * DQK * DV
+        dtype = q_ptr.dtype.element_ty
 
     log_scale_q, inv_denom = _query_log_scale(
         b_ptr, m_row_ptr, denom_ptr, gate_base, offs_q, q_valid, USE_MAX_STATE, HAS_DENOM
@@ -88,8 +105,8 @@ def tfla_bwd_kernel_dq(
     # Inter-chunk part dQ_inter = dH~ C_{k-1}^T (B.3) over the d_hv blocks; b_bar is applied after the loop
     acc = tl.zeros([BLOCK_LQ, BLOCK_DQK], dtype=tl.float32)
     for d0 in range(0, DV, BLOCK_DV):
-        dh = load_rows(dh_base, offs_q, q_valid, d0 + offs_dv, DV)
-        C = tl.load(state_base + offs_qk[:, None] * DV + (d0 + offs_dv)[None, :])
+        dh = load_tile(dh_base, bh32, q_start, offs_q, q_valid, d0, d0 + offs_dv, DV, TMA)
+        C = load_state(state_base, state_index, i_dqk * BLOCK_DQK, offs_qk, d0, d0 + offs_dv, DV, TMA)
         acc = tl.dot(dh, tl.trans(C.to(dtype)), acc, input_precision=DOT_PRECISION)
     if USE_MAX_STATE:
         inter_weight = tl.exp(log_scale_q + tl.load(m_ptr + bh * (NC + 1) + c))
@@ -103,17 +120,23 @@ def tfla_bwd_kernel_dq(
         kv_valid = kv < chunk_end
         # dS_bar = dH~ V^T (B.3), accumulated over the d_hv blocks
         ds = tl.zeros([BLOCK_LQ, BLOCK_LKV], dtype=tl.float32)
-        ds = dot_rows(dh_base, offs_q, q_valid, v_base, kv, kv_valid, ds, DV, BLOCK_DV, DOT_PRECISION)
+        ds = dot_rows(
+            dh_base, offs_q, q_valid, v_base, kv, kv_valid, ds, DV, BLOCK_DV, DOT_PRECISION,
+            bh32, q_start, kv_start, TMA,
+        )  # fmt: skip
         b_kv = tl.load(b_ptr + gate_base + kv, mask=kv_valid, other=0.0)
         log_i_kv = tl.load(log_i_ptr + gate_base + kv, mask=kv_valid, other=0.0)
         causal = (offs_q[:, None] >= kv[None, :]) & q_valid[:, None]
         gate = tl.where(causal, tl.exp(log_scale_q[:, None] + (log_i_kv - b_kv)[None, :]), 0.0)
         p = ds * gate * inv_denom[:, None]
-        k = load_rows(k_base, kv, kv_valid, offs_qk, DQK)
+        k = load_tile(k_base, bh32, kv_start, kv, kv_valid, i_dqk * BLOCK_DQK, offs_qk, DQK, TMA)
         acc = tl.dot(p.to(dtype), k, acc, input_precision=DOT_PRECISION)
 
     dq = acc * scale
-    q = load_rows(q_ptr + bh * T * DQK, offs_q, q_valid, offs_qk, DQK)
+    if TMA:
+        q = load_tile(q_base, bh32, q_start, offs_q, q_valid, i_dqk * BLOCK_DQK, offs_qk, DQK, TMA)
+    else:
+        q = load_rows(q_ptr + bh * T * DQK, offs_q, q_valid, offs_qk, DQK)
     store_rows(dq_ptr + bh * T * DQK, offs_q, q_valid, offs_qk, DQK, dq)
     tl.store(qdq_ptr + (i_dqk * BH + bh) * T + offs_q, tl.sum(q.to(tl.float32) * dq, axis=1), mask=q_valid)
 
@@ -147,9 +170,12 @@ def tfla_bwd_kernel_dkv(
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_LQ: tl.constexpr, BLOCK_LKV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     GRAD_V: tl.constexpr, USE_MAX_STATE: tl.constexpr, HAS_DENOM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):  # fmt: skip
     """dK (`GRAD_V=False`) or dV of one (L_kv tile, outer block) from `X, Y, Z` (module docstring);
-    dK also the row dot products k . dk of that block (all of dK, and its inter-chunk part)."""
+    dK also the row dot products k . dk of that block (all of dK, and its inter-chunk part). With
+    `TMA`, `x_ptr`, `y_ptr`, `z_ptr`, `k_ptr` and `dC_ptr` are tensor descriptors, as in
+    `tfla_fwd_kernel_h`; the query tiles then end within the chunk (`BLOCK_LQ <= BLOCK_LKV`)."""
     if GRAD_V:
         D_IN: tl.constexpr = DQK
         D_OUT: tl.constexpr = DV
@@ -170,28 +196,40 @@ def tfla_bwd_kernel_dkv(
     offs_in = tl.arange(0, BLOCK_IN)
     offs_out = i_out * BLOCK_OUT + tl.arange(0, BLOCK_OUT)
     kv_valid = offs_kv < chunk_end
-    gate_base = bh * T
-    x_base = x_ptr + bh * T * D_IN
-    y_base = y_ptr + bh * T * D_IN
-    z_base = z_ptr + bh * T * D_OUT
-    state_base = dC_ptr + (bh * (NC + 1) + c + 1) * DQK * DV
-    dtype = x_ptr.dtype.element_ty
-
-    k_ptrs = k_ptr + bh * T * DQK + offs_kv[:, None] * DQK + offs_out[None, :]
+    bh32, state_index = bh.to(tl.int32), (bh * (NC + 1) + c + 1).to(tl.int32)  # a descriptor's indices
+    if TMA:
+        gate_base, x_base, y_base, z_base, state_base = bh * T, x_ptr, y_ptr, z_ptr, dC_ptr
+        k_ptrs = k_ptr
+        dtype = out_ptr.dtype.element_ty
+    else:
+        gate_base = bh * T
+        x_base = x_ptr + bh * T * D_IN
+        y_base = y_ptr + bh * T * D_IN
+        z_base = z_ptr + bh * T * D_OUT
+        state_base = dC_ptr + (bh * (NC + 1) + c + 1) * DQK * DV
+        dtype = x_ptr.dtype.element_ty
+        k_ptrs = k_ptr + bh * T * DQK + offs_kv[:, None] * DQK + offs_out[None, :]
     log_weight_kv = _key_log_weight(b_ptr, log_i_ptr, gate_base, offs_kv, kv_valid)
     # Inter-chunk part dK_inter = V dC_k^T, dV_inter = K dC_k (B.3) over the inner blocks; a_bar is
     # applied after the loop
     acc = tl.zeros([BLOCK_LKV, BLOCK_OUT], dtype=tl.float32)
     for d0 in range(0, D_IN, BLOCK_IN):
-        x = load_rows(x_base, offs_kv, kv_valid, d0 + offs_in, D_IN)
+        x = load_tile(x_base, bh32, kv_start, offs_kv, kv_valid, d0, d0 + offs_in, D_IN, TMA)
         if GRAD_V:
-            dC = tl.load(state_base + (d0 + offs_in)[:, None] * DV + offs_out[None, :]).to(dtype)
+            dC = load_state(state_base, state_index, d0, d0 + offs_in, i_out * BLOCK_OUT, offs_out, DV, TMA)
         else:
-            dC = tl.trans(tl.load(state_base + offs_out[:, None] * DV + (d0 + offs_in)[None, :]).to(dtype))
+            dC = tl.trans(
+                load_state(state_base, state_index, i_out * BLOCK_OUT, offs_out, d0, d0 + offs_in, DV, TMA)
+            )
+        dC = dC.to(dtype)
         acc = tl.dot(x, dC, acc, input_precision=DOT_PRECISION)
     acc = acc * _key_inter_weight(g_ptr, m_ptr, bh, NC, c, log_weight_kv, USE_MAX_STATE)[:, None]
     if not GRAD_V:
-        k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
+        if TMA:
+            k = load_tile(k_ptrs, bh32, kv_start, offs_kv, kv_valid, i_out * BLOCK_OUT, offs_out, DQK, TMA)
+            k = k.to(tl.float32)
+        else:
+            k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
         tl.store(kdk_inter_ptr + (i_out * BH + bh) * T + offs_kv, tl.sum(k * acc, axis=1), mask=kv_valid)
 
     # Intra-chunk part dK_intra = (dS_bar * D)^T Q / sqrt(d), dV_intra = S_bar^T dH~ (B.3) over the
@@ -205,18 +243,23 @@ def tfla_bwd_kernel_dkv(
         # X Y^T: dS_bar^T = V dH~^T or S^T = K Q^T, accumulated over the inner blocks
         xy_t = tl.zeros([BLOCK_LKV, BLOCK_LQ], dtype=tl.float32)
         xy_t = dot_rows(
-            x_base, offs_kv, kv_valid, y_base, q_rows, q_valid, xy_t, D_IN, BLOCK_IN, DOT_PRECISION
-        )
+            x_base, offs_kv, kv_valid, y_base, q_rows, q_valid, xy_t, D_IN, BLOCK_IN, DOT_PRECISION,
+            bh32, kv_start, q_start, TMA,
+        )  # fmt: skip
         causal = (q_rows[None, :] >= offs_kv[:, None]) & q_valid[None, :]
         gate_t = tl.where(causal, tl.exp(log_weight_kv[:, None] + log_scale_q[None, :]), 0.0)
         p_t = xy_t * gate_t * (inv_denom * scale)[None, :]
-        z = load_rows(z_base, q_rows, q_valid, offs_out, D_OUT)
+        z = load_tile(z_base, bh32, q_start, q_rows, q_valid, i_out * BLOCK_OUT, offs_out, D_OUT, TMA)
         acc = tl.dot(p_t.to(dtype), z, acc, input_precision=DOT_PRECISION)
 
     store_rows(out_ptr + bh * T * D_OUT, offs_kv, kv_valid, offs_out, D_OUT, acc)
     if not GRAD_V:
         # k is loaded again rather than kept live through the loop (register pressure)
-        k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
+        if TMA:
+            k = load_tile(k_ptrs, bh32, kv_start, offs_kv, kv_valid, i_out * BLOCK_OUT, offs_out, DQK, TMA)
+            k = k.to(tl.float32)
+        else:
+            k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0).to(tl.float32)
         tl.store(kdk_ptr + (i_out * BH + bh) * T + offs_kv, tl.sum(k * acc, axis=1), mask=kv_valid)
 
 

@@ -24,7 +24,7 @@ denominator `denom` that the backward pass reuses are `[BH, T]` float32.
 import triton
 import triton.language as tl
 
-from tfla_bench.kernels.common import dot_rows, load_rows, program_tile, store_rows, tile_bounds
+from tfla_bench.kernels.common import dot_rows, load_state, load_tile, program_tile, store_rows, tile_bounds
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def tfla_fwd_kernel_h(
     T, NC, scale, eps,
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_LQ: tl.constexpr, BLOCK_LKV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    USE_MAX_STATE: tl.constexpr, HAS_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_MAX_STATE: tl.constexpr, HAS_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr = False,
 ):  # fmt: skip
     """Outputs `H = (b_bar Q / sqrt(d)) C_{k-1} + (S * D) V` of one (L_hq tile, d_hv block), normalized.
 
@@ -45,6 +45,10 @@ def tfla_fwd_kernel_h(
     and at most 1. Also stores, for mLSTMexp, `m_comb` and the denominator
     `max(|n^T q|, exp(-m_comb)) + eps` of each row, which the backward pass reuses (line 37); mLSTMsig
     with `HAS_N` has the denominator `max(|n^T q|, 1) + eps`.
+
+    With `TMA` (`KernelConfig.tma`), `q_ptr`, `k_ptr`, `v_ptr` and `C_ptr` are Hopper tensor
+    descriptors of all heads and states (`chunkwise.tma_rows`, `chunkwise.tma_states`, with this
+    launch's tiles as their blocks), and the tiles come through them (`common.load_tile`).
     """
     i_dv, i_lq, c, bh = program_tile(DV // BLOCK_DV, L // BLOCK_LQ, NC)
     q_start, chunk_start, chunk_end = tile_bounds(c, i_lq, L, BLOCK_LQ, T)
@@ -56,12 +60,17 @@ def tfla_fwd_kernel_h(
     offs_dqk = tl.arange(0, BLOCK_DQK)
     offs_v = i_dv * BLOCK_DV + tl.arange(0, BLOCK_DV)
     q_valid = offs_q < chunk_end
-    q_base = q_ptr + bh * T * DQK
-    k_base = k_ptr + bh * T * DQK
-    v_base = v_ptr + bh * T * DV
-    gate_base = bh * T
-    state_base = C_ptr + (bh * (NC + 1) + c) * DQK * DV
-    dtype = q_ptr.dtype.element_ty
+    bh32, state_index = bh.to(tl.int32), (bh * (NC + 1) + c).to(tl.int32)  # a descriptor's indices
+    if TMA:
+        q_base, k_base, v_base, gate_base, state_base = q_ptr, k_ptr, v_ptr, bh * T, C_ptr
+        dtype = h_ptr.dtype.element_ty
+    else:
+        q_base = q_ptr + bh * T * DQK
+        k_base = k_ptr + bh * T * DQK
+        v_base = v_ptr + bh * T * DV
+        gate_base = bh * T
+        state_base = C_ptr + (bh * (NC + 1) + c) * DQK * DV
+        dtype = q_ptr.dtype.element_ty
 
     # The row log scale r and the inter-chunk weight exp(b + m_{k-1} - m_comb) (exp(b) for mLSTMsig)
     b_q = tl.load(b_ptr + gate_base + offs_q, mask=q_valid, other=0.0)
@@ -78,8 +87,8 @@ def tfla_fwd_kernel_h(
     acc = tl.zeros([BLOCK_LQ, BLOCK_DV], dtype=tl.float32)
     n_acc = tl.zeros([BLOCK_LQ], dtype=tl.float32)
     for d0 in range(0, DQK, BLOCK_DQK):
-        q = load_rows(q_base, offs_q, q_valid, d0 + offs_dqk, DQK)
-        C = tl.load(state_base + (d0 + offs_dqk)[:, None] * DV + offs_v[None, :])
+        q = load_tile(q_base, bh32, q_start, offs_q, q_valid, d0, d0 + offs_dqk, DQK, TMA)
+        C = load_state(state_base, state_index, d0, d0 + offs_dqk, i_dv * BLOCK_DV, offs_v, DV, TMA)
         acc = tl.dot(q, C.to(dtype), acc, input_precision=DOT_PRECISION)
         if HAS_N:
             n = tl.load(n_ptr + (bh * (NC + 1) + c) * DQK + d0 + offs_dqk)
@@ -92,13 +101,16 @@ def tfla_fwd_kernel_h(
         kv = kv_start + offs_kv
         # Lines 6-9: S = Q K^T over the d_qk blocks
         s = tl.zeros([BLOCK_LQ, BLOCK_LKV], dtype=tl.float32)
-        s = dot_rows(q_base, offs_q, q_valid, k_base, kv, kv < chunk_end, s, DQK, BLOCK_DQK, DOT_PRECISION)
+        s = dot_rows(
+            q_base, offs_q, q_valid, k_base, kv, kv < chunk_end, s, DQK, BLOCK_DQK, DOT_PRECISION,
+            bh32, q_start, kv_start, TMA,
+        )  # fmt: skip
         b_kv = tl.load(b_ptr + gate_base + kv, mask=kv < chunk_end, other=0.0)
         log_i_kv = tl.load(log_i_ptr + gate_base + kv, mask=kv < chunk_end, other=float("-inf"))
         # Lines 10-17: the gate matrix with the causal mask, at the row's final scale
         causal = (offs_q[:, None] >= kv[None, :]) & q_valid[:, None]
         p = s * tl.where(causal, tl.exp(row_log[:, None] + (log_i_kv - b_kv)[None, :]), 0.0)
-        v = load_rows(v_base, kv, kv < chunk_end, offs_v, DV)
+        v = load_tile(v_base, bh32, kv_start, kv, kv < chunk_end, i_dv * BLOCK_DV, offs_v, DV, TMA)
         acc = tl.dot(p.to(dtype), v, acc, input_precision=DOT_PRECISION)
         if HAS_N:
             n_acc += tl.sum(p, axis=1)

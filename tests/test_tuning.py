@@ -348,6 +348,46 @@ def test_tune_refuses_a_bad_shape_in_one_line(capsys, shape, message):
     assert err.startswith("error: ") and message in err and "\n" not in err
 
 
+def test_tune_tma_only_refuses_a_limit_chunk_shape_in_one_line(capsys):
+    limit = "limit_chunk:exp:8,16,8192,128,256:64"
+    assert main(["tune", "tfla:sig:8,16,8192,128,256:128", limit, "--tma-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --tma-only: TMA loads are an option of the tfla kernel, not of {limit}"
+
+
+# TMA loads off by 1% in dk (a wrong tile), or as the pointer loads to the bit
+@pytest.mark.parametrize("off", [0.0, 1e-2])
+def test_the_winner_tries_tma_loads_and_keeps_the_fastest_that_gives_its_result(monkeypatch, off):
+    small = tuning.Shape("tfla", "sig", 1, 1, 64, 16, 16, 32, torch.float32)
+    monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
+    monkeypatch.setattr(tuning, "STEP_ROUNDS", 0)
+    monkeypatch.setattr(tuning, "grid", lambda s, group: {})
+    monkeypatch.setattr(tuning, "tma_available", lambda device: True)
+    real = tuning.outputs
+
+    def outputs(s, inputs, config, mode):  # fw: [h]; fwbw: [dq, dk, dv, di, df]
+        got = real(s, inputs, config, mode)
+        return [
+            x * (1 + off) if config.bwd_tma and mode == "fwbw" and n == 1 else x for n, x in enumerate(got)
+        ]
+
+    monkeypatch.setattr(tuning, "outputs", outputs)
+    times = {(False, False): 4.0, (False, True): 2.0, (True, False): 3.0, (True, True): 1.0}
+    _timed_by_config(monkeypatch, lambda c: times[(c.tma, c.bwd_tma)])
+    search = tuning.tune(small, device="cpu", compiler=tuning.Compiler(0), groups=("fwd",))
+    stage = [t for t in search.trials if t.stage == "tma"]
+    assert [(t.config.tma, t.config.bwd_tma) for t in stage] == list(times)  # the winner first
+    assert stage[0].rel_err == 0.0 and stage[2].rel_err == 0.0  # the same tiles: the same result
+    if off:
+        assert [t.median_ms for t in stage] == [4.0, None, 3.0, None]
+        assert all("from the result without them" in t.error for t in stage[1::2])
+        assert (search.best.tma, search.best.bwd_tma) == (True, False)
+    else:
+        assert [t.median_ms for t in stage] == [4.0, 2.0, 3.0, 1.0]
+        assert (search.best.tma, search.best.bwd_tma) == (True, True)
+    assert "| bwd | fwbw | tma | tma=True |" in tuning.markdown(small, search, search.trials[0].config, "CPU")
+
+
 def test_tune_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
@@ -360,7 +400,7 @@ def _fake_gpu_search(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(kconfig, "gpu_target", lambda device: ("sm90", "NVIDIA H200"))
 
-    def found(shape, target, gpu, compiler, on_trial=None, device="cuda"):
+    def found(shape, target, gpu, compiler, on_trial=None, device="cuda", tma_only=False):
         config = kconfig.default_config("tfla", shape.head_dim_qk, shape.head_dim_v, shape.chunk_size,
                                         shape.dtype, shape.gate)  # fmt: skip
         times = {"default_fwbw_ms": 2.0, "tuned_fwbw_ms": 1.0, "default_fw_ms": 1.0, "tuned_fw_ms": 0.5}

@@ -6,6 +6,7 @@ Examples::
 
     tfla-bench tune tfla:sig:8,16,8192,128,256:128
     tfla-bench tune tfla:sig:4,32,8192,128,128:256 tfla:exp:4,32,8192,128,128:128 --for-gpu
+    tfla-bench tune tfla:sig:8,16,8192,128,256:64 --tma-only
 """
 
 from __future__ import annotations
@@ -49,12 +50,23 @@ def tune(
         typer.Option("--for-gpu", help="key the entries by this GPU's name, not by its architecture (sm90)"),
     ] = False,
     processes: Annotated[int, typer.Option("--processes", help="compile candidates in N processes")] = 8,
+    tma_only: Annotated[
+        bool,
+        typer.Option(
+            "--tma-only",
+            help="only try TMA loads (tfla) on the config this GPU takes now at each shape, no whole search",
+        ),
+    ] = False,
 ) -> None:
     """Tune our kernels' tile sizes and launch settings for this GPU: each candidate checked against the
     default config's result, timed with the suite's method; the fastest is kept per shape."""
     parsed = [parse_shape(text) for text in shapes]
     if processes < 0:
         raise UserError(f"--processes: expected an integer in [0, 256], got {processes}")
+    if tma_only and (
+        others := [text for text, shape in zip(shapes, parsed, strict=True) if shape.kernel != "tfla"]
+    ):
+        raise UserError(f"--tma-only: TMA loads are an option of the tfla kernel, not of {others[0]}")
     # torch and the kernels are heavy, and only this command needs them at this point.
     import torch
 
@@ -80,13 +92,16 @@ def tune(
         for number, shape in enumerate(parsed, 1):
             console.print(f"[bold]{number}/{len(parsed)} {shape.label()}[/] on {name} (entry for {target})")
             try:
-                entry, table = tuning.tune_entry(shape, target, name, compiler, show_trial(console, shape))
+                entry, table = tuning.tune_entry(
+                    shape, target, name, compiler, show_trial(console, shape), tma_only=tma_only
+                )
             except tuning.ContextLost as exc:
                 given = [
                     *(["--out", str(out)] if out else []),
                     *(["--tables", str(tables)] if tables else []),
                 ]
                 given += [*(["--for-gpu"] if for_gpu else []), "--processes", str(processes)]
+                given += ["--tma-only"] if tma_only else []
                 left = " ".join([*shapes[number - 1 :], *given])
                 raise RunFailed(
                     f"{exc}. The {number - 1} shape(s) before it are saved in {path}; "

@@ -35,6 +35,13 @@ their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
   equal the float32-state ones within `STATES_MATCH`, its gate gradients within `GATES_MATCH` (the
   readers cast the states to the input dtype anyway, so a correct compile agrees to the last bits;
   the miscompile was 1e-2 off); it is kept where it is then faster in fwbw.
+- TMA loads (TFLA): the winner with its tiles loaded through Hopper tensor descriptors in the
+  forward output kernel (`KernelConfig.tma`), in the dQ, dK and dV kernels (`bwd_tma`) and in both,
+  where `check_config` takes them: each compiled, held to the winner's own fw output and gradients
+  (`TMA_MATCH`: the same tiles, so the same products; only the gate gradients' row sums may add up
+  in another order) and timed in fwbw beside it; the fastest is kept. On GPUs with TMA only (sm90
+  and later, `tma_available`); `tfla-bench tune --tma-only` runs this stage alone, from the config a
+  GPU takes now.
 - Timing: the suite's method (`timing.time_calls`): the L2 flushed before each call, a spin ahead
   of it. Every candidate is screened with `SCREEN_RULE` (a few calls); those within `SCREEN_MARGIN`
   of the fastest screen, `FINALISTS` at most, are timed to within +-0.5% or 1 s of calls, and the
@@ -109,6 +116,9 @@ REFERENCE_SLACK = 1.5
 # 1e-5 in float16 at the CPU tests' small shapes). The miscompile was 1.5e-2 to 9.6e-2 off in each.
 STATES_MATCH = 1e-6
 GATES_MATCH = 1e-3
+# TMA loads give the pointer loads' h to the bit and every gradient to 2.2e-6 (bf16 on an H200 at the
+# paper's TFLA shapes, `results/validation/tma-loads-h200-20261204.csv`).
+TMA_MATCH = 1e-5
 # dK and dV in one kernel are tried up to these head dims (Dqk + Dv): on an H200 (2026-12-03) fwbw took
 # 0.95x the split kernels' time at 64 + 64, and 1.29-1.65x at 128 + 256 and 256 + 256 (three tile settings).
 FUSED_KV_TRY_DIMS = 256
@@ -178,8 +188,9 @@ class Shape:
 class Trial:
     """A candidate of a group: its config, its median ms (None: rejected, or screened out), its
     error vs the default config's result, why it was rejected, its screened median, and where it
-    came from (`grid`, a `step` past the grid, or `states16`: the winner with float32, then 16-bit
-    chunk states, its error then vs the float32-state result)."""
+    came from (`grid`, a `step` past the grid, `states16`: the winner with float32, then 16-bit
+    chunk states, its error then vs the float32-state result, or `tma`: the winner with TMA loads,
+    its error then vs the winner's result)."""
 
     group: str
     config: KernelConfig
@@ -521,17 +532,26 @@ def tune(
     rule: timing.StopRule | None = None,
     on_trial: Callable[[Trial], None] | None = None,
     inputs: list[torch.Tensor] | None = None,
+    start: KernelConfig | None = None,
 ) -> Search:
-    """Coordinate search over `groups` (module docstring) from the default config, on `inputs`
-    (default: `make_inputs(shape, device)`), compiling in `compiler` (default: `DEFAULT_PROCESSES`
-    worker processes for this search alone)."""
+    """Coordinate search over `groups` (module docstring) from `start` (default: the default config),
+    on `inputs` (default: `make_inputs(shape, device)`), compiling in `compiler` (default:
+    `DEFAULT_PROCESSES` worker processes for this search alone); then the 16-bit-state and the TMA
+    stages."""
     if compiler is None:
         with Compiler(DEFAULT_PROCESSES) as own:
             return tune(
-                shape, device=device, compiler=own, groups=groups, rule=rule, on_trial=on_trial, inputs=inputs
+                shape,
+                device=device,
+                compiler=own,
+                groups=groups,
+                rule=rule,
+                on_trial=on_trial,
+                inputs=inputs,
+                start=start,
             )
     rule = rule or timing.StopRule(rel_ci=0.005, budget_s=1.0, min_reps=10)
-    best = shape.default()
+    best = start or shape.default()
     cuda = str(device).startswith("cuda")
     held = torch.cuda.memory_allocated(device) if cuda else 0
     inputs = inputs if inputs is not None else make_inputs(shape, device)
@@ -556,6 +576,10 @@ def tune(
                 break
     if kconfig.float32_states(shape.kernel, shape.gate, shape.head_dim_qk, best):
         found = _states16(shape, inputs, best, compiler, device, rule, need)
+        _record(search, found, on_trial)
+        best = _fastest(found, best)
+    if shape.kernel == "tfla" and tma_available(device):
+        found = _tma(shape, inputs, best, compiler, device, rule, need)
         _record(search, found, on_trial)
         best = _fastest(found, best)
     search.best = best
@@ -608,6 +632,55 @@ def _states16(
     except Exception as exc:  # noqa: BLE001 -- a failure here rejects the candidate like any other
         _check_context(shape, candidate, device, exc)
         return rejected(None, _why(exc))
+
+
+def tma_available(device: str) -> bool:
+    """Whether `device` loads through tensor descriptors (TMA): a CUDA GPU of sm90 or later."""
+    return str(device).startswith("cuda") and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def _tma(
+    shape: Shape,
+    inputs: list[torch.Tensor],
+    best: KernelConfig,
+    compiler: Compiler,
+    device: str,
+    rule: timing.StopRule,
+    need_bytes: int | None,
+) -> list[Trial]:
+    """`best` with every other setting of `tma` and `bwd_tma` that `check_config` takes, each held to
+    `best`'s result and, where it agrees, timed in fwbw beside `best` (module docstring)."""
+    settings = [dataclasses.replace(best, tma=fw, bwd_tma=bw) for fw in (False, True) for bw in (False, True)]
+    candidates = [c for c in settings if c != best and runs(shape, c)]
+    errors = compiler.run(shape, candidates, device, need_bytes)
+    trials = []
+    try:
+        want = outputs(shape, inputs, best, "fw") + outputs(shape, inputs, best, "fwbw")
+        trials.append(
+            Trial("bwd", best, time_call(make_call(shape, inputs, best, "fwbw"), device, rule), 0.0)
+        )
+    except Exception as exc:
+        _check_context(shape, best, device, exc)
+        raise
+    for candidate, error in zip(candidates, errors, strict=True):
+        trial = Trial("bwd", candidate, None, None, error, stage="tma")
+        if not error:
+            try:
+                err = rel_rms(
+                    outputs(shape, inputs, candidate, "fw") + outputs(shape, inputs, candidate, "fwbw"), want
+                )
+                if err <= TMA_MATCH:
+                    median = time_call(make_call(shape, inputs, candidate, "fwbw"), device, rule)
+                    trial = dataclasses.replace(trial, median_ms=median, rel_err=err)
+                else:
+                    trial = dataclasses.replace(
+                        trial, rel_err=err, error=f"{err:.2e} from the result without them"
+                    )
+            except Exception as exc:  # noqa: BLE001 -- a failure here rejects the candidate like any other
+                _check_context(shape, candidate, device, exc)
+                trial = dataclasses.replace(trial, error=_why(exc))
+        trials.append(trial)
+    return [dataclasses.replace(t, stage="tma") for t in trials]
 
 
 def _round(
@@ -752,14 +825,22 @@ def tune_entry(
     compiler: Compiler,
     on_trial: Callable[[Trial], None] | None = None,
     device: str = "cuda",
+    tma_only: bool = False,
 ) -> tuple[dict, str]:
     """Search one shape on `device`; the tuned-config entry for `target` (with the default's and the
     winner's fw and fwbw medians, measured side by side, and the search's seconds) and the markdown
-    table of the search."""
+    table of the search. With `tma_only`, only the TMA stage, from the config `device` takes now at
+    the shape (`config.config_for`)."""
     started = time.monotonic()
     base = shape.default()
     inputs = make_inputs(shape, device)
-    search = tune(shape, device=device, compiler=compiler, on_trial=on_trial, inputs=inputs)
+    start, groups = None, ("bwd", "state", "fwd")
+    if tma_only:
+        key = (shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate)
+        start, groups = kconfig.config_for(*key, kconfig.gpu_target(torch.device(device))), ()
+    search = tune(
+        shape, device=device, compiler=compiler, on_trial=on_trial, inputs=inputs, start=start, groups=groups
+    )
     best = search.best
     try:
         errors = {
