@@ -89,12 +89,14 @@ def tma_rows(x: torch.Tensor, rows: int, columns: int):
         raise ValueError(
             f"config.tma and config.bwd_tma need a GPU with TMA (sm90 or later), got sm{major}{minor}"
         )
-    if x.data_ptr() % 16:
-        raise ValueError(
-            "config.tma and config.bwd_tma need inputs whose addresses are multiples of 16 bytes"
-        )
     x = x.view(-1, *x.shape[-2:])
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, rows, columns])
+
+
+def tma_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether a descriptor can take each of `tensors`: its address a multiple of 16 bytes. A call whose
+    inputs are not (a view a few elements into a buffer) loads through pointers instead."""
+    return all(x.data_ptr() % 16 == 0 for x in tensors)
 
 
 def tma_states(C: torch.Tensor, rows: int, columns: int):

@@ -86,7 +86,8 @@ class KernelConfig:
         tma, bwd_tma: TFLA's forward output kernel (`tma`), its dQ kernel and its dK and dV kernels
             (`bwd_tma`; not the fused one) load their tiles and state blocks through Hopper tensor
             descriptors (TMA, sm90 and later) instead of pointers. `bwd_tma` needs `bwd_seq_q <=
-            bwd_seq_kv`, so that every query tile of the dK and dV kernels ends within its chunk.
+            bwd_seq_kv`, so that every query tile of the dK and dV kernels ends within its chunk. A
+            call whose inputs' addresses are not multiples of 16 bytes loads through pointers.
         states16: the chunk states (and their gradients, which overwrite them) stay in the 16-bit
             input dtype where `float32_states` would widen them. Set only by a tuning search, where the
             16-bit-state kernels gave the float32-state result at this config and shape on the GPU

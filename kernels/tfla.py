@@ -42,6 +42,7 @@ from tfla_bench.kernels.chunkwise import (
     prepare_call,
     resolve_config,
     states_backward,
+    tma_aligned,
     tma_rows,
     tma_states,
 )
@@ -56,8 +57,8 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
     """The output kernel, one program per (d_hv block, L_hq tile, chunk, batch*head)."""
     bh, seq_len = log_i.shape
     dqk, dv, nc, cfg = q.shape[-1], v.shape[-1], gates.g.shape[-1], s.config
-    tiles = (q, k, v, C)
-    if cfg.tma:  # their descriptors: Triton then launches the site every time (`launch.Launches`)
+    tiles, tma = (q, k, v, C), cfg.tma and tma_aligned(q, k, v)
+    if tma:  # their descriptors: Triton then launches the site every time (`launch.Launches`)
         tiles = (
             tma_rows(q, cfg.seq_q, cfg.qk),
             tma_rows(k, cfg.seq_kv, cfg.qk),
@@ -74,7 +75,7 @@ def _forward(q, k, v, log_i, gates, C, n, m, h, m_row, denom, s: Settings):
             DQK=dqk, DV=dv, L=s.chunk_size, BLOCK_LQ=cfg.seq_q, BLOCK_LKV=cfg.seq_kv, BLOCK_DQK=cfg.qk,
             BLOCK_DV=cfg.v, USE_MAX_STATE=s.use_max_state, HAS_N=s.has_n,
             DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **({"TMA": True} if cfg.tma else {}),
+            **({"TMA": True} if tma else {}),
         ),
     )  # fmt: skip
 
@@ -112,7 +113,7 @@ def _backward(q, k, v, dh, log_i, gates, C, m, m_row, denom, dC_final, initial_g
     b, log_i, g, m_row_arg, denom_arg, m_arg = gate_args
     # The tiles of the dQ, dK and dV kernels: the tensors, or with `bwd_tma` their descriptors
     # (`tma_rows`, with each launch's blocks) and the option
-    tma = dict(TMA=True) if cfg.bwd_tma else {}
+    tma = dict(TMA=True) if cfg.bwd_tma and tma_aligned(q, k, v, dh) else {}
     q_rows, kv_rows, qk, dv_block = cfg.bwd_seq_q, cfg.bwd_seq_kv, cfg.bwd_qk, cfg.bwd_v
 
     def tiles(*blocks):

@@ -37,6 +37,7 @@ from mlstm_support import (
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.kernels import config as config_module
+from tfla_bench.kernels import tfla as tfla_module
 from tfla_bench.kernels.chunkwise import RowDots, Settings, gates_backward, gates_forward
 from tfla_bench.kernels.config import (
     KernelConfig,
@@ -225,6 +226,24 @@ def test_tiles_through_tensor_descriptors_give_the_pointer_loads_results_to_the_
             zip([got[0], *got[1], *got[2]], [pointers[0], *pointers[1], *pointers[2]], strict=True)
         ):
             assert torch.equal(a, b), f"{flags}, result {n}: {(a - b).abs().max():.1e} from the pointer loads"
+
+
+def test_inputs_a_descriptor_cannot_take_load_through_pointers(monkeypatch):
+    # q, k and v 8 bytes into their buffers: a descriptor needs 16-byte aligned addresses
+    config = small_config("sig", 16, 16, 16)
+    q, k, v, i, f = (x.to(DEVICE) for x in make_inputs(1, 2, 32, 16, 16))
+    q2, k2, v2 = (torch.cat([x.new_zeros(2), x.flatten()])[2:].view(x.shape) for x in (q, k, v))
+    assert q2.data_ptr() % 16 == 8 and q2.is_contiguous()
+    described = []
+    real = tfla_module.tma_rows
+    monkeypatch.setattr(tfla_module, "tma_rows", lambda x, *blocks: described.append(x) or real(x, *blocks))
+    h = mlstm_tfla(
+        q2, k2, v2, i, f, gate="sig", chunk_size=16, config=replace(config, tma=True, bwd_tma=True)
+    )
+    assert described == []
+    assert torch.equal(h, mlstm_tfla(q, k, v, i, f, gate="sig", chunk_size=16, config=config))
+    mlstm_tfla(q, k, v, i, f, gate="sig", chunk_size=16, config=replace(config, tma=True))
+    assert len(described) == 3  # aligned: q, k and v through descriptors
 
 
 def test_the_tma_options_are_tfla_options_whose_query_tiles_end_in_their_chunk():
