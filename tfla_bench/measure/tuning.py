@@ -579,7 +579,7 @@ def tune(
         _record(search, found, on_trial)
         best = _fastest(found, best)
     if shape.kernel == "tfla" and tma_available(device):
-        found = _tma(shape, inputs, best, compiler, device, rule, need)
+        found = _tma(shape, inputs, best, compiler, device, rule, need, search)
         _record(search, found, on_trial)
         best = _fastest(found, best)
     search.best = best
@@ -647,18 +647,22 @@ def _tma(
     device: str,
     rule: timing.StopRule,
     need_bytes: int | None,
+    search: Search,
 ) -> list[Trial]:
     """`best` with every other setting of `tma` and `bwd_tma` that `check_config` takes, each held to
-    `best`'s result and, where it agrees, timed in fwbw beside `best` (module docstring)."""
+    `best`'s result and, where it agrees, timed in fwbw beside `best` (module docstring); the seconds
+    it takes go to `search`'s."""
     settings = [dataclasses.replace(best, tma=fw, bwd_tma=bw) for fw in (False, True) for bw in (False, True)]
     candidates = [c for c in settings if c != best and runs(shape, c)]
+    started = time.monotonic()
     errors = compiler.run(shape, candidates, device, need_bytes)
+    compiled = time.monotonic()
+    search.seconds["compile"] += compiled - started
     trials = []
     try:
         want = outputs(shape, inputs, best, "fw") + outputs(shape, inputs, best, "fwbw")
-        trials.append(
-            Trial("bwd", best, time_call(make_call(shape, inputs, best, "fwbw"), device, rule), 0.0)
-        )
+        timed = time_call(make_call(shape, inputs, best, "fwbw"), device, rule)
+        trials.append(Trial("bwd", best, timed, 0.0, stage="tma"))
     except Exception as exc:
         _check_context(shape, best, device, exc)
         raise
@@ -680,7 +684,8 @@ def _tma(
                 _check_context(shape, candidate, device, exc)
                 trial = dataclasses.replace(trial, error=_why(exc))
         trials.append(trial)
-    return [dataclasses.replace(t, stage="tma") for t in trials]
+    search.seconds["time"] += time.monotonic() - compiled
+    return trials
 
 
 def _round(
