@@ -3,13 +3,14 @@ config's pointer loads, at the paper's TFLA shapes: fw and fwbw times, and the d
 
     python experiments/tma_loads.py OUT.csv [--sets chunks,fig5,fig17] [--processes 14]
 
-For each shape and gate, the config `config_for` picks on this GPU, then that config with `tma` (the
-forward output kernel), with `bwd_tma` (the dQ, dK and dV kernels) and with both
-(`KernelConfig`). Worker processes first run each variant once on one batch (as a sweep's
-precompile), so the timing process finds the kernels compiled. Then fw and fwbw (`h.sum()` backward,
-as the sweeps time it) are each timed by `triton.testing.do_bench` (the median; L2 cleared before each
-call), and each variant's `h` and gradients are held to the pointer loads' (the largest relative RMS
-difference: both load the same tiles, so it is 0 or near the float32 rounding of a reordered sum).
+For each shape and gate, the config `config_for` picks on this GPU with pointer loads everywhere, then
+with `tma` (the forward output kernel), with `bwd_tma` (the dQ, dK and dV kernels) and with both
+(`KernelConfig`), whatever the picked config has. Worker processes first run each variant once on
+one batch (as a sweep's precompile), so the timing process finds the kernels compiled. Then fw and
+fwbw (`h.sum()` backward, as the sweeps time it) are each timed by `triton.testing.do_bench` (the
+median; L2 cleared before each call), and each variant's `h` and gradients are held to the pointer
+loads' (the largest relative RMS difference: both load the same tiles, so it is 0 or near the
+float32 rounding of a reordered sum).
 A variant that fails (a config whose tiles a descriptor cannot take) is a row with its error.
 """
 
@@ -36,9 +37,9 @@ SHAPES = (
     ]
 )
 VARIANTS = {
-    "pointers": {},
-    "tma": {"tma": True},
-    "bwd_tma": {"bwd_tma": True},
+    "pointers": {"tma": False, "bwd_tma": False},
+    "tma": {"tma": True, "bwd_tma": False},
+    "bwd_tma": {"tma": False, "bwd_tma": True},
     "both": {"tma": True, "bwd_tma": True},
 }
 FIELDS = (

@@ -343,8 +343,11 @@ def adapted(
         name: largest_pow2_divisor(head_dim_v if name.endswith("v") else head_dim_qk, getattr(config, name))
         for name in ("qk", "v", "bwd_qk", "bwd_v", "state_qk", "state_v")
     }
-    # 16-bit states were checked at the tuned shape's own compiled kernels only
-    candidate = dataclasses.replace(config, **seq, **dims, state_seq=state_seq, states16=False)
+    # 16-bit states were checked at the tuned shape's own compiled kernels only; TMA loads were timed
+    # there only (and land in shared memory, which other head dims may fill up)
+    candidate = dataclasses.replace(
+        config, **seq, **dims, state_seq=state_seq, states16=False, tma=False, bwd_tma=False
+    )
     try:
         check_config(kernel, candidate, head_dim_qk, head_dim_v, chunk_size)
     except ValueError:
@@ -490,6 +493,11 @@ def check_config(
         )
     if (config.tma or config.bwd_tma) and kernel != "tfla":
         raise ValueError(f"config.tma and config.bwd_tma are options of the TFLA kernel, not of {kernel}")
+    if (config.tma or config.bwd_tma) and not tma_supported():
+        raise ValueError(
+            "config.tma and config.bwd_tma need tensor descriptors (triton.tools.tensor_descriptor), "
+            f"which Triton {_triton_version()} lacks"
+        )
     if config.bwd_tma and config.bwd_seq_q > config.bwd_seq_kv:
         raise ValueError(
             f"config.bwd_tma needs bwd_seq_q <= bwd_seq_kv, got {config.bwd_seq_q} > {config.bwd_seq_kv}"
@@ -540,10 +548,21 @@ def load_tuned(path: Path) -> int:
             config = KernelConfig(**entry["config"])
             if config.states16 and entry.get("triton") != _triton_version():
                 config = dataclasses.replace(config, states16=False)  # checked with another compiler
+            if not tma_supported():
+                config = dataclasses.replace(config, tma=False, bwd_tma=False)
             register_tuned(*key, config)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a tuned-config file ({exc})") from None
     return len(entries)
+
+
+@lru_cache(maxsize=1)
+def tma_supported() -> bool:
+    """Whether this Triton builds tensor descriptors on the host (`triton.tools.tensor_descriptor`);
+    entries tuned with TMA loads take pointer loads where it does not (`load_tuned`)."""
+    import importlib.util
+
+    return importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
 
 
 @lru_cache(maxsize=1)

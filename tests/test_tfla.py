@@ -16,6 +16,7 @@ mLSTMexp gradients are compared through a loss that is invariant to a per-step s
 (appendix B.3), which is exact exactly then.
 """
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -244,6 +245,22 @@ def test_inputs_a_descriptor_cannot_take_load_through_pointers(monkeypatch):
     assert torch.equal(h, mlstm_tfla(q, k, v, i, f, gate="sig", chunk_size=16, config=config))
     mlstm_tfla(q, k, v, i, f, gate="sig", chunk_size=16, config=replace(config, tma=True))
     assert len(described) == 3  # aligned: q, k and v through descriptors
+
+
+def test_a_carried_config_and_one_without_tensor_descriptors_load_through_pointers(monkeypatch, tmp_path):
+    tuned = replace(small_config("sig", 32, 32, 32), tma=True, bwd_tma=True)
+    carried = config_module.adapted("tfla", tuned, 64, 64, 32, torch.bfloat16)
+    assert (carried.tma, carried.bwd_tma) == (False, False)  # timed at the tuned shape only
+    entry = config_module.tuned_entry(("sm90", "tfla", 32, 32, 32, torch.bfloat16, "sig"), tuned)
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps([entry]))
+    monkeypatch.setattr(config_module, "TUNED_CONFIGS", {})
+    monkeypatch.setattr(config_module, "tma_supported", lambda: False)
+    config_module.load_tuned(path)
+    (loaded,) = config_module.TUNED_CONFIGS.values()
+    assert (loaded.tma, loaded.bwd_tma) == (False, False)
+    with pytest.raises(ValueError, match=r"^config.tma and config.bwd_tma need tensor descriptors"):
+        config_module.check_config("tfla", tuned, 32, 32, 32)
 
 
 def test_the_tma_options_are_tfla_options_whose_query_tiles_end_in_their_chunk():
@@ -588,7 +605,7 @@ def test_gpu_tiles_through_tensor_descriptors_give_the_pointer_loads_results(gat
     chosen = config_module.config_for(
         "tfla", dqk, dv, 128, torch.bfloat16, gate, config_module.gpu_target(torch.device(DEVICE))
     )
-    config = replace(chosen, bwd_seq_q=min(chosen.bwd_seq_q, chosen.bwd_seq_kv))
+    config = replace(chosen, bwd_seq_q=min(chosen.bwd_seq_q, chosen.bwd_seq_kv), tma=False, bwd_tma=False)
     pointers = run_with_grads(tfla_fn(gate, False, 128, config), inputs, [], weights, gate)
     tma = run_with_grads(
         tfla_fn(gate, False, 128, replace(config, tma=True, bwd_tma=True)), inputs, [], weights, gate

@@ -388,6 +388,15 @@ def test_the_winner_tries_tma_loads_and_keeps_the_fastest_that_gives_its_result(
     assert "| bwd | fwbw | tma | tma=True |" in tuning.markdown(small, search, search.trials[0].config, "CPU")
 
 
+def test_tune_tma_only_refuses_a_gpu_without_tma_in_one_line(capsys, monkeypatch):
+    _fake_gpu_search(monkeypatch)
+    monkeypatch.setattr(tuning, "tma_available", lambda device: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert main(["tune", "tfla:sig:8,16,8192,128,256:128", "--tma-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --tma-only: TMA loads need a GPU of sm90 or later, this one is sm80"
+
+
 def test_tune_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")

@@ -76,6 +76,13 @@ def tune(
 
     if not torch.cuda.is_available():
         raise UserError("tune times our kernels on a GPU and needs CUDA; no CUDA device is visible")
+    if tma_only and not tuning.tma_available("cuda"):
+        major, minor = torch.cuda.get_device_capability()
+        raise UserError(f"--tma-only: TMA loads need a GPU of sm90 or later, this one is sm{major}{minor}")
+    if tma_only and not kconfig.tma_supported():
+        raise UserError(
+            "--tma-only: TMA loads need Triton's triton.tools.tensor_descriptor, which is missing"
+        )
     path = out or kconfig.user_tuned_file()
     output_file(path, "--out")
     if path.exists():
