@@ -84,8 +84,8 @@ def tma_rows(x: torch.Tensor, rows: int, columns: int):
     `[1, rows, columns]` (`common.load_tile`): rows past `T` come back as zeros, never another head's."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    if x.is_cuda and torch.cuda.get_device_capability(x.device) < (9, 0):
-        major, minor = torch.cuda.get_device_capability(x.device)
+    major, minor = torch.cuda.get_device_capability(x.device) if x.is_cuda else (9, 0)
+    if major < 9:
         raise ValueError(
             f"config.tma and config.bwd_tma need a GPU with TMA (sm90 or later), got sm{major}{minor}"
         )

@@ -842,18 +842,14 @@ def tune_entry(
     started = time.monotonic()
     base = shape.default()
     inputs = make_inputs(shape, device)
-    start, groups, stages = base, ("bwd", "state", "fwd"), ("states16", "tma")
+    start, only = base, {}
     if tma_only:
         key = (shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate)
-        start, groups, stages = (
-            kconfig.config_for(*key, kconfig.gpu_target(torch.device(device))),
-            (),
-            ("tma",),
-        )
+        start = kconfig.config_for(*key, kconfig.gpu_target(torch.device(device)))
+        only = {"groups": (), "stages": ("tma",)}
     search = tune(
-        shape, device=device, compiler=compiler, on_trial=on_trial, inputs=inputs, start=start, groups=groups,
-        stages=stages,
-    )  # fmt: skip
+        shape, device=device, compiler=compiler, on_trial=on_trial, inputs=inputs, start=start, **only
+    )
     best = search.best
     try:
         errors = {
