@@ -30,6 +30,41 @@ def test_candidates_are_valid_distinct_and_start_from_the_base(chunk_size):
     assert all(c.seq_q <= 64 for c in tuning.candidates(shape(64), base, "fwd")[1:])
 
 
+@pytest.mark.parametrize("tma", [False, True])
+def test_the_forward_grid_tries_the_value_block_and_tma_loads_where_the_gpu_has_them(tma):
+    base = dataclasses.replace(kconfig.default_config("tfla", 128, 256, 128, torch.bfloat16, "exp"), seq_q=64)
+    found = tuning.candidates(shape(128, gate="exp"), base, "fwd", tma)
+    assert {c.v for c in found} == {128, 256}
+    assert {c.tma for c in found} == ({False, True} if tma else {False})
+    assert found[0] == base and tuning.idle_warps(base)  # 8 warps over 64 rows: the base may idle warps
+    assert not any(tuning.idle_warps(c) for c in found[1:])  # no other candidate does
+    assert {(c.seq_q, c.num_warps) for c in found[1:]} == {(64, 4), (128, 4), (128, 8)}
+    # the value block never exceeds a small head dim; the backward and state grids take no TMA
+    small = tuning.Shape("tfla", "sig", 4, 128, 8192, 32, 32, 256)
+    small_base = kconfig.default_config("tfla", 32, 32, 256, torch.bfloat16, "sig")
+    assert {c.v for c in tuning.candidates(small, small_base, "fwd", tma)} == {32}
+    for group in ("bwd", "state"):
+        assert not any(c.tma or c.bwd_tma for c in tuning.candidates(shape(), base, group, tma))
+
+
+def test_tune_searches_the_forward_grid_with_tma_loads_only_on_a_gpu_that_has_them(monkeypatch):
+    small = tuning.Shape("tfla", "sig", 1, 1, 64, 16, 16, 32, torch.float32)
+    seen = []
+
+    def grid(s, group, tma=False):
+        seen.append((group, tma))
+        return {}
+
+    monkeypatch.setattr(tuning, "grid", grid)
+    monkeypatch.setattr(tuning, "STEP_ROUNDS", 0)
+    _timed_by_config(monkeypatch, lambda c: 1.0)
+    for available in (False, True):
+        monkeypatch.setattr(tuning, "tma_available", lambda device, available=available: available)
+        seen.clear()
+        tuning.tune(small, device="cpu", compiler=tuning.Compiler(0), groups=("fwd",), stages=())
+        assert seen == [("fwd", available)]
+
+
 def test_dk_and_dv_in_one_kernel_are_tried_at_small_head_dims_only():
     for dqk, dv, tried in [(64, 64, True), (128, 128, True), (128, 256, False), (48, 64, False)]:
         small = tuning.Shape("tfla", "sig", 4, 64, 8192, dqk, dv, 256)
@@ -70,7 +105,7 @@ def test_the_search_screens_every_candidate_times_the_close_ones_and_keeps_the_f
     monkeypatch.setattr(tuning.Shape, "small", lambda self: self)  # the interpreter is slow
     monkeypatch.setattr(tuning, "STEP_ROUNDS", 0)
     grids = {"fwd": {"num_warps": (2, 4, 8)}, "bwd": {"bwd_num_warps": (2, 4)}, "state": {}}
-    monkeypatch.setattr(tuning, "grid", lambda s, group: grids[group])
+    monkeypatch.setattr(tuning, "grid", lambda s, group, tma=False: grids[group])
     fw = {2: 1.05, 4: 3.0, 8: 1.0}  # fwd: warps 8 fastest, 2 within the margin, the base (4) far off
     timed = _timed_by_config(
         monkeypatch,
@@ -100,7 +135,7 @@ def test_the_search_screens_every_candidate_times_the_close_ones_and_keeps_the_f
 def test_the_search_steps_past_its_grid_while_a_step_gains(monkeypatch):
     small = tuning.Shape("tfla", "sig", 1, 1, 32, 16, 16, 16, torch.float32)
     monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
-    monkeypatch.setattr(tuning, "grid", lambda s, group: {"num_warps": (4, 8)})
+    monkeypatch.setattr(tuning, "grid", lambda s, group, tma=False: {"num_warps": (4, 8)})
     monkeypatch.setattr(tuning, "STEPS", {"fwd": ("num_warps", "num_stages")})
     monkeypatch.setattr(tuning, "LADDERS", {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2, 3)})
     base = kconfig.default_config("tfla", 16, 16, 16, torch.float32, "sig")
@@ -137,7 +172,7 @@ def test_steps_move_one_field_one_rung_and_keep_the_dtype_of_the_states():
 def test_a_candidate_off_the_default_result_is_rejected(monkeypatch):
     small = tuning.Shape("tfla", "sig", 1, 1, 32, 16, 16, 16, torch.float32)
     monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
-    monkeypatch.setattr(tuning, "grid", lambda s, group: {"bwd_num_warps": (2,)})
+    monkeypatch.setattr(tuning, "grid", lambda s, group, tma=False: {"bwd_num_warps": (2,)})
     monkeypatch.setattr(tuning, "STEP_ROUNDS", 0)
     real = tuning.outputs
     monkeypatch.setattr(
@@ -167,7 +202,7 @@ def test_a_winner_with_float32_states_tries_16_bit_states_and_keeps_them_where_t
     small = tuning.Shape("tfla", "exp", 1, 1, 64, 32, 16, 16, torch.float16)
     monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
     monkeypatch.setattr(tuning, "STEP_ROUNDS", 0)
-    monkeypatch.setattr(tuning, "grid", lambda s, group: {"qk": (16,)} if group == "fwd" else {})
+    monkeypatch.setattr(tuning, "grid", lambda s, group, tma=False: {"qk": (16,)} if group == "fwd" else {})
     real = tuning.outputs
 
     def outputs(s, inputs, config, mode):  # fw: [h]; fwbw: [dq, dk, dv, di, df]
@@ -361,7 +396,7 @@ def test_the_winner_tries_tma_loads_and_keeps_the_fastest_that_gives_its_result(
     small = tuning.Shape("tfla", "sig", 1, 1, 64, 16, 16, 32, torch.float32)
     monkeypatch.setattr(tuning.Shape, "small", lambda self: self)
     monkeypatch.setattr(tuning, "STEP_ROUNDS", 0)
-    monkeypatch.setattr(tuning, "grid", lambda s, group: {})
+    monkeypatch.setattr(tuning, "grid", lambda s, group, tma=False: {})
     monkeypatch.setattr(tuning, "tma_available", lambda device: True)
     real = tuning.outputs
 
@@ -397,6 +432,61 @@ def test_tune_tma_only_refuses_a_gpu_without_tma_in_one_line(capsys, monkeypatch
     assert err == "error: --tma-only: TMA loads need a GPU of sm90 or later, this one is sm80"
 
 
+@pytest.mark.parametrize(
+    ("options", "groups", "tma_only"),
+    [([], (), False), (["--group", "fwd", "--group", "bwd", "--group", "fwd"], ("fwd", "bwd"), False),
+     (["--tma-only"], (), True)],
+)  # fmt: skip
+def test_tune_group_hands_the_search_its_groups(tmp_path, monkeypatch, capsys, options, groups, tma_only):
+    asked = _fake_gpu_search(monkeypatch)
+    monkeypatch.setattr(tuning, "tma_available", lambda device: True)
+    argv = ["tune", "tfla:exp:8,16,8192,128,256:128", "--out", str(tmp_path / "tuned.json"), *options]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert asked == [{"groups": groups, "tma_only": tma_only}]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [(["--group", "fw"], "--group: expected one of fwd, bwd, state, got 'fw'"),
+     (["--group", "fwd", "--tma-only"], "--group and --tma-only: the TMA stage alone searches no group")],
+)  # fmt: skip
+def test_tune_refuses_a_bad_group_in_one_line(tmp_path, monkeypatch, capsys, options, message):
+    asked = _fake_gpu_search(monkeypatch)
+    out = tmp_path / "tuned.json"
+    assert main(["tune", "tfla:exp:8,16,8192,128,256:128", "--out", str(out), *options]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {message}") and "\n" not in err
+    assert asked == [] and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("tma_only", "groups", "want"),
+    [(False, ("fwd",), {"groups": ("fwd",)}), (True, (), {"groups": (), "stages": ("tma",)})],
+)
+def test_a_search_of_some_groups_starts_from_the_config_the_gpu_takes_now(
+    monkeypatch, tma_only, groups, want
+):
+    small = tuning.Shape("tfla", "exp", 1, 1, 64, 16, 16, 32, torch.float32)
+    now = dataclasses.replace(small.default(), num_stages=3)
+    monkeypatch.setattr(kconfig, "gpu_target", lambda device: ("sm90", "NVIDIA H200"))
+    monkeypatch.setattr(kconfig, "config_for", lambda *key: now)
+    monkeypatch.setattr(tuning, "reference_error", lambda shape, config, device: 1e-3)
+    monkeypatch.setattr(tuning, "time_call", lambda call, device, rule: 1.0)
+    asked = []
+
+    def tune(shape, **kwargs):
+        asked.append(kwargs)
+        return tuning.Search(kwargs["start"], [])
+
+    monkeypatch.setattr(tuning, "tune", tune)
+    entry, _ = tuning.tune_entry(
+        small, "sm90", "NVIDIA H200", None, device="cpu", tma_only=tma_only, groups=groups
+    )
+    (kwargs,) = asked
+    assert kwargs["start"] == now and {k: kwargs[k] for k in want} == want
+    assert entry["config"]["num_stages"] == 3
+
+
 def test_tune_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
@@ -405,11 +495,14 @@ def test_tune_needs_a_gpu(capsys):
 
 
 def _fake_gpu_search(monkeypatch):
-    """`tune` as on a GPU, with a search that finds the default config at once."""
+    """`tune` as on a GPU, with a search that finds the default config at once; the list of what each
+    search was asked (its groups, whether TMA only)."""
+    asked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(kconfig, "gpu_target", lambda device: ("sm90", "NVIDIA H200"))
 
-    def found(shape, target, gpu, compiler, on_trial=None, device="cuda", tma_only=False):
+    def found(shape, target, gpu, compiler, on_trial=None, device="cuda", tma_only=False, groups=()):
+        asked.append({"groups": groups, "tma_only": tma_only})
         config = kconfig.default_config("tfla", shape.head_dim_qk, shape.head_dim_v, shape.chunk_size,
                                         shape.dtype, shape.gate)  # fmt: skip
         times = {"default_fwbw_ms": 2.0, "tuned_fwbw_ms": 1.0, "default_fw_ms": 1.0, "tuned_fw_ms": 0.5}
@@ -417,6 +510,7 @@ def _fake_gpu_search(monkeypatch):
         return kconfig.tuned_entry(shape.config_key(target), config, **times), "| trial |\n"
 
     monkeypatch.setattr(tuning, "tune_entry", found)
+    return asked
 
 
 def test_tune_tables_into_a_folder_not_made_yet_makes_it(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,7 @@ Examples::
     tfla-bench tune tfla:sig:8,16,8192,128,256:128
     tfla-bench tune tfla:sig:4,32,8192,128,128:256 tfla:exp:4,32,8192,128,128:128 --for-gpu
     tfla-bench tune tfla:sig:8,16,8192,128,256:64 --tma-only
+    tfla-bench tune tfla:exp:8,16,8192,128,256:128 --group fwd
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from tfla_bench.measure.tuning import Shape, Trial
 
 SHAPE_FORM = "KERNEL:GATE:B,NH,T,DQK,DV:L"
+SEARCH_GROUPS = ("fwd", "bwd", "state")  # `tuning.GROUPS`, named here so that --help imports no torch
 
 
 def register(app: typer.Typer) -> None:
@@ -57,12 +59,25 @@ def tune(
             help="only try TMA loads (tfla) on the config this GPU takes now at each shape, no whole search",
         ),
     ] = False,
+    group: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--group",
+            help="search only this group of fields (fwd, bwd or state; repeatable), from the config "
+            "this GPU takes now at each shape, then the 16-bit-state and TMA stages",
+        ),
+    ] = None,
 ) -> None:
     """Tune our kernels' tile sizes and launch settings for this GPU: each candidate checked against the
     default config's result, timed with the suite's method; the fastest is kept per shape."""
     parsed = [parse_shape(text) for text in shapes]
     if processes < 0:
         raise UserError(f"--processes: expected an integer in [0, 256], got {processes}")
+    groups = tuple(dict.fromkeys(group or ()))
+    if unknown := [name for name in groups if name not in SEARCH_GROUPS]:
+        raise UserError(f"--group: expected one of {', '.join(SEARCH_GROUPS)}, got {unknown[0]!r}")
+    if groups and tma_only:
+        raise UserError("--group and --tma-only: the TMA stage alone searches no group; give one of them")
     if tma_only and (
         others := [text for text, shape in zip(shapes, parsed, strict=True) if shape.kernel != "tfla"]
     ):
@@ -100,7 +115,13 @@ def tune(
             console.print(f"[bold]{number}/{len(parsed)} {shape.label()}[/] on {name} (entry for {target})")
             try:
                 entry, table = tuning.tune_entry(
-                    shape, target, name, compiler, show_trial(console, shape), tma_only=tma_only
+                    shape,
+                    target,
+                    name,
+                    compiler,
+                    show_trial(console, shape),
+                    tma_only=tma_only,
+                    groups=groups,
                 )
             except tuning.ContextLost as exc:
                 given = [
@@ -109,6 +130,7 @@ def tune(
                 ]
                 given += [*(["--for-gpu"] if for_gpu else []), "--processes", str(processes)]
                 given += ["--tma-only"] if tma_only else []
+                given += [f"--group {name}" for name in groups]
                 left = " ".join([*shapes[number - 1 :], *given])
                 raise RunFailed(
                     f"{exc}. The {number - 1} shape(s) before it are saved in {path}; "

@@ -41,7 +41,13 @@ their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
   (`TMA_MATCH`: the same tiles, so the same products; only the gate gradients' row sums may add up
   in another order) and timed in fwbw beside it; the fastest is kept. On GPUs with TMA only (sm90
   and later, `tma_available`); `tfla-bench tune --tma-only` runs this stage alone, from the config a
-  GPU takes now.
+  GPU takes now. There the forward's `tma` is also a field of its group's grid, beside its value
+  block `v`: the tiles that are fastest with TMA loads are not those fastest with pointer loads. On
+  an H200, mLSTMexp at Fig. 5's shape screened at 1.669 ms fw with the pointer-load winner's tiles
+  (64 x 32 query x key, a 128-wide value block, three stages), 2.279 ms with TMA loads at the same
+  tiles, and 1.308 ms with TMA loads at 64 x 64, 256 wide, one stage
+  (`results/kernels/tuning-fwd-tfla-exp-B8-NH16-T8192-Dqk128-Dv256-L128.md`). `tfla-bench tune
+  --group fwd` searches that group alone, from the config a GPU takes now.
 - Timing: the suite's method (`timing.time_calls`): the L2 flushed before each call, a spin ahead
   of it. Every candidate is screened with `SCREEN_RULE` (a few calls); those within `SCREEN_MARGIN`
   of the fastest screen, `FINALISTS` at most, are timed to within +-0.5% or 1 s of calls, and the
@@ -77,7 +83,7 @@ from tfla_bench.measure import timing
 
 KERNELS = ("tfla", "limit_chunk")
 GROUPS = {
-    "fwd": ("seq_q", "seq_kv", "num_warps", "num_stages"),
+    "fwd": ("seq_q", "seq_kv", "v", "num_warps", "num_stages", "tma"),
     "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_qk", "bwd_num_warps", "bwd_num_stages", "bwd_fused_kv"),
     "state": ("state_seq", "state_qk", "state_v", "state_num_warps"),
 }
@@ -211,8 +217,9 @@ class Search:
     seconds: dict[str, float] = field(default_factory=lambda: {"compile": 0.0, "time": 0.0})
 
 
-def grid(shape: Shape, group: str) -> dict[str, tuple[int, ...]]:
-    """The values tried for each field of `group` (limit_chunk keeps whole-chunk sequence tiles)."""
+def grid(shape: Shape, group: str, tma: bool = False) -> dict[str, tuple[int, ...]]:
+    """The values tried for each field of `group` (limit_chunk keeps whole-chunk sequence tiles); the
+    forward's `tma` both ways where `tma` (a GPU that loads through tensor descriptors)."""
     L = shape.chunk_size
     if shape.kernel == "limit_chunk":
         return {
@@ -224,8 +231,11 @@ def grid(shape: Shape, group: str) -> dict[str, tuple[int, ...]]:
         "fwd": {
             "seq_q": tuple(s for s in (64, 128) if s <= L),
             "seq_kv": tuple(s for s in (32, 64, 128) if s <= L),
+            "v": tuple(d for d in (128, 256) if shape.head_dim_v % d == 0)
+            or (kconfig.largest_pow2_divisor(shape.head_dim_v, 128),),
             "num_warps": (4, 8),
             "num_stages": (1, 2, 3),
+            "tma": (False, True) if tma else (False,),
         },
         "bwd": {
             "bwd_seq_q": tuple(s for s in (32, 64) if s <= L),
@@ -247,16 +257,25 @@ def grid(shape: Shape, group: str) -> dict[str, tuple[int, ...]]:
     }[group]
 
 
-def candidates(shape: Shape, base: KernelConfig, group: str) -> list[KernelConfig]:
-    """`base` with `group`'s fields set to every point of its grid that `check_config` accepts; `base`
-    first."""
-    values = grid(shape, group)
+def candidates(shape: Shape, base: KernelConfig, group: str, tma: bool = False) -> list[KernelConfig]:
+    """`base` with `group`'s fields set to every point of its grid (`grid`) that `check_config` accepts
+    and, in TFLA's forward, whose warps all hold rows of their own (`idle_warps`); `base` first."""
+    values = grid(shape, group, tma)
     found = [base]
     for point in itertools.product(*values.values()):
         candidate = dataclasses.replace(base, **dict(zip(values, point, strict=True)))
-        if runs(shape, candidate) and candidate not in found:
+        idle = group == "fwd" and shape.kernel == "tfla" and idle_warps(candidate)
+        if runs(shape, candidate) and not idle and candidate not in found:
             found.append(candidate)
     return found
+
+
+def idle_warps(config: KernelConfig) -> bool:
+    """Whether TFLA's forward output kernel has more warps than 16-row slices of a query tile of 64
+    rows or more (the tiles of Hopper's warpgroup MMA): Triton 3.6 lays the S = Q K^T product of 64
+    rows over 8 warps as 128 rows, each row computed twice, and moves the accumulator to another
+    layout for the P V product. (A step past the grid may still try such a config.)"""
+    return config.seq_q >= 64 and config.num_warps * 16 > config.seq_q
 
 
 def runs(shape: Shape, config: KernelConfig) -> bool:
@@ -561,8 +580,9 @@ def tune(
     # the peak of this process since its start, or of these calls: no less than one call takes
     need = torch.cuda.max_memory_allocated(device) - held if cuda else None
     search = Search(best, [])
+    tma = shape.kernel == "tfla" and tma_available(device) and kconfig.tma_supported()
     for group in groups:
-        configs, tried, stage = candidates(shape, best, group), set(), "grid"
+        configs, tried, stage = candidates(shape, best, group, tma), set(), "grid"
         for _ in range(1 + STEP_ROUNDS):
             round_trials = _round(
                 shape, inputs, references, group, configs, stage, compiler, device, rule, search, need
@@ -580,7 +600,7 @@ def tune(
         found = _states16(shape, inputs, best, compiler, device, rule, need)
         _record(search, found, on_trial)
         best = _fastest(found, best)
-    if "tma" in stages and shape.kernel == "tfla" and tma_available(device):
+    if "tma" in stages and tma:
         found = _tma(shape, inputs, best, compiler, device, rule, need, search)
         _record(search, found, on_trial)
         best = _fastest(found, best)
@@ -834,19 +854,21 @@ def tune_entry(
     on_trial: Callable[[Trial], None] | None = None,
     device: str = "cuda",
     tma_only: bool = False,
+    groups: tuple[str, ...] = (),
 ) -> tuple[dict, str]:
     """Search one shape on `device`; the tuned-config entry for `target` (with the default's and the
     winner's fw and fwbw medians, measured side by side, and the search's seconds) and the markdown
-    table of the search. With `tma_only`, only the TMA stage, from the config `device` takes now at
-    the shape (`config.config_for`)."""
+    table of the search. With `tma_only`, only the TMA stage; with `groups`, only those groups of
+    fields and then the stages; both from the config `device` takes now at the shape
+    (`config.config_for`)."""
     started = time.monotonic()
     base = shape.default()
     inputs = make_inputs(shape, device)
     start, only = base, {}
-    if tma_only:
+    if tma_only or groups:
         key = (shape.kernel, shape.head_dim_qk, shape.head_dim_v, shape.chunk_size, shape.dtype, shape.gate)
         start = kconfig.config_for(*key, kconfig.gpu_target(torch.device(device)))
-        only = {"groups": (), "stages": ("tma",)}
+        only = {"groups": (), "stages": ("tma",)} if tma_only else {"groups": groups}
     search = tune(
         shape, device=device, compiler=compiler, on_trial=on_trial, inputs=inputs, start=start, **only
     )
