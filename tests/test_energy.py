@@ -10,6 +10,7 @@ import json
 import math
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -595,10 +596,17 @@ def test_where_the_window_cannot_be_charged_the_case_gets_a_series_and_says_why(
     assert result.row.note.endswith(
         "; energy from calls of its own: no calibration (the spins' window: no time)"
     )
-    awake = energy.Calibration(awake_w=10_000.0)  # would charge more than the whole rise outside the calls
-    result = _around(monkeypatch, awake)
-    assert result.energy.method == "series" and result.row.energy_mj > 0
-    assert "energy from calls of its own: flushes, spins and the idle GPU drew" in result.row.note
+    # An awake power that charges more than the whole rise to the window outside the calls: 0.7 s of
+    # a 1 s window at 10 kW against a rise of 2,000 mJ. (Through `measure_case` on a CPU, that window
+    # is wall time, and three calls' median times three can fill it, leaving nothing to charge.)
+    awake = energy.Calibration(awake_w=10_000.0)
+    monkeypatch.setattr(worker, "_calibration", lambda device, monitor, flush: awake)
+    opened = energy.Energy(calls=3, started_s=0.0, ended_s=1.0, counted_mj=2_000, method="around")
+    stats = types.SimpleNamespace(median_ms=100.0, reps=3)
+    spent, note = worker._charged(opened, stats, None, "cpu", None)
+    assert spent is None
+    drew = "flushes, spins and the idle GPU drew 350000% of the timed calls' window"
+    assert note == f"{worker.OWN_SERIES}: {drew}"
 
 
 def test_the_energy_method_goes_through_the_one_checker_and_names_itself_in_env_json():
