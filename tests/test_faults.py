@@ -254,6 +254,70 @@ def test_ctrl_c_at_10_points_then_resume(tmp_path, spec_file, clean_run):
     assert counts[1:] == (counts[0], 0)
 
 
+# An adapter module that registers no adapter. In the sweep that loads it, the moment spec.json is
+# written, it sends the process SIGINT and takes it in one of the places that the imports after
+# spec.json pass through and that a KeyboardInterrupt does not leave as itself (`where`): code
+# compiled from a string (the methods dataclasses and namedtuples build); a C extension's
+# initialisation, which pybind11 ends in an ImportError raised from it (triton's, here in code from
+# a string too); a weakref callback (importlib frees its module locks in one), where Python only
+# reports an exception.
+CTRL_C_HOOK = """
+import os
+import signal
+import time
+import weakref
+
+from tfla_bench.run import rundir
+
+_write_spec = rundir.write_spec
+
+
+def ctrl_c(*_):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(60)
+
+
+class Freed:
+    pass
+
+
+def write_spec(run_dir, spec):
+    _write_spec(run_dir, spec)
+    if {where!r} == "weakref callback":
+        freed = Freed()
+        ref = weakref.ref(freed, ctrl_c)
+        del freed
+        return
+    try:
+        exec("ctrl_c()", globals())
+    except KeyboardInterrupt as exc:
+        if {where!r} == "extension":
+            raise ImportError("initialization failed") from exc
+        raise
+
+
+rundir.write_spec = write_spec
+"""
+
+
+@pytest.mark.parametrize("where", ["code from a string", "extension", "weakref callback"])
+def test_ctrl_c_right_after_spec_json_is_exit_130_and_one_line(tmp_path, spec_file, where):
+    """Ctrl-C the moment spec.json is written, landing where the sweep's imports go on: the sweep
+    stops there with exit code 130 and one `interrupted` line (not an end by SIGINT after the
+    interrupt was handled, an ImportError's traceback or a sweep that goes on), and `--resume` then
+    measures every case."""
+    (tmp_path / "ctrl_c_hook.py").write_text(CTRL_C_HOOK.format(where=where))
+    run_dir, log = tmp_path / "run", tmp_path / "sweep.log"
+    two_cases = ["--kernel", "sdpa_math", "--seq-len", "32"]
+    args = ["sweep", str(spec_file), *two_cases, "--out", str(run_dir)]
+    code = finish(args, tmp_path, log, plugins="ctrl_c_hook")  # `python -m` imports from tmp_path
+    said = log.read_text()
+    assert code == 130 and said.splitlines().count("interrupted") == 1 and "Traceback" not in said, said
+    assert spec_written(run_dir) and row_count(run_dir) == 0
+    assert finish(["sweep", "--resume", str(run_dir)], tmp_path, log) == 0, log.read_text()
+    assert [row["status"] for row in rows(run_dir)] == ["ok", "ok"]
+
+
 # --- workers that crash, hang, run out of memory or write garbage -------------------------------------
 
 WORKER_FAULTS = {
