@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tfla_bench.adapters.workloads import Case
+from tfla_bench.cli import tune as tune_cli
 from tfla_bench.cli.main import main
 from tfla_bench.kernels import config as kconfig
 from tfla_bench.measure import timing, tuning
@@ -443,6 +444,7 @@ def test_tune_group_hands_the_search_its_groups(tmp_path, monkeypatch, capsys, o
     argv = ["tune", "tfla:exp:8,16,8192,128,256:128", "--out", str(tmp_path / "tuned.json"), *options]
     assert main(argv) == 0, capsys.readouterr().err
     assert asked == [{"groups": groups, "tma_only": tma_only}]
+    assert tune_cli.SEARCH_GROUPS == tuple(tuning.GROUPS)  # the names --help gives without torch
 
 
 @pytest.mark.parametrize(
