@@ -698,3 +698,23 @@ def test_the_methods_comparison_sets_each_methods_two_measurements_side_by_side(
     assert row["series_call_ms"] == 10.0 and row["series_s"] == 0.9 and row["around_s"] == 0.4
     assert row["outside_share"] == round((250 / 4850 + 250 / 4750) / 2, 4)  # each window's share, averaged
     assert row["note"] == ""
+
+
+@pytest.mark.parametrize("method", ["series", "around"])
+def test_a_case_whose_first_series_was_unsettled_is_timed_again_with_energy_from_its_own_calls(
+    monkeypatch, method
+):
+    monitor, _ = monitor_with(monkeypatch, lambda read: 10**6 + 1_000 * read)
+    monkeypatch.setattr(worker, "_monitor", lambda device: monitor)
+    monkeypatch.setattr(worker, "_calibration", lambda device, monitor, flush: energy.Calibration(0.0))
+    disturbed = timing.TimingStats(16.1, 9.1, 21.0, 8.9, 52, ci_rel=0.24, stop="budget")
+    settled = timing.TimingStats(9.2, 9.1, 9.3, 9.0, 90, ci_rel=0.004, stop="ci")
+    series = [disturbed, settled]
+    monkeypatch.setattr(timing, "time_calls", lambda *args, **options: series.pop(0))
+    chosen = MeasureSettings(warmup=1, energy_method=method)
+    row = worker.measure_case(registry.get("sdpa_math"), CASE, chosen, "cpu").row
+    assert row.status == "ok" and not series, row.error
+    assert (row.median_ms, row.reps, row.warmup, row.stop) == (9.2, 90, 1 + 52, "ci")
+    assert "timed again: its first 52 calls ran out of their time budget" in row.note
+    assert row.energy_mj > 0
+    assert ("energy from calls of its own: timed again" in row.note) == (method == "around")

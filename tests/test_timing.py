@@ -260,3 +260,19 @@ def test_a_series_ends_at_the_batch_where_stop_early_says_so():
 
     stats = timing.time_calls(call, rule=StopRule(reps=50), device="cpu", stop_early=lambda: next(answers))
     assert stats.stop == timing.STOPPED_EARLY and stats.reps == len(calls) < 50
+
+
+def test_only_a_series_out_of_budget_with_a_wide_interval_is_unsettled():
+    def stats(stop: str, ci_rel: float) -> timing.TimingStats:
+        return timing.TimingStats(16.1, 9.1, 21.0, 8.9, 52, ci_rel=ci_rel, stop=stop)
+
+    assert timing.unsettled(stats("budget", 0.24))
+    # Within the limit, stopped by the interval or the count, or too few calls for an interval.
+    for stop, ci_rel in (("budget", timing.UNSETTLED_CI), ("ci", 0.24), ("max", 0.24), ("budget", math.inf)):
+        assert not timing.unsettled(stats(stop, ci_rel))
+    note = timing.unsettled_note(stats("budget", 0.24), stats("budget", 0.12))
+    assert note == (
+        "timed again: its first 52 calls ran out of their time budget with the median's 95% interval"
+        " at +-24%; unsettled again (+-12%)"
+    )
+    assert timing.unsettled_note(stats("budget", 0.24), stats("ci", 0.01)).endswith("at +-24%")

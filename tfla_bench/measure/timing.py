@@ -86,6 +86,11 @@ EARLY_CHECK_S = 0.05
 # An idle GPU inside a call for longer than this waited for the host (the kernels clock): the GPU's
 # own dispatch of a queued kernel took 1.0-1.5 us on an H100.
 HOST_WAIT_NS = 5_000
+# A series that its time budget stopped with the median's 95% interval wider than +-this was
+# disturbed, not merely noisy (`unsettled`): of 114 such series with a finite interval in the
+# committed runs, the three above 10% (24% and 54% among them) were measured beside a precompile,
+# the next widest was 9.6%.
+UNSETTLED_CI = 0.1
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,23 @@ def summarize(times_ms: list[float], stop: str = "fixed", host_gap_share: float 
         stop=stop,
         host_gap_share=host_gap_share,
     )
+
+
+def unsettled(stats: TimingStats) -> bool:
+    """Whether a series ran out of its time budget with the median's 95% interval wider than
+    +-`UNSETTLED_CI`: something else used the device meanwhile, and the worker times the case again."""
+    return stats.stop == "budget" and math.isfinite(stats.ci_rel) and stats.ci_rel > UNSETTLED_CI
+
+
+def unsettled_note(first: TimingStats, again: TimingStats) -> str:
+    """The row's note for a case timed again because its first series was `unsettled`."""
+    note = (
+        f"timed again: its first {first.reps} calls ran out of their time budget with the median's"
+        f" 95% interval at +-{first.ci_rel:.0%}"
+    )
+    if unsettled(again):
+        note += f"; unsettled again (+-{again.ci_rel:.0%})"
+    return note
 
 
 def time_first_call(fn: Callable[[], Any], device: str) -> float:

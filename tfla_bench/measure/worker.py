@@ -204,8 +204,9 @@ class Measurement:
     the window around the timed calls), and `energy`, the counter's reading that gave the row's
     energy cells (`energy.Energy`: its `missing` says why there is none; None where none was read).
 
-    In the row, `warmup` and `reps` are the calls made (a case timed again because its power cap set
-    in counts its first series in `warmup`, `gpustate.set_in`), `stop` why timing stopped
+    In the row, `warmup` and `reps` are the calls made (a case timed again counts its first series in
+    `warmup`: its power cap set in, `gpustate.set_in`, or the series was `timing.unsettled`), `stop`
+    why timing stopped
     (`tfla_bench.measure.timing`), `settle_s` the wait for the GPU to settle before the case
     (`gpustate.Monitor.settle`), the GPU-state columns the NVML cells of `gpustate.row_cells`
     (empty on CPU), and `energy_mj` and `tokens_per_joule` those of `energy.row_cells`.
@@ -355,6 +356,13 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         before_again=energy_at_cap if settings.energy else None,
     )
     stats, after, warmup = capped.stats, capped.after, warmup + capped.warmup
+    unsettled = ""
+    if not capped.note and timing.unsettled(stats):
+        again = series()
+        unsettled, warmup = timing.unsettled_note(stats, again), warmup + stats.reps
+        stats, after = again, monitor.read() if monitor is not None else None
+        if opened is not None:  # the window held the first series
+            opened, energy_note = None, f"{OWN_SERIES}: timed again"
     if at_cap:
         spent = at_cap[0]
         energy_note = f"{OWN_SERIES}: timed again under its power cap" if opened is not None else ""
@@ -365,7 +373,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
     note = "" if cuda else "peak memory not measured on CPU" + host_clock
     if capped.note:
         note, settle_s = capped.note, (settle_s or 0.0) + capped.settle_s
-    note = "; ".join(part for part in (adapter.row_note(), note, energy_note) if part)
+    note = "; ".join(part for part in (adapter.row_note(), note, unsettled, energy_note) if part)
     calls_s = time.perf_counter() - calls_began
     cells = gpustate.row_cells(before, after) if monitor is not None else {}
     cells |= energy.row_cells(case.batch * case.seq_len, spent) if spent is not None else {}
