@@ -40,12 +40,16 @@ def test_the_forward_grid_tries_the_value_block_and_tma_loads_where_the_gpu_has_
     assert found[0] == base and tuning.idle_warps(base)  # 8 warps over 64 rows: the base may idle warps
     assert not any(tuning.idle_warps(c) for c in found[1:])  # no other candidate does
     assert {(c.seq_q, c.num_warps) for c in found[1:]} == {(64, 4), (128, 4), (128, 8)}
-    # the value block never exceeds a small head dim; the backward and state grids take no TMA
+    # the value block never exceeds a small head dim; the backward's grid tries its own TMA loads
+    # wherever its query tile is no taller than its key tile, the state grid none
     small = tuning.Shape("tfla", "sig", 4, 128, 8192, 32, 32, 256)
     small_base = kconfig.default_config("tfla", 32, 32, 256, torch.bfloat16, "sig")
     assert {c.v for c in tuning.candidates(small, small_base, "fwd", tma)} == {32}
-    for group in ("bwd", "state"):
-        assert not any(c.tma or c.bwd_tma for c in tuning.candidates(shape(), base, group, tma))
+    backward = tuning.candidates(shape(), base, "bwd", tma)
+    assert not any(c.tma for c in backward)
+    assert {c.bwd_tma for c in backward[1:]} == ({False, True} if tma else {False})
+    assert all(c.bwd_seq_q <= c.bwd_seq_kv for c in backward if c.bwd_tma)
+    assert not any(c.tma or c.bwd_tma for c in tuning.candidates(shape(), base, "state", tma))
 
 
 def test_tune_searches_the_forward_grid_with_tma_loads_only_on_a_gpu_that_has_them(monkeypatch):

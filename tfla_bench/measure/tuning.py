@@ -42,7 +42,8 @@ their best so far; `fwd` is timed in fw, `bwd` and `state` in fwbw.
   in another order) and timed in fwbw beside it; the fastest is kept. On GPUs with TMA only (sm90
   and later, `tma_available`); `tfla-bench tune --tma-only` runs this stage alone, from the config a
   GPU takes now. There the forward's `tma` is also a field of its group's grid, beside its value
-  block `v`: the tiles that are fastest with TMA loads are not those fastest with pointer loads. On
+  block `v`, and the backward's `bwd_tma` of its own: the tiles that are fastest with TMA loads are
+  not those fastest with pointer loads. On
   an H200, mLSTMexp at Fig. 5's shape screened at 1.669 ms fw with the pointer-load winner's tiles
   (64 x 32 query x key, a 128-wide value block, three stages), 2.279 ms with TMA loads at the same
   tiles, and 1.308 ms with TMA loads at 64 x 64, 256 wide, one stage
@@ -84,7 +85,7 @@ from tfla_bench.measure import timing
 KERNELS = ("tfla", "limit_chunk")
 GROUPS = {
     "fwd": ("seq_q", "seq_kv", "v", "num_warps", "num_stages", "tma"),
-    "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_qk", "bwd_num_warps", "bwd_num_stages", "bwd_fused_kv"),
+    "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_qk", "bwd_num_warps", "bwd_num_stages", "bwd_fused_kv", "bwd_tma"),
     "state": ("state_seq", "state_qk", "state_v", "state_num_warps"),
 }
 GROUP_MODE = {"fwd": "fw", "bwd": "fwbw", "state": "fwbw"}
@@ -219,7 +220,8 @@ class Search:
 
 def grid(shape: Shape, group: str, tma: bool = False) -> dict[str, tuple[int, ...]]:
     """The values tried for each field of `group` (limit_chunk keeps whole-chunk sequence tiles); the
-    forward's `tma` both ways where `tma` (a GPU that loads through tensor descriptors)."""
+    forward's `tma` and the backward's `bwd_tma` both ways where `tma` (a GPU that loads through
+    tensor descriptors)."""
     L = shape.chunk_size
     if shape.kernel == "limit_chunk":
         return {
@@ -247,6 +249,7 @@ def grid(shape: Shape, group: str, tma: bool = False) -> dict[str, tuple[int, ..
             "bwd_fused_kv": (False, True)
             if shape.head_dim_qk + shape.head_dim_v <= FUSED_KV_TRY_DIMS
             else (False,),
+            "bwd_tma": (False, True) if tma else (False,),
         },
         "state": {
             "state_seq": tuple(s for s in (32, 64, 128) if s <= L),
