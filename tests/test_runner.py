@@ -5,6 +5,9 @@ import csv
 import io
 import json
 import multiprocessing
+import multiprocessing.util
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -753,3 +756,34 @@ def test_the_time_outside_the_phases_leaves_out_what_ran_beside_them():
     assert phases.outside_s(older) == pytest.approx(3.18)
     sequential = {"wall_s": 10.0, "phases_s": {"precompile": 4.0, "measuring": 5.0}}  # on the CPU
     assert phases.outside_s(sequential) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("to", ["parent", "child"])
+def test_a_ctrl_c_while_a_worker_process_starts_leaves_no_traceback(to, tmp_path, monkeypatch, capfd):
+    """The Ctrl-C comes right after the spawn: to the parent, before it writes the new process's
+    start-up data (that process read an EOFError); or to the new process as Python starts there."""
+    spawned: list[int] = []
+    spawn = multiprocessing.util.spawnv_passfds
+
+    def spawn_then_ctrl_c(path, args, passfds):
+        pid = spawn(path, args, passfds)
+        if "--multiprocessing-fork" in args:  # the worker, not multiprocessing's resource tracker
+            spawned.append(pid)
+            os.kill(os.getpid() if to == "parent" else pid, signal.SIGINT)
+        return pid
+
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", spawn_then_ctrl_c)
+    process = worker.Worker("cpu", tmp_path / "worker.log")
+    try:
+        if to == "parent":
+            with pytest.raises(KeyboardInterrupt):
+                process.launch()
+            assert not os.path.exists(f"/proc/{spawned[0]}")  # killed and reaped, not left to read
+        else:
+            process.launch()
+            assert process.wait_ready(timeout_s=120) is None  # the Ctrl-C was the parent's to act on
+    finally:
+        process.stop()
+    captured = capfd.readouterr()
+    log = tmp_path / "worker.log"
+    assert "Traceback" not in captured.err + captured.out + (log.read_text() if log.exists() else "")

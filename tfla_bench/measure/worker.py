@@ -26,6 +26,7 @@ the context (illegal memory access, device-side assert) retires the worker after
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import functools
@@ -39,7 +40,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -699,6 +700,8 @@ def worker_main(
     # signal every process of the job: the parent decides and kills us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    # Blocked since the parent started this process (`_interrupt_held`); one pending is now ignored.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     faulthandler.enable()
     # Skipped by `summarize_log`: a spare writes it while another process's case runs.
     log_outcome(f"worker pid {os.getpid()} on {device}")
@@ -789,7 +792,13 @@ class Worker:
             args=(child_conn, self.device, str(self.log_path), preload, self.niceness),
             daemon=True,
         )
-        process.start()
+        try:
+            with _interrupt_held():
+                process.start()
+        except BaseException:  # the Ctrl-C held meanwhile: the new process has nobody to serve
+            process.kill()
+            process.join(INTERRUPT_JOIN_S)
+            raise
         # Without the parent's copy of the child's end, the pipe reports EOF when the worker dies.
         child_conn.close()
         self.starts += 1
@@ -945,6 +954,31 @@ class Worker:
             handle.seek(offset)
             text = handle.read().decode("utf-8", errors="replace")
         return summarize_log(text)
+
+
+@contextlib.contextmanager
+def _interrupt_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) while a worker process starts; let it act after.
+
+    The new process inherits SIGINT blocked, until `worker_main` ignores it: a Ctrl-C that reaches the
+    process group while Python starts there is not a KeyboardInterrupt traceback in the sweep's
+    output. In the parent, a Ctrl-C between the spawn and the write of the process's start-up data
+    used to leave the process an EOFError traceback instead; here the handler that was set acts once
+    the data is written (signal handlers run in the main thread: another thread's start is not
+    interrupted, and only blocks the signal for its process).
+    """
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    held: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum)) if main else None
+    try:
+        yield
+    finally:
+        if main and previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C left pending reaches `previous`
+        if held:
+            signal.raise_signal(signal.SIGINT)
 
 
 def _ask_to_exit(conn: Connection) -> None:
