@@ -682,6 +682,11 @@ class _Compiling:
         self.stop = threading.Event()
         order = list(dict.fromkeys(planned.case.kernel for planned in to_run))
         self.kernels = len(order)
+        # Triton and our kernels' configs (which import it) are imported by the thread and by the
+        # workers' start at once otherwise: Python then finds a deadlock in the two threads' import
+        # locks and fails one of them (the sweep with a traceback, or the precompile).
+        from tfla_bench.kernels import config  # noqa: F401
+
         self.thread = threading.Thread(target=self._run, args=(sweep, to_run, processes, order), daemon=True)
         self.thread.start()
 
