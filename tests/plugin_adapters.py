@@ -133,6 +133,20 @@ class OomOnce(_Tiny):
 
 
 @register
+class Unsettled(_Tiny):
+    """Takes 1 ms and 12 ms by turns: no series of its calls settles (`timing.unsettled`)."""
+
+    name = "test_unsettled"
+    precompile = "none"
+    calls = 0
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        Unsettled.calls += 1
+        time.sleep(0.012 if Unsettled.calls % 2 else 0.001)
+        return inputs["x"] * inputs["w"]
+
+
+@register
 class Raise(_Tiny):
     """Raises an ordinary exception with a multi-line message."""
 

@@ -497,3 +497,32 @@ def test_the_workers_keep_fa4s_compiled_kernels_in_tritons_cache_unless_told_oth
     assert worker.cute_cache_dir() == str(tmp_path / "mine")
     monkeypatch.setenv(worker.CUTE_CACHE_ENV, "0")
     assert worker.cute_cache_settings()[worker.CUTE_CACHE_ENV] == "0" and worker.cute_cache_dir() is None
+
+
+def test_a_case_left_unsettled_beside_the_precompile_is_measured_again_after_it(
+    plugin_adapters, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(runner, "compile_beside", lambda cuda: True)
+    raw = {
+        "name": "unsettled-test",
+        "kernels": ["test_slow_to_compile", "test_unsettled"],
+        "modes": ["fw"],
+        "dtype": "float32",
+        "warmup": 1,
+        "budget_s": 0.06,
+        "min_time_s": 0.0,
+        "timeout_s": 120,
+        "energy": False,
+        "published": "nothing",
+        "shape": {"batch": 1, "seq_len": [16], "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
+    }
+    spec = specs.parse_spec(raw, "test")
+    report = runner.run_sweep(
+        spec, specs.expand(spec), tmp_path / "run", devices=["cpu"], precompile_processes=2
+    )
+    (unsettled,) = [row for row in report.rows if row.case.kernel == "test_unsettled"]
+    # Measured first, beside the precompile, it was timed twice there, held, and measured after it.
+    assert unsettled.status == "ok" and runner.BESIDE_NOTE not in unsettled.note
+    assert "timed again: its first" in unsettled.note and "unsettled again" in unsettled.note
+    log = (tmp_path / "run" / "worker-0.log").read_text()
+    assert log.count("--- case test_unsettled") == 2

@@ -85,7 +85,15 @@ from tfla_bench.measure import timing
 KERNELS = ("tfla", "limit_chunk")
 GROUPS = {
     "fwd": ("seq_q", "seq_kv", "v", "num_warps", "num_stages", "tma"),
-    "bwd": ("bwd_seq_q", "bwd_seq_kv", "bwd_qk", "bwd_num_warps", "bwd_num_stages", "bwd_fused_kv", "bwd_tma"),
+    "bwd": (
+        "bwd_seq_q",
+        "bwd_seq_kv",
+        "bwd_qk",
+        "bwd_num_warps",
+        "bwd_num_stages",
+        "bwd_fused_kv",
+        "bwd_tma",
+    ),
     "state": ("state_seq", "state_qk", "state_v", "state_num_warps"),
 }
 GROUP_MODE = {"fwd": "fw", "bwd": "fwbw", "state": "fwbw"}

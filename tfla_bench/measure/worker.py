@@ -202,8 +202,9 @@ class Measurement:
     the counts, the library, the node and the GPU's name), whether the worker's CUDA context is lost
     (`fatal`), `calls_s`, the wall time from the end of the first call to the end of its energy
     (warm-up, the memory call, the timed calls with their flushes and spins, the energy series or
-    the window around the timed calls), and `energy`, the counter's reading that gave the row's
-    energy cells (`energy.Energy`: its `missing` says why there is none; None where none was read).
+    the window around the timed calls), `energy`, the counter's reading that gave the row's
+    energy cells (`energy.Energy`: its `missing` says why there is none; None where none was read),
+    and `unsettled`, whether the row's series is still `timing.unsettled` after it was timed again.
 
     In the row, `warmup` and `reps` are the calls made (a case timed again counts its first series in
     `warmup`: its power cap set in, `gpustate.set_in`, or the series was `timing.unsettled`), `stop`
@@ -217,6 +218,7 @@ class Measurement:
     fatal: bool = False
     calls_s: float | None = None
     energy: energy.Energy | None = None
+    unsettled: bool = False
 
     @property
     def energy_missing(self) -> str:
@@ -392,7 +394,7 @@ def _measure(adapter: Any, case: Case, settings: MeasureSettings, device: str) -
         **dataclasses.asdict(stats),  # median_ms ... host_gap_share: the columns of the same names
         **{key: value for key, value in cells.items() if value is not None},
     )
-    return Measurement(row, calls_s=calls_s, energy=spent)
+    return Measurement(row, calls_s=calls_s, energy=spent, unsettled=timing.unsettled(stats))
 
 
 def _stop_rule(settings: MeasureSettings) -> Any:

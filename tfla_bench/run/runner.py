@@ -1005,7 +1005,8 @@ class _Dispatch:
         take the cores that the timed calls run on. An adapter whose every case the precompile's
         verdict decides gets no process. With the precompile beside the measuring, an adapter's
         first case waits for its compiling, and a case that runs out of memory while the precompile
-        still holds its share is measured again once the precompile has ended.
+        still holds its share, or whose timing the precompile's work left unsettled, is measured
+        again once the precompile has ended.
         """
         try:
             ahead = SPARES_AHEAD if worker.device.startswith("cuda") else 0
@@ -1070,8 +1071,9 @@ class _Dispatch:
 
     def measure(self, worker: Worker, planned: _Planned, crashed: str | None) -> ResultRow | object | None:
         """The row of one case: `crashed` without running when the crash guard says so; None when the
-        sweep was stopped while it ran; `_HELD` for a case that ran out of memory while the precompile
-        beside it still had runs left: nothing is recorded, it runs again later."""
+        sweep was stopped while it ran; `_HELD` for a case that ran out of memory, or whose timing
+        stayed unsettled (`Measurement.unsettled`), while the precompile beside it still had runs
+        left: nothing is recorded, it runs again later."""
         if crashed is not None:
             return ResultRow(planned.case, planned.adapter.family, "crashed", error=crashed, host=self.host)
         settings = self.spec.measurement_for(planned.adapter)
@@ -1086,7 +1088,8 @@ class _Dispatch:
         measurement = worker.run(job)
         if self.stop.is_set():
             return None
-        if measurement.row.status == "oom" and compiling is not None and compiling.running:
+        held = measurement.row.status == "oom" or measurement.unsettled
+        if held and compiling is not None and compiling.running:
             return _HELD
         row = _row(planned, measurement, self.host, _gpu_name(worker))
         if beside and row.status == "ok":
