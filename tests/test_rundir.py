@@ -2,6 +2,7 @@
 schema version, and what `sweep`, `--resume`, `--retry`, `--force`, `compare`, `plot` and `report`
 do with a damaged, locked or full run directory."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -418,10 +419,30 @@ def test_retry_replaces_the_rows_of_the_named_statuses(plugins, run_copy, capsys
     }
 
 
+def test_retry_beside_measures_again_the_rows_measured_beside_the_precompile(plugins, run_copy, capsys):
+    path = run_copy / rundir.RESULTS
+    read = rundir.read_results(path)
+    rows = [
+        dataclasses.replace(row, note=runner.BESIDE_NO_ENERGY_NOTE) if row.case.seq_len == 16 else row
+        for row in read.rows
+    ]
+    rundir.rewrite_results(path, rows, read.header)
+    lines = path.read_bytes().split(b"\r\n")
+    assert main(["sweep", "--resume", str(run_copy), "--retry", "beside"]) == 0
+    assert "1 case(s) run" in capsys.readouterr().out  # sdpa_math/16: test_raise/16 is no ok row
+    after = rundir.read_results(path).rows
+    assert not any(runner.BESIDE_NOTE in row.note for row in after if row.case.kernel == "sdpa_math")
+    changed = set(path.read_bytes().split(b"\r\n")) ^ set(lines)  # that row's line, before and after
+    assert len(changed) == 2 and all(line.startswith(b"sdpa_math,") for line in changed)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--retry", "crashed,bogus"], "--retry: expected a comma list of crashed, timeout, error, oom"),
+        (
+            ["--retry", "crashed,bogus"],
+            "--retry: expected a comma list of crashed, timeout, error, oom, beside",
+        ),
         (["--retry", ","], "--retry: expected"),
     ],
 )

@@ -486,7 +486,8 @@ def sweep(
             "--retry",
             metavar="STATUSES",
             help="with --resume: run rows of these statuses again and replace them "
-            f"(any of {','.join(row_schema.RERUNNABLE_STATUSES)})",
+            f"(any of {','.join(row_schema.RERUNNABLE_STATUSES)}; {runner.RETRY_BESIDE}: the rows "
+            "measured beside the precompile, which have no energy)",
         ),
     ] = None,
     force: Annotated[
@@ -752,13 +753,11 @@ def _shape_flag(flag: str, text: str) -> int | list[int]:
 
 
 def _statuses(text: str | None) -> frozenset[str]:
-    """`--retry crashed,timeout` as a set of statuses; a `UserError` naming an unknown one."""
+    """`--retry crashed,timeout` as a set of statuses (and `beside`); a `UserError` naming an unknown one."""
     names = _names([text]) if text is not None else []
-    unknown = [name for name in names if name not in row_schema.RERUNNABLE_STATUSES]
+    unknown = [name for name in names if name not in runner.RETRY_CHOICES]
     if unknown or (text is not None and not names):
-        raise UserError(
-            f"--retry: expected a comma list of {', '.join(row_schema.RERUNNABLE_STATUSES)}, got {text!r}"
-        )
+        raise UserError(f"--retry: expected a comma list of {', '.join(runner.RETRY_CHOICES)}, got {text!r}")
     return frozenset(names)
 
 

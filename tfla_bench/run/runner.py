@@ -283,7 +283,8 @@ def resume_plan(
     Args:
         cases: the run's cases.
         csv_path: its `results.csv`.
-        retry: statuses among `tfla_bench.measure.row.RERUNNABLE_STATUSES` to run again.
+        retry: statuses among `tfla_bench.measure.row.RERUNNABLE_STATUSES` to run again, and
+            `RETRY_BESIDE` for the rows measured beside the precompile (`measured_beside`).
         console: where the warning goes.
     """
     read = rundir.read_results(csv_path)
@@ -294,7 +295,12 @@ def resume_plan(
             "dropped, that case runs again"
         )
     again = set(retry)
-    finished = {row.case.key for row in existing if row.finished and row.status not in again}
+    beside = RETRY_BESIDE in again
+    finished = {
+        row.case.key
+        for row in existing
+        if row.finished and row.status not in again and not (beside and measured_beside(row))
+    }
     cases = [case for case in cases if case.key not in finished]
     todo = {case.key for case in cases}
     kept = [row for row in existing if row.case.key not in todo]
@@ -1134,6 +1140,10 @@ LONG_CALL_S = 0.02
 # The note of a row measured while the precompile compiled beside it: its processes' torch work
 # shares the GPU (on an H200, long attention calls measured so took 2.5-5.3% longer than warm).
 BESIDE_NOTE = "measured beside the precompile"
+# A resume's `--retry` of this word measures again every row measured beside the precompile: it gets
+# its energy, and a long call its time from a GPU that runs nothing else.
+RETRY_BESIDE = "beside"
+RETRY_CHOICES = (*row_schema.RERUNNABLE_STATUSES, RETRY_BESIDE)
 # Such a row has no energy: NVML's counter is the GPU's, and it would charge the precompile's work
 # to the calls (on an H200 up to twice the energy of the same call measured warm).
 BESIDE_NO_ENERGY = "measured beside the precompile, whose GPU work the energy counter would count too"
@@ -1170,3 +1180,8 @@ def case_fates(cases: list[Case], *, cuda: bool) -> dict[str, str]:
     """What the sweep would decide without running, per case key: `status: reason`."""
     decided, _ = plan(cases, cuda=cuda)
     return {row.case.key: f"{row.status}: {row.error}" for row in decided}
+
+
+def measured_beside(row: ResultRow) -> bool:
+    """Whether an ok row was measured beside the precompile (its note says so)."""
+    return row.status == "ok" and BESIDE_NOTE in (row.note or "")
