@@ -704,15 +704,15 @@ def test_a_merge_changes_no_finished_row_of_results_csv(tmp_path):
     shard = [ResultRow(case=case, family="attention", status="ok", median_ms=1.0) for case in cases]
     _write_shard(tmp_path / rundir.shard_dir(1, 0) / rundir.RESULTS, shard, columns)
     held = [
-        ResultRow(case=cases[0], family="attention", status="ok", median_ms=float("nan")),
+        ResultRow(case=cases[0], family="attention", status="ok", median_ms=1.5, p20_ms=float("nan")),
         ResultRow(case=cases[1], family="attention", status="interrupted"),
     ]
     rundir.rewrite_results(tmp_path / rundir.RESULTS, held, columns)
     path = tmp_path / rundir.RESULTS
-    median = columns.index("median_ms")
+    p20 = columns.index("p20_ms")
     lines = path.read_bytes().decode().splitlines(keepends=True)
     cells = next(csv.reader([lines[1]]))
-    cells[median] = "NaN"
+    cells[p20] = "NaN"
     lines[1] = ",".join(f'"{cell}"' if "," in cell else cell for cell in cells) + "\r\n"
     path.write_bytes("".join(lines).encode())
     record = JobsRecord("slurm", {}, [Round(1, "now", [JobRecord(0, "5_0", 2, state="RUNNING")])])

@@ -4,7 +4,9 @@ in one process: what the fault suite (`test_faults.py`) drives through real swee
 from __future__ import annotations
 
 import errno
+import json
 import os
+from pathlib import Path
 
 import pytest
 from synthetic_run import ADHOC_RUN, fig5_rows, write_run
@@ -12,13 +14,19 @@ from synthetic_run import ADHOC_RUN, fig5_rows, write_run
 from tfla_bench.cli import paths
 from tfla_bench.cli.main import main
 from tfla_bench.errors import RunFailed, UserError
-from tfla_bench.run import phases, rundir
+from tfla_bench.run import jobs, phases, rundir, specs
 
 
 @pytest.fixture
 def run_dir(tmp_path):
     rows = [r for r in fig5_rows(seq_lens=(8192,)) if r["mode"] == "fw"]
     return write_run(tmp_path / "fig5-20250101-000000", rows)
+
+
+def _with_spec(run_dir):
+    """Give the synthetic run the spec.json a sweep writes (of the smoke spec)."""
+    spec = specs.load_spec(Path("experiments/smoke.toml"))
+    (run_dir / rundir.SPEC).write_text(json.dumps(spec.to_dict()))
 
 
 def _no_space(*_args, **_kwargs):
@@ -117,3 +125,116 @@ def test_nan_never_reaches_spec_json(tmp_path, capsys):
         assert main([*argv, flag, "nan", "--out", str(out)]) == 2
         assert f"error: {flag}: expected a finite number" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "why"),
+    [
+        ("reps", "inf", "reps: not a 64-bit integer: 'inf'"),
+        ("peak_memory_bytes", "1e30", "peak_memory_bytes: not a 64-bit integer: '1e30'"),
+        ("median_ms", "0", "median_ms of an ok row: not a finite time above 0: '0'"),
+        ("median_ms", "-1", "median_ms: not a finite number of 0 or more: '-1'"),
+        ("median_ms", "inf", "median_ms: not a finite number of 0 or more: 'inf'"),
+        ("flops", "inf", "flops: not a finite number of 0 or more: 'inf'"),
+        ("chunk_size", "99999999999999999999", "chunk_size: not a 64-bit integer: '99999999999999999999'"),
+    ],
+)
+def test_a_value_no_table_can_hold_is_a_bad_line_for_every_reader(run_dir, capsys, column, value, why):
+    _with_spec(run_dir)
+    path = run_dir / rundir.RESULTS
+    lines = path.read_text().splitlines(keepends=True)
+    header = lines[0].rstrip("\r\n").split(",")
+    cells = lines[1].rstrip("\r\n").split(",")
+    cells[header.index(column)] = value
+    path.write_text("".join([lines[0], ",".join(cells) + "\r\n", *lines[2:]]))
+    read = rundir.read_results(path)
+    assert [(s.line, s.reason) for s in read.skipped] == [(2, f"bad value ({why})")]
+    before = path.read_bytes()
+    for command in (
+        ["report", str(run_dir), "--out", str(run_dir.parent / "r.html")],
+        ["plot", str(run_dir)],
+    ):
+        assert main(command) == 0  # the line skipped with a warning, not a traceback
+        assert "1 unreadable row(s) skipped (line 2: bad value" in capsys.readouterr().err
+    assert main(["sweep", "--resume", str(run_dir)]) == 2
+    assert "cannot be repaired: line 2: bad value" in capsys.readouterr().err
+    assert path.read_bytes() == before
+
+
+def test_a_spec_name_ending_in_a_newline_is_refused(tmp_path, capsys):
+    spec = tmp_path / "n.toml"
+    spec.write_text('name = "tiny\\n"\nkernels = ["sdpa_math"]\n[shape]\nseq_len = [16]\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    assert "key 'name'" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["-k", ""], ["-k", ","], ["--seq-len", ""]])
+def test_an_empty_filter_is_a_mistake_not_no_filter(capsys, args):
+    assert main(["sweep", "experiments/smoke.toml", "--dry-run", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("raw", ["null", "5", '"x"', "[1]"])
+def test_a_spec_json_that_is_no_object_is_one_line(run_dir, capsys, raw):
+    (run_dir / rundir.SPEC).write_text(raw)
+    assert main(["sweep", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"expected the run's spec as a JSON object, got {raw}" in err and err.count("\n") == 1
+    assert main(["diff", str(run_dir), str(run_dir)]) == 0  # no settings to compare: no warning
+
+
+def test_an_output_hard_linked_to_an_input_is_refused(run_dir, tmp_path, capsys):
+    linked = tmp_path / "out.csv"
+    os.link(run_dir / rundir.RESULTS, linked)
+    before = linked.read_bytes()
+    assert main(["diff", str(run_dir), str(run_dir), "--csv", str(linked)]) == 2
+    assert "would replace an input of this command" in capsys.readouterr().err
+    assert linked.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("roofs", "x"),
+        ("published", [1]),
+        ("device_infos", 1.5),
+        ("packages", "x"),
+        ("resumed", [{"gpu_name": 5}]),
+    ],
+)
+def test_an_env_json_key_of_the_wrong_type_is_one_line(run_dir, capsys, key, value):
+    path = run_dir / rundir.ENV
+    env = json.loads(path.read_text())
+    path.write_text(json.dumps({**env, key: value}))
+    for command in (
+        ["report", str(run_dir), "--out", str(run_dir.parent / "r.html")],
+        ["diff", str(run_dir), str(run_dir)],
+    ):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {path} is not an environment record: key ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda raw: raw["rounds"][0]["jobs"][0].update(stderr=None),
+        lambda raw: raw["rounds"][0]["jobs"][0].update(job_id=5),
+        lambda raw: raw["rounds"][0]["jobs"][0].update(state=[1]),
+        lambda raw: raw["rounds"][0]["jobs"][0].update(merged_rows="x"),
+        lambda raw: raw.update(options="x"),
+    ],
+)
+def test_a_jobs_json_field_of_the_wrong_type_is_one_line(run_dir, capsys, change):
+    job = jobs.JobRecord(0, "123", 4, state="COMPLETED", host="node1")
+    raw = jobs.JobsRecord("local", {}, [jobs.Round(1, "2026-01-01T00:00:00", [job], closed=True)]).to_dict()
+    _with_spec(run_dir)
+    rundir.write_json(run_dir / rundir.JOBS, raw)
+    assert main(["status", str(run_dir)]) == 0
+    capsys.readouterr()
+    change(raw)
+    rundir.write_json(run_dir / rundir.JOBS, raw)
+    assert main(["status", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run_dir / rundir.JOBS} is not a jobs record (") and err.count("\n") == 1

@@ -137,15 +137,20 @@ def test_profiled_rows_get_measured_bytes_and_intensity(run_dir, tmp_path):
     assert not check["above_roof"].any()
 
 
-def test_profiling_again_replaces_a_case_and_keeps_the_others(run_dir, tmp_path):
-    (tmp_path / "empty").mkdir()
-    empty, sample = fake_ncu.install(tmp_path / "empty", "empty"), fake_ncu.install(tmp_path, "sample")
+@pytest.mark.parametrize("failing", ["empty", "not_permitted"])
+def test_profiling_again_replaces_a_case_and_keeps_the_others(run_dir, tmp_path, capsys, failing):
+    (tmp_path / "failing").mkdir()
+    bad, sample = fake_ncu.install(tmp_path / "failing", failing), fake_ncu.install(tmp_path, "sample")
     ncu_path = ["--kernel", "tfla_sig", "--ncu-path"]
     assert main(["profile", str(run_dir), "--mode", "fw", *ncu_path, str(sample)]) == 0
-    assert main(["profile", str(run_dir), *ncu_path, str(empty)]) == 0
+    reports = {path.name: path.read_bytes() for path in (run_dir / rundir.NCU).iterdir()}
+    assert main(["profile", str(run_dir), *ncu_path, str(bad)]) == 0
+    # A profile that fails replaces no earlier one, nor its ncu report, and says so.
+    assert " ".join(capsys.readouterr().out.split()).count("its earlier profile is kept") == 4
+    assert {path.name: path.read_bytes() for path in (run_dir / rundir.NCU).iterdir()} == reports
     assert main(["profile", str(run_dir), "--mode", "fwbw", *ncu_path, str(sample)]) == 0
     statuses = profile_frame(run_dir).groupby("mode")["profile_status"].agg(set).to_dict()
-    assert statuses == {"fw": {"no_kernels"}, "fwbw": {"ok"}}
+    assert statuses == {"fw": {"ok"}, "fwbw": {"ok"}}
     assert len(profile_frame(run_dir)) == 2 * 4  # tfla_sig at chunks 64, 128, 256, 512 per mode
 
 

@@ -47,6 +47,8 @@ CASES = 4
 
 def row(seq_len: int = 16, status: str = "ok", **values) -> ResultRow:
     case = Case("sdpa_math", "fw", "float32", 1, seq_len, 2, 8, 8, None, {"causal": True})
+    if status == "ok":
+        values.setdefault("median_ms", 1.0)  # an ok row has its time
     return ResultRow(case=case, family="attention", status=status, **values)
 
 
@@ -293,7 +295,8 @@ def test_a_file_size_limit_is_an_oserror_not_a_signal(tmp_path):
         writer = rundir.RowWriter(Path({str(tmp_path / rundir.RESULTS)!r}), row_schema.columns_for([case]))
         try:
             for _ in range(100):
-                writer.write(ResultRow(case=case, family="attention", status="ok", error="x" * 50))
+                row = ResultRow(case=case, family="attention", status="ok", median_ms=1.0, error="x" * 50)
+                writer.write(row)
         except OSError as exc:
             print(exc.errno, writer.written)
     """)

@@ -14,6 +14,7 @@ import pytest
 from synthetic_run import PLANTED, PLANTED_FACTOR, site_rows, site_runs, write_run
 
 from tfla_bench.analyse import report
+from tfla_bench.analyse import site as site_module
 from tfla_bench.analyse.compare import compare_run, load_run
 from tfla_bench.analyse.history import RunRows, flagged, history
 from tfla_bench.analyse.site import SiteRun, build_site
@@ -295,3 +296,34 @@ def test_a_run_that_mixes_gpus_gets_a_page_per_gpu(tmp_path):
     assert sorted(run.rows.gpu for run in built.runs) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
     assert all((tmp_path / "out" / page).is_file() for page in pages)
     assert sum(len(run.rows.rows) for run in built.runs) == len(rows)
+
+
+def test_a_rebuild_stopped_part_way_leaves_the_site_built_before_whole(tmp_path, monkeypatch):
+    runs = site_runs(tmp_path / "runs", lengths=(2048, 8192))[:2]
+    out = tmp_path / "out"
+    build_site(runs, out, lambda line: None, jobs=1)
+    index = (out / "index.html").read_text()
+
+    def targets() -> set[Path]:
+        pages = [out / "index.html", *out.glob("*/*.html")]
+        found = set()
+        for page in pages:
+            for link in re.findall(r'(?:href|src)="([^"#]+)"', page.read_text()):
+                if "://" not in link:
+                    found.add((page.parent / link).resolve())
+        return found
+
+    assert all(path.exists() for path in targets())
+    # The second run changed (a page to draw), then the build stops as it writes the spec pages.
+    env = json.loads((runs[1] / rundir.ENV).read_text())
+    (runs[1] / rundir.ENV).write_text(json.dumps({**env, "host": "another node"}))
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(site_module, "_spec_page", stop)
+    with pytest.raises(KeyboardInterrupt):
+        build_site(runs, out, lambda line: None, jobs=1)
+    assert (out / "index.html").read_text() == index
+    missing = [path for path in targets() if not path.exists()]
+    assert not missing and not (out / site_module.PREVIOUS).exists()

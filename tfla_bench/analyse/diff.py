@@ -367,6 +367,8 @@ def settings_warnings(run_a: Path, run_b: Path) -> list[str]:
             recorded.append(json.loads((Path(run_dir) / rundir.SPEC).read_text()))
         except (OSError, ValueError):
             return []  # a run without a readable spec.json: nothing to compare
+        if not isinstance(recorded[-1], dict):
+            return []  # nor one whose spec.json holds no spec
     spec_a, spec_b = (as_recorded(spec) for spec in recorded)
     return [
         f"measurement setting {name} differs: A {spec_a.get(name, 'not recorded')}, "

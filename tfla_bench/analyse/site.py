@@ -271,6 +271,20 @@ def _reuse(
     return facts
 
 
+def _restore(out: Path, previous: Path) -> None:
+    """After a build that stopped part way, put back each page of the site built before that
+    `_prepare` set aside and no reuse took, unless a page of the same name was drawn meanwhile: the
+    old index then finds every page it links."""
+    if not previous.is_dir():
+        return
+    for path in sorted(previous.rglob("*")):
+        target = out / path.relative_to(previous)
+        if path.is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(path, target)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
 def _prepare(out: Path) -> Path | None:
     """An empty folder, or one this command built before: its pages go to `PREVIOUS` (returned), from
     where `_reuse` takes what has not changed."""
@@ -320,78 +334,81 @@ def build_site(
     if not runs:
         raise UserError(f"none of the {len(left_out)} run(s) could be read; see the warnings above")
     previous = _prepare(out) or out / PREVIOUS
-    points = history([run.rows for run in runs])
-    groups = list(points.groupby(["spec", "kernel", "mode"], sort=True))
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(runs)))
-    code = code_digest()
-    headlines: dict[str, str] = {}
-    linked: set[str] = set()  # the files of `FIGURES` that some run page links
-    figures: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
-    total, done = len(runs) + len(groups), 0
-    shared = (out / FIGURES, code)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork")) as pool:
-        pages = {}
-        # The largest runs first, so that no long page is left to draw alone at the end.
-        for run in sorted(runs, key=lambda r: len(r.rows.rows), reverse=True):
-            key, folder = run_key(code, run, out), (out / run.page).with_suffix("")
-            old = previous / "runs" / run.rows.name
-            kept = _reuse(old, folder, key, (old.with_suffix(".html"), out / run.page), out / FIGURES)
-            if kept is not None:
-                headlines[run.rows.name] = kept["headline"]
-                linked.update(kept["figures"])
+    try:
+        points = history([run.rows for run in runs])
+        groups = list(points.groupby(["spec", "kernel", "mode"], sort=True))
+        jobs = max(1, min(jobs or os.cpu_count() or 1, len(runs)))
+        code = code_digest()
+        headlines: dict[str, str] = {}
+        linked: set[str] = set()  # the files of `FIGURES` that some run page links
+        figures: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+        total, done = len(runs) + len(groups), 0
+        shared = (out / FIGURES, code)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork")) as pool:
+            pages = {}
+            # The largest runs first, so that no long page is left to draw alone at the end.
+            for run in sorted(runs, key=lambda r: len(r.rows.rows), reverse=True):
+                key, folder = run_key(code, run, out), (out / run.page).with_suffix("")
+                old = previous / "runs" / run.rows.name
+                kept = _reuse(old, folder, key, (old.with_suffix(".html"), out / run.page), out / FIGURES)
+                if kept is not None:
+                    headlines[run.rows.name] = kept["headline"]
+                    linked.update(kept["figures"])
+                    done += 1
+                else:
+                    page = pool.submit(_run_page, run.run_dir, run.gpu_pick, out / run.page, key, shared)
+                    pages[page] = run
+            drawn = {}
+            for (spec, kernel, mode), group in groups:
+                key = hashlib.sha256((code + group.to_csv()).encode()).hexdigest()
+                folder = Path("history", _slug(spec), f"{kernel}-{mode}")
+                kept = _reuse(previous / folder, out / folder, key)
+                if kept is not None:
+                    figures[(spec, kernel, mode)] = [tuple(pair) for pair in kept["files"]]
+                    done += 1
+                else:
+                    drawn[pool.submit(_history_figures, group, f"{kernel} {mode}", out / folder, key)] = (
+                        spec,
+                        kernel,
+                        mode,
+                    )
+            progress("reused", done, total)
+            # The spec pages' comparisons and figures are drawn here while the pool draws the rest.
+            specs = sorted({run.rows.spec for run in runs})
+            of_spec = {spec: [run for run in runs if run.rows.spec == spec] for spec in specs}
+            compared = {spec: _spec_sections(spec, of_spec[spec], out, warn) for spec in specs}
+            for future, run in pages.items():
+                headline, files, reason = future.result()
+                if reason is not None:
+                    warn(f"warning: no page for {run.run_dir}: {reason}")
+                    headline = f"(no report: {reason})"
+                headlines[run.rows.name] = headline
+                linked.update(files)
                 done += 1
-            else:
-                page = pool.submit(_run_page, run.run_dir, run.gpu_pick, out / run.page, key, shared)
-                pages[page] = run
-        drawn = {}
-        for (spec, kernel, mode), group in groups:
-            key = hashlib.sha256((code + group.to_csv()).encode()).hexdigest()
-            folder = Path("history", _slug(spec), f"{kernel}-{mode}")
-            kept = _reuse(previous / folder, out / folder, key)
-            if kept is not None:
-                figures[(spec, kernel, mode)] = [tuple(pair) for pair in kept["files"]]
+                progress("run pages", done, total)
+            for future, group_key in drawn.items():
+                figures[group_key] = future.result()
                 done += 1
-            else:
-                drawn[pool.submit(_history_figures, group, f"{kernel} {mode}", out / folder, key)] = (
-                    spec,
-                    kernel,
-                    mode,
-                )
-        progress("reused", done, total)
-        # The spec pages' comparisons and figures are drawn here while the pool draws the rest.
-        specs = sorted({run.rows.spec for run in runs})
-        of_spec = {spec: [run for run in runs if run.rows.spec == spec] for spec in specs}
-        compared = {spec: _spec_sections(spec, of_spec[spec], out, warn) for spec in specs}
-        for future, run in pages.items():
-            headline, files, reason = future.result()
-            if reason is not None:
-                warn(f"warning: no page for {run.run_dir}: {reason}")
-                headline = f"(no report: {reason})"
-            headlines[run.rows.name] = headline
-            linked.update(files)
-            done += 1
-            progress("run pages", done, total)
-        for future, group_key in drawn.items():
-            figures[group_key] = future.result()
-            done += 1
-            progress("history figures", done, total)
+                progress("history figures", done, total)
+        for spec in specs:
+            page = _spec_page(spec, of_spec[spec], headlines, compared[spec])
+            rundir.write_atomic(out / "specs" / f"{_slug(spec)}.html", page)
+            spec_points = points[points["spec"] == spec]
+            spec_figures = {(k, m): f for (s, k, m), f in figures.items() if s == spec}
+            rundir.write_atomic(
+                out / "history" / f"{_slug(spec)}.html",
+                _history_page(spec, spec_points, spec_figures, len(of_spec[spec])),
+            )
+        index = out / "index.html"
+        moved = len(flagged(points))
+        rundir.write_atomic(index, _index_page(runs, headlines, left_out, specs, moved))
+    except BaseException:  # an error or Ctrl-C part way: the site built before stays whole
+        _restore(out, previous)
+        raise
     shutil.rmtree(previous, ignore_errors=True)
     for path in (out / FIGURES).iterdir():
         if path.name not in linked:
             path.unlink()
-    for spec in specs:
-        rundir.write_atomic(
-            out / "specs" / f"{_slug(spec)}.html", _spec_page(spec, of_spec[spec], headlines, compared[spec])
-        )
-        spec_points = points[points["spec"] == spec]
-        spec_figures = {(k, m): f for (s, k, m), f in figures.items() if s == spec}
-        rundir.write_atomic(
-            out / "history" / f"{_slug(spec)}.html",
-            _history_page(spec, spec_points, spec_figures, len(of_spec[spec])),
-        )
-    index = out / "index.html"
-    moved = len(flagged(points))
-    rundir.write_atomic(index, _index_page(runs, headlines, left_out, specs, moved))
     gpus = sorted({run.rows.gpu for run in runs})
     return Site(index, runs, left_out, specs, gpus, moved)
 

@@ -151,7 +151,7 @@ def compare(
     if json_out is not None:
         with writes(str(json_out)):
             json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(json.dumps(comparison_json(comparison), indent=1))
+            rundir.write_atomic(json_out, json.dumps(comparison_json(comparison), indent=1))
         console.print(f"wrote {json_out}")
     replaced = " (replaced the previous one)" if csv_out.exists() else ""
     with writes(str(csv_out)):

@@ -411,7 +411,7 @@ def run(
     """Measure kernels at shapes given as flags (the same spec a TOML file would give). --kernel,
     --seq-len and --head-dim-qk are required; the batch and heads follow the paper's Fig. 5 (65,536
     tokens, embedding dim 4096) unless given."""
-    kernels = _names(kernel)
+    kernels = _names(kernel, "--kernel")
     for name_ in kernels:  # a misspelt kernel first: the shape flags are of no use without it
         registry.get(name_)
     missing = [
@@ -520,11 +520,12 @@ def sweep(
         raise UserError("sweep needs a SPEC file (or --resume DIR)")
     if resume is None and (retry is not None or force):
         raise UserError(f"{'--retry' if retry is not None else '--force'} needs --resume DIR")
-    only_lengths = _int_list("--seq-len", seq_len) if seq_len else None
+    only_lengths = _int_list("--seq-len", seq_len) if seq_len is not None else None
     scheduler = ClusterFlags(
         executor, nodes, gpus_per_node, time, partition, account, constraint, tuple(slurm_arg or ()), no_wait
     )
-    _execute(spec, _names(kernel), out, resume, flags, _statuses(retry), force, only_lengths, scheduler)
+    kernels = _names(kernel, "--kernel")
+    _execute(spec, kernels, out, resume, flags, _statuses(retry), force, only_lengths, scheduler)
 
 
 def _execute(

@@ -33,6 +33,7 @@ from rich.table import Table
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import DTYPES
+from tfla_bench.cli.options import _names
 from tfla_bench.errors import UserError
 from tfla_bench.measure import settings
 from tfla_bench.run.console import (
@@ -88,11 +89,11 @@ def check(
     ] = True,
 ) -> None:
     """Check every available kernel's forward output against a PyTorch reference (exit 1 on a failure)."""
-    names = [part.strip() for value in kernel or [] for part in value.split(",") if part.strip()]
+    names = _names(kernel, "--kernel")
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     timeout = settings.check("timeout_s", timeout, "--timeout")
-    chosen = list(dict.fromkeys(names)) or None
+    chosen = names or None
     for name in chosen or []:
         registry.get(name)  # an unknown name is the user's mistake, said before torch loads
     device = _device(device)

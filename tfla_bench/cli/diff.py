@@ -100,10 +100,11 @@ def diff(
     )
     _print_agreement(console, result)
     _print_rows(console, result, threshold, changed, every)
+    title = f"B {run_b.name} / A {run_a.name}"
     for path, write in (
-        (as_json, lambda p: p.write_text(json.dumps(result.to_json(), indent=2) + "\n")),
-        (as_csv, lambda p: result.rows.to_csv(p, index=False)),
-        (plot, lambda p: ratio_figure(result, f"B {run_b.name} / A {run_a.name}").savefig(p)),
+        (as_json, lambda p: rundir.write_atomic(p, json.dumps(result.to_json(), indent=2) + "\n")),
+        (as_csv, lambda p: rundir.write_atomic(p, result.rows.to_csv(index=False))),
+        (plot, lambda p: rundir.save_atomic(p, ratio_figure(result, title).savefig)),
     ):
         if path is not None:
             with writes(str(path)):

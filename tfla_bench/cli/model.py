@@ -257,14 +257,15 @@ _DESCRIPTIONS = {
 }
 
 
-# The model's float flags and their ranges: a value past them overflows the counts to inf.
+# The model's float flags and their ranges: a value past them overflows the counts, the times or the
+# intensities to inf (a byte per element below one bit, a roof below one FLOP or byte a second).
 FLOAT_RULES = {
     "causal_factor": Rule("number", 0, 1, open_low=True),
-    "qkv_bytes": Rule("number", 0, 16, open_low=True, unit=" bytes"),
-    "gate_bytes": Rule("number", 0, 16, open_low=True, unit=" bytes"),
-    "state_bytes": Rule("number", 0, 16, open_low=True, unit=" bytes"),
-    "peak_flops": Rule("number", 0, 1e18, open_low=True, unit=" FLOP/s"),
-    "bandwidth": Rule("number", 0, 1e16, open_low=True, unit=" bytes/s"),
+    "qkv_bytes": Rule("number", 0.125, 16, unit=" bytes"),
+    "gate_bytes": Rule("number", 0.125, 16, unit=" bytes"),
+    "state_bytes": Rule("number", 0.125, 16, unit=" bytes"),
+    "peak_flops": Rule("number", 1, 1e18, unit=" FLOP/s"),
+    "bandwidth": Rule("number", 1, 1e16, unit=" bytes/s"),
 }
 
 

@@ -12,9 +12,13 @@ from tfla_bench.errors import UserError
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON object instead of a table")]
 
 
-def _names(values: list[str] | None) -> list[str]:
-    """Repeated and comma-separated option values, flattened, without duplicates."""
+def _names(values: list[str] | None, flag: str = "") -> list[str]:
+    """Repeated and comma-separated option values, flattened, without duplicates; with `flag`, a
+    `UserError` naming it where values were given but hold no name (`-k ""` from an unset variable
+    would otherwise mean every kernel)."""
     names = [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+    if flag and values and not names:
+        raise UserError(f"{flag}: expected a name or a comma list of names, got {values[-1]!r}")
     return list(dict.fromkeys(names))
 
 

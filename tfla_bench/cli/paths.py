@@ -60,7 +60,7 @@ def output_file(path: Path, flag: str, keep: Iterable[Path] = ()) -> Path:
         _check_name(path, flag)
         if path.is_dir():
             raise UserError(f"{flag} {path}: is a folder; give a file name")
-        if any(path.resolve() == kept.resolve() for kept in keep):
+        if any(_same_file(path, kept) for kept in keep):
             raise UserError(f"{flag} {path}: would replace an input of this command; give another file")
         _check_not_a_runs_own(path, flag)
         if path.exists():
@@ -123,6 +123,13 @@ def _refusing_os_errors(flag: str, path: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         raise UserError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    """Whether two paths name one file: the same path, or links (symbolic or hard) to one file."""
+    if path.exists() and other.exists():
+        return path.samefile(other)
+    return path.resolve() == other.resolve()
 
 
 def _check_not_a_runs_own(path: Path, flag: str) -> None:

@@ -56,14 +56,14 @@ def profile(
     if read.skipped:
         print(f"warning: {read.warning()}", file=sys.stderr)
     rows = read.rows
-    seq_lens = _int_list("--seq-len", seq_len) if seq_len else []
+    seq_lens = _int_list("--seq-len", seq_len) if seq_len is not None else []
     modes = _names([mode] if mode else [])
     if bad := [m for m in modes if m not in ("fw", "fwbw")]:
         raise UserError(f"--mode: expected fw or fwbw, got {', '.join(bad)}")
     # pandas takes half a second to import: loaded once the flags are checked.
     from tfla_bench.run import profiling
 
-    chosen = profiling.select_rows(rows, _names(kernel), seq_lens, modes)
+    chosen = profiling.select_rows(rows, _names(kernel, "--kernel"), seq_lens, modes)
     ncu.require(ncu_path)  # before anything is written: without ncu no row could be profiled
     console = make_console()
     with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):

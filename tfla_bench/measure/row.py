@@ -141,12 +141,7 @@ class ResultRow:
         Raises:
             ValueError: a cell that does not parse, or an unknown status.
         """
-        params = {
-            key.removeprefix("param_"): parse_param(value)
-            for key, value in cells.items()
-            if key.startswith("param_") and value != ""
-        }
-        case = Case(**{name: _case_cell(name, cells[name]) for name in CASE_COLUMNS}, params=params)
+        case = case_of(cells)
         values: dict[str, Any] = {}
         for spec in fields(cls):
             if spec.name in ("case", "family", "status") or spec.name not in cells:
@@ -162,13 +157,25 @@ class ResultRow:
                     raise ValueError(f"{spec.name}: not a bool: {text!r}")
                 values[spec.name] = flag
             elif "int" in spec.type:
-                values[spec.name] = int(float(text))
+                values[spec.name] = _count(spec.name, text)
             else:
-                values[spec.name] = float(text)
-        return cls(case=case, family=cells["family"], status=cells["status"], **values)
+                values[spec.name] = _number(spec.name, text)
+        row = cls(case=case, family=cells["family"], status=cells["status"], **values)
+        for name in FINITE_COLUMNS:
+            value = values.get(name)
+            if value is not None and not math.isnan(value) and (math.isinf(value) or value < 0):
+                raise ValueError(f"{name}: not a finite number of 0 or more: {text_of(cells, name)}")
+        if row.status == "ok" and not (row.median_ms is not None and 0 < row.median_ms < math.inf):
+            median = text_of(cells, "median_ms")
+            raise ValueError(f"median_ms of an ok row: not a finite time above 0: {median}")
+        return row
 
 
 METRIC_COLUMNS = tuple(spec.name for spec in fields(ResultRow) if spec.name != "case")
+# Columns whose value, where given, is a finite number of 0 or more (the tables and plots divide and
+# scale by them); `ci_rel` may be inf (fewer than six timed calls), the other times of a row that did
+# not run are empty.
+FINITE_COLUMNS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "flops", "bytes", "peak_memory_bytes")
 REQUIRED_COLUMNS = (*CASE_COLUMNS, "family", "status")
 
 
@@ -191,6 +198,27 @@ def parse_param(text: str) -> bool | int | float | str:
     return text
 
 
+def case_of(cells: dict[str, str]) -> Case:
+    """The case that a line's case and `param_*` cells name (of `results.csv`, or of a file keyed
+    like it).
+
+    Raises:
+        ValueError, KeyError: a cell that does not parse, or a missing case column.
+    """
+    params = {
+        key.removeprefix("param_"): parse_param(value)
+        for key, value in cells.items()
+        if key.startswith("param_") and value != ""
+    }
+    values = {}
+    for name in CASE_COLUMNS:
+        try:
+            values[name] = _case_cell(name, cells[name])
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    return Case(**values, params=params)
+
+
 def _case_cell(name: str, text: str) -> str | int | None:
     """A cell of the case's columns: the text of a string field, else an integer (or None where the
     field defaults to None and the cell is empty)."""
@@ -201,14 +229,40 @@ def _case_cell(name: str, text: str) -> str | int | None:
 
 
 def _int(text: str) -> int:
-    """An integer cell; `128.0` too (a table tool may write integers of a column with gaps as floats)."""
+    """An integer cell; `128.0` too (a table tool may write integers of a column with gaps as floats),
+    within a signed 64-bit integer (the tables read it as one)."""
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
-        number = float(text)
-        if not number.is_integer():
+        value = float(text)
+        if not value.is_integer():  # nan and inf too
             raise ValueError(f"not an integer: {text!r}") from None
-        return int(number)
+        number = int(value)
+    if not -(2**63) <= number < 2**63:
+        raise ValueError(f"not a 64-bit integer: {text!r}")
+    return number
+
+
+def _count(name: str, text: str) -> int:
+    """An integer metric cell (a byte count, a clock, calls): a finite number within a signed 64-bit
+    integer, its fraction dropped."""
+    value = _number(name, text)
+    if not -(2.0**63) <= value < 2.0**63:  # nan and inf too
+        raise ValueError(f"{name}: not a 64-bit integer: {text!r}")
+    return int(value)
+
+
+def _number(name: str, text: str) -> float:
+    """A number cell (nan and inf parse)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name}: not a number: {text!r}") from None
+
+
+def text_of(cells: dict[str, str], name: str) -> str:
+    """A cell's text as the file holds it, quoted."""
+    return repr(cells.get(name, ""))
 
 
 def cell(value: Any) -> str:

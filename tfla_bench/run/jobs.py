@@ -16,7 +16,7 @@ The executor (`slurm` or `local`) and the options of the latest submission are k
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +140,33 @@ class JobsRecord:
             KeyError, TypeError: a record of another shape.
         """
         rounds = [
-            Round(**{**one, "jobs": [JobRecord(**job) for job in one["jobs"]]}) for one in raw["rounds"]
+            Round(**{**one, "jobs": [_typed(JobRecord(**job)) for job in one["jobs"]]})
+            for one in raw["rounds"]
         ]
-        return cls(executor=raw["executor"], options=dict(raw["options"]), rounds=rounds)
+        return _typed(
+            cls(executor=raw["executor"], options=raw["options"], rounds=[_typed(r) for r in rounds])
+        )
+
+
+# The values each annotation of these records takes (`_typed`).
+_ANNOTATIONS = {
+    "int": lambda value: isinstance(value, int) and not isinstance(value, bool),
+    "str": lambda value: isinstance(value, str),
+    "bool": lambda value: isinstance(value, bool),
+    "str | None": lambda value: value is None or isinstance(value, str),
+    "dict[str, Any]": lambda value: isinstance(value, dict),
+    "list[JobRecord]": lambda value: isinstance(value, list),
+    "list[Round]": lambda value: isinstance(value, list),
+}
+
+
+def _typed(record: Any) -> Any:
+    """`record` if each field holds a value of its annotation; a TypeError naming the first that does not."""
+    for spec in fields(record):
+        value = getattr(record, spec.name)
+        if not _ANNOTATIONS[str(spec.type)](value):
+            raise TypeError(f"{spec.name}: expected {spec.type}, got {json.dumps(value)[:40]}")
+    return record
 
 
 def read(run_dir: Path) -> JobsRecord | None:
@@ -160,7 +184,7 @@ def read(run_dir: Path) -> JobsRecord | None:
         raise UserError(f"cannot read {path}: {exc}") from None
     try:
         return JobsRecord.from_dict(raw)
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path} is not a jobs record ({exc})") from None
 
 

@@ -34,6 +34,7 @@ import importlib
 import io
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -190,6 +191,7 @@ def profile_rows(
     """
     refused: tuple[str, str] | None = None
     profiles: list[CaseProfile] = []
+    earlier = _profiled(run_dir)
     for row in rows:
         if refused is not None:
             profile = CaseProfile(row.case, refused[0], flops=row.flops, error=refused[1])
@@ -197,14 +199,34 @@ def profile_rows(
             log_file = run_dir / rundir.NCU / f"{_slug(row.case.key)}.csv"
             log_file.parent.mkdir(parents=True, exist_ok=True)
             grad, module = grad_of(row.case.kernel), module_of(row.case.kernel)
-            profile = _profile_one(executable, row, grad, module, log_file, timeout_s)
+            # ncu writes a report of its own beside the one an earlier profile left, which only a
+            # profile that succeeds replaces.
+            fresh_log = log_file.with_name(f".{log_file.name}.{os.getpid()}.tmp")
+            try:
+                profile = _profile_one(executable, row, grad, module, fresh_log, timeout_s)
+                if profile.status == "ok":
+                    os.replace(fresh_log, log_file)
+            finally:
+                fresh_log.unlink(missing_ok=True)
             if profile.status == "not_permitted":
                 refused = (profile.status, profile.error)
+        if profile.status != "ok" and row.case.key in earlier:
+            profile = dataclasses.replace(profile, error=f"{profile.error}; its earlier profile is kept")
+        else:
+            # Each case's row is kept as soon as it is known: a profile stopped later loses none of it.
+            write_profiles(run_dir, [profile])
         profiles.append(profile)
-        # Each case's row is kept as soon as it is known: a profile stopped later loses none of it.
-        write_profiles(run_dir, [profile])
         on_profile(profile)
     return profiles
+
+
+def _profiled(run_dir: Path) -> set[str]:
+    """The cases that `profile.csv` holds an ok profile of."""
+    old = _read_profile(run_dir / rundir.PROFILE)
+    if old is None or "profile_status" not in old.columns:
+        return set()
+    records = old.to_dict("records")
+    return {row_schema.case_of(cells).key for cells in records if cells["profile_status"] == "ok"}
 
 
 def _slug(key: str) -> str:
@@ -244,11 +266,7 @@ def write_profiles(run_dir: Path, profiles: Sequence[CaseProfile]) -> Path:
     old = _read_profile(path)
     if old is None:
         old = pd.DataFrame()
-    kept = [
-        cells
-        for cells in old.to_dict("records")
-        if ResultRow.from_csv({**cells, "family": "", "status": "ok"}).case.key not in fresh
-    ]
+    kept = [cells for cells in old.to_dict("records") if row_schema.case_of(cells).key not in fresh]
     params = {c for c in old.columns if c.startswith("param_")}
     params |= {c for cells in fresh.values() for c in cells if c.startswith("param_")}
     columns = [*CASE_COLUMNS, *sorted(params), *PROFILE_COLUMNS]

@@ -271,7 +271,9 @@ def load_run_spec(run_dir: Path) -> Spec:
         raw = rundir.read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
-    return parse_spec(as_recorded(raw) if isinstance(raw, dict) else raw, str(path))
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected the run's spec as a JSON object, got {json.dumps(raw)[:40]}")
+    return parse_spec(as_recorded(raw), str(path))
 
 
 def resume_plan(

@@ -100,7 +100,7 @@ _AXIS_ORDER = (
     "chunk_size",
     "seq_len",
 )
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ def parse_spec(raw: dict[str, Any], source: str) -> Spec:
         if required not in raw:
             raise UserError(f"{source}: missing key {required!r}")
     name = where.string(raw["name"], "name")
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise UserError(f"{source}: key 'name': expected letters, digits, '_', '-' or '.', got {name!r}")
     kernels = where.string_list(raw["kernels"], "kernels", allow_scalar=True)
     modes = where.choice_list(raw.get("modes", list(MODES)), "modes", MODES)
