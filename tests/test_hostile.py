@@ -238,3 +238,14 @@ def test_a_jobs_json_field_of_the_wrong_type_is_one_line(run_dir, capsys, change
     assert main(["status", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {run_dir / rundir.JOBS} is not a jobs record (") and err.count("\n") == 1
+
+
+def test_status_of_no_run_directory_says_so_in_one_line(tmp_path, capsys):
+    afile = tmp_path / "a.txt"
+    afile.write_text("x")
+    for path, what in (
+        (tmp_path / "missing", "no such run directory"),
+        (afile, "a file, not a run directory"),
+    ):
+        assert main(["status", str(path)]) == 2
+        assert capsys.readouterr().err == f"error: {path}: {what}\n"

@@ -3,8 +3,11 @@ form (`exception_line`) in which rows, reasons and verdicts quote any other exce
 
 A `UserError` (bad flag, bad spec, unsupported shape, bad path) exits with code 2. A `RunFailed`
 (the environment stopped a sweep that had started: a full disk, a directory made read-only) exits
-with code 1, every finished row kept. Bugs raise anything else.
+with code 1, every finished row kept. Bugs raise anything else. Ctrl-C ends a command with one line
+that starts with `interrupted` (`interrupted_line`) and exit code 130.
 """
+
+_INTERRUPTED_SAID: list[str] = []
 
 
 class UserError(Exception):
@@ -19,3 +22,15 @@ def exception_line(exc: BaseException) -> str:
     """`TypeName: last non-blank line of the message` (just `TypeName` for an empty message)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
+
+
+def interrupted_line(kept: str = "") -> str:
+    """The one line a command stopped by Ctrl-C prints: `interrupted`, with what it kept; a command
+    that printed it itself (a sweep, naming where its rows are) is not followed by a second one."""
+    _INTERRUPTED_SAID.append(kept)
+    return f"interrupted: {kept}" if kept else "interrupted"
+
+
+def interrupted_said() -> bool:
+    """Whether this process printed its `interrupted_line` already."""
+    return bool(_INTERRUPTED_SAID)

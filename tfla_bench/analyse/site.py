@@ -285,15 +285,18 @@ def _restore(out: Path, previous: Path) -> None:
     shutil.rmtree(previous, ignore_errors=True)
 
 
+def check_out(out: Path) -> None:
+    """A `UserError` unless `out` is missing, empty, or a site this command built before."""
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
+        raise UserError(f"--out {out}: holds files not written by `tfla-bench site`; give an empty folder")
+
+
 def _prepare(out: Path) -> Path | None:
     """An empty folder, or one this command built before: its pages go to `PREVIOUS` (returned), from
     where `_reuse` takes what has not changed."""
     previous = None
+    check_out(out)
     if out.is_dir() and any(out.iterdir()):
-        if not (out / MARKER).exists():
-            raise UserError(
-                f"--out {out}: holds files not written by `tfla-bench site`; give an empty folder"
-            )
         previous = out / PREVIOUS
         shutil.rmtree(previous, ignore_errors=True)
         previous.mkdir()

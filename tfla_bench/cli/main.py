@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
-from tfla_bench import __version__
+from tfla_bench import __version__, errors
 from tfla_bench.cli import analysis, bench, check, crossgpu, diff, model, profile, roofs, site, status, tune
 from tfla_bench.errors import RunFailed, UserError
 
@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             code = INTERRUPTED
     if ctrl_c.pressed or code == INTERRUPTED:
-        print("interrupted", file=sys.stderr)
+        if not errors.interrupted_said():
+            print(errors.interrupted_line(), file=sys.stderr)
         return INTERRUPTED
     return code
 

@@ -49,8 +49,9 @@ def site(
     rundir.find_runs(runs)  # a path that is not there, or no run at all, is said before the imports
     out = output_dir(out, "--out")
     # pandas and matplotlib take a second to import: loaded once the flags and paths are checked.
-    from tfla_bench.analyse.site import build_site
+    from tfla_bench.analyse.site import build_site, check_out
 
+    check_out(out)  # before the progress bar, which a mistake would leave as an empty line
     console = make_console(stderr=True)
     with progress_bar(console, transient=True) as bar, writes(f"the site in {out}", folder=out):
         task = bar.add_task("site", total=None)

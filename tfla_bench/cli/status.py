@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from tfla_bench.errors import UserError
 from tfla_bench.run import cluster, rundir
 from tfla_bench.run.console import jobs_table, make_console, styled_status
 
@@ -26,6 +27,9 @@ RunDirArgument = Annotated[
 
 def status(run_dir: RunDirArgument) -> None:
     """Show the jobs of a run submitted with --executor slurm or local and merge the rows they wrote."""
+    if not run_dir.is_dir():
+        what = "a file, not a run directory" if run_dir.exists() else "no such run directory"
+        raise UserError(f"{run_dir}: {what}")
     console = make_console()
     record, shard_rows, merged = cluster.status(run_dir, console)
     console.print(jobs_table(record, shard_rows))

@@ -120,7 +120,7 @@ from rich.progress import Progress
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
-from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.errors import RunFailed, UserError, interrupted_line
 from tfla_bench.measure import energy, envinfo
 from tfla_bench.measure import roofs as roofs_module
 from tfla_bench.measure import row as row_schema
@@ -1000,7 +1000,8 @@ class _Dispatch:
                     self.compiling.stop.set()
                 for thread in threads:
                     thread.join(15)
-                self.console.print(f"interrupted: rows written so far are kept in {self.writer.path}")
+                line = interrupted_line(f"rows written so far are kept in {self.writer.path}")
+                self.console.print(line, markup=False, highlight=False)
                 raise
         if self.errors:
             raise self.errors[0]
