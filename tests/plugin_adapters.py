@@ -294,6 +294,7 @@ ADAPTERS = (
     Unavailable,
     Oom,
     OomOnce,
+    Unsettled,
     Raise,
     Chunked,
     Counting,
