@@ -177,6 +177,8 @@ METRIC_COLUMNS = tuple(spec.name for spec in fields(ResultRow) if spec.name != "
 # not run are empty.
 FINITE_COLUMNS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "flops", "bytes", "peak_memory_bytes")
 REQUIRED_COLUMNS = (*CASE_COLUMNS, "family", "status")
+# An integer cell lies in [-INT64, INT64): the tables read it as a signed 64-bit integer.
+INT64 = 2**63
 
 
 def columns_for(cases: list[Case]) -> list[str]:
@@ -238,7 +240,7 @@ def _int(text: str) -> int:
         if not value.is_integer():  # nan and inf too
             raise ValueError(f"not an integer: {text!r}") from None
         number = int(value)
-    if not -(2**63) <= number < 2**63:
+    if not -INT64 <= number < INT64:
         raise ValueError(f"not a 64-bit integer: {text!r}")
     return number
 
@@ -247,7 +249,7 @@ def _count(name: str, text: str) -> int:
     """An integer metric cell (a byte count, a clock, calls): a finite number within a signed 64-bit
     integer, its fraction dropped."""
     value = _number(name, text)
-    if not -(2.0**63) <= value < 2.0**63:  # nan and inf too
+    if not -INT64 <= value < INT64:  # nan and inf too
         raise ValueError(f"{name}: not a 64-bit integer: {text!r}")
     return int(value)
 

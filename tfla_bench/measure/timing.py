@@ -88,8 +88,9 @@ EARLY_CHECK_S = 0.05
 HOST_WAIT_NS = 5_000
 # A series that its time budget stopped with the median's 95% interval wider than +-this was
 # disturbed, not merely noisy (`unsettled`): of 114 such series with a finite interval in the
-# committed runs, the three above 10% (24% and 54% among them) were measured beside a precompile,
-# the next widest was 9.6%.
+# committed runs, the three above 10% came from sweeps that compiled beside their measuring (one a
+# first series, two the second series of a case timed again under its power cap); the next widest
+# was 9.6% (docs/timing.md).
 UNSETTLED_CI = 0.1
 
 

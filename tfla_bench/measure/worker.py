@@ -208,10 +208,10 @@ class Measurement:
 
     In the row, `warmup` and `reps` are the calls made (a case timed again counts its first series in
     `warmup`: its power cap set in, `gpustate.set_in`, or the series was `timing.unsettled`), `stop`
-    why timing stopped
-    (`tfla_bench.measure.timing`), `settle_s` the wait for the GPU to settle before the case
-    (`gpustate.Monitor.settle`), the GPU-state columns the NVML cells of `gpustate.row_cells`
-    (empty on CPU), and `energy_mj` and `tokens_per_joule` those of `energy.row_cells`.
+    why timing stopped (`tfla_bench.measure.timing`), `settle_s` the wait for the GPU to settle
+    before the case (`gpustate.Monitor.settle`), the GPU-state columns the NVML cells of
+    `gpustate.row_cells` (empty on CPU), and `energy_mj` and `tokens_per_joule` those of
+    `energy.row_cells`.
     """
 
     row: ResultRow

@@ -588,33 +588,31 @@ def record_warnings(run_dir: Path) -> list[str]:
 
 # What each key of `env.json` (and of each attempt under `resumed`) holds where it is not null; the
 # readers index into them, so `read_env` refuses a record that holds anything else.
-ENV_TYPES: dict[str, tuple[type, ...]] = {
-    **dict.fromkeys(
-        ("clocks", "device_info", "measurement", "nvml", "packages", "precompile", "roofs", "spec_record"),
-        (dict,),
+_ENV_KEYS: dict[type, tuple[str, ...]] = {
+    dict: ("clocks", "device_info", "measurement", "nvml", "packages", "precompile", "roofs", "spec_record"),
+    list: ("command", "device_infos", "devices", "resumed"),
+    str: (
+        *("compute_capability", "cuda", "description", "driver", "git_sha", "gpu_name", "host", "platform"),
+        *("published", "python", "spec", "spec_source", "started_at", "tfla_bench", "torch", "triton"),
     ),
-    **dict.fromkeys(("command", "device_infos", "devices", "resumed"), (list,)),
-    **dict.fromkeys(
-        ("compute_capability", "cuda", "description", "driver", "git_sha", "gpu_name", "host", "platform"),
-        (str,),
+    int: (
+        *("cpu_count", "cudnn", "gpu_count", "gpu_memory_bytes", "l2_cache_bytes", "results_schema"),
+        "sm_count",
     ),
-    **dict.fromkeys(("published", "python", "spec", "spec_source", "started_at", "tfla_bench"), (str,)),
-    **dict.fromkeys(("torch", "triton"), (str,)),
-    **dict.fromkeys(("cpu_count", "cudnn", "gpu_count", "gpu_memory_bytes", "l2_cache_bytes"), (int,)),
-    **dict.fromkeys(("results_schema", "sm_count"), (int,)),
-    "git_dirty": (bool,),
+    bool: ("git_dirty",),
 }
+ENV_TYPES = {key: kind for kind, keys in _ENV_KEYS.items() for key in keys}
 _TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "true or false"}
 
 
 def _env_problem(env: dict[str, Any], where: str = "") -> str | None:
     """The first key of an environment record whose value is not of its `ENV_TYPES`, said in words;
     None when every one is (and every attempt under `resumed` is an object that passes too)."""
-    for key, allowed in ENV_TYPES.items():
+    for key, kind in ENV_TYPES.items():
         value = env.get(key)
-        wrong_bool = isinstance(value, bool) and bool not in allowed
-        if value is not None and (wrong_bool or not isinstance(value, allowed)):
-            return f"key {where}{key!r}: expected {_TYPE_NAMES[allowed[0]]}, got {json.dumps(value)[:40]}"
+        wrong_bool = isinstance(value, bool) and kind is not bool  # a bool is an int to isinstance
+        if value is not None and (wrong_bool or not isinstance(value, kind)):
+            return f"key {where}{key!r}: expected {_TYPE_NAMES[kind]}, got {json.dumps(value)[:40]}"
     for index, attempt in enumerate(env.get("resumed") or []):
         if not isinstance(attempt, dict):
             return f"key 'resumed'[{index}]: expected an object, got {json.dumps(attempt)[:40]}"
