@@ -26,6 +26,10 @@ per (L_kv tile, chunk, batch*head) over the whole head dims, each gate matrix bu
 each chunk's `g_bar_k sum(C_{k-1} * dC_k)`; `common.bwd_kernel_gates` forms the gate gradients
 from them.
 
+Every kernel builds its gate matrix tiles with `exp2` (`common.LOG2E`) and applies the causal mask
+only to the tiles the diagonal crosses: in dQ those are the last of its loop; in dK and dV, whose
+products sum over the query rows, also the query tile that passes the chunk's end (`_gate_t`).
+
 Layout and state indexing as in `common`: the gradient of state `k` (the state before chunk `k`)
 is `dC[:, k]`. For mLSTMsig (`USE_MAX_STATE=False`) every `m` is 0 and the denominator is 1
 unless `HAS_DENOM`.
@@ -35,6 +39,7 @@ import triton
 import triton.language as tl
 
 from tfla_bench.kernels.common import (
+    LOG2E,
     dot_rows,
     load_rows,
     load_state,
@@ -115,6 +120,7 @@ def tfla_bwd_kernel_dq(
     acc = acc * (tl.where(q_valid, inter_weight, 0.0) * inv_denom)[:, None]
 
     # Intra-chunk part dQ_intra = (dS_bar * D) K (B.3) over the L_kv tiles up to the causal diagonal
+    row_log2 = log_scale_q * LOG2E
     for kv_start in range(chunk_start, tl.minimum(q_start + BLOCK_LQ, chunk_end), BLOCK_LKV):
         kv = kv_start + offs_kv
         kv_valid = kv < chunk_end
@@ -126,8 +132,10 @@ def tfla_bwd_kernel_dq(
         )  # fmt: skip
         b_kv = tl.load(b_ptr + gate_base + kv, mask=kv_valid, other=0.0)
         log_i_kv = tl.load(log_i_ptr + gate_base + kv, mask=kv_valid, other=0.0)
-        causal = (offs_q[:, None] >= kv[None, :]) & q_valid[:, None]
-        gate = tl.where(causal, tl.exp(log_scale_q[:, None] + (log_i_kv - b_kv)[None, :]), 0.0)
+        # the causal mask where the diagonal crosses the tile (a row past the chunk's end is not stored)
+        gate = tl.exp2(row_log2[:, None] + ((log_i_kv - b_kv) * LOG2E)[None, :])
+        if kv_start + BLOCK_LKV > q_start:
+            gate = tl.where((offs_q[:, None] >= kv[None, :]) & q_valid[:, None], gate, 0.0)
         p = ds * gate * inv_denom[:, None]
         k = load_tile(k_base, bh32, kv_start, kv, kv_valid, i_dqk * BLOCK_DQK, offs_qk, DQK, TMA)
         acc = tl.dot(p.to(dtype), k, acc, input_precision=DOT_PRECISION)
@@ -159,6 +167,19 @@ def _key_inter_weight(g_ptr, m_ptr, bh, NC, c, log_weight_kv, USE_MAX_STATE: tl.
     if USE_MAX_STATE:
         log_a -= tl.load(m_ptr + bh * (NC + 1) + c + 1)
     return tl.exp(log_a)
+
+
+@triton.jit
+def _gate_t(col_log2, log_scale_q, offs_kv, q_rows, q_valid, kv_start, q_start, chunk_end,
+            BLOCK_LKV: tl.constexpr, BLOCK_LQ: tl.constexpr):  # fmt: skip
+    """The transposed gate matrix `D^T` of a key tile and a query tile: `exp(log_i - b + b_q - m)`,
+    `col_log2` the key rows' `log_i - b` times `LOG2E`. The causal mask applies where the diagonal
+    crosses the tiles or the query tile passes the chunk's end: these products sum over the query
+    rows, so a row past the end must weigh 0."""
+    gate_t = tl.exp2(col_log2[:, None] + (log_scale_q * LOG2E)[None, :])
+    if (q_start < kv_start + BLOCK_LKV - 1) | (q_start + BLOCK_LQ > chunk_end):
+        gate_t = tl.where((q_rows[None, :] >= offs_kv[:, None]) & q_valid[None, :], gate_t, 0.0)
+    return gate_t
 
 
 @triton.jit
@@ -234,6 +255,7 @@ def tfla_bwd_kernel_dkv(
 
     # Intra-chunk part dK_intra = (dS_bar * D)^T Q / sqrt(d), dV_intra = S_bar^T dH~ (B.3) over the
     # L_hq tiles from the diagonal
+    col_log2 = log_weight_kv * LOG2E
     for q_start in range(kv_start, chunk_end, BLOCK_LQ):
         q_rows = q_start + offs_q
         q_valid = q_rows < chunk_end
@@ -246,8 +268,8 @@ def tfla_bwd_kernel_dkv(
             x_base, offs_kv, kv_valid, y_base, q_rows, q_valid, xy_t, D_IN, BLOCK_IN, DOT_PRECISION,
             bh32, kv_start, q_start, TMA,
         )  # fmt: skip
-        causal = (q_rows[None, :] >= offs_kv[:, None]) & q_valid[None, :]
-        gate_t = tl.where(causal, tl.exp(log_weight_kv[:, None] + log_scale_q[None, :]), 0.0)
+        gate_t = _gate_t(col_log2, log_scale_q, offs_kv, q_rows, q_valid, kv_start, q_start, chunk_end,
+                         BLOCK_LKV, BLOCK_LQ)  # fmt: skip
         p_t = xy_t * gate_t * (inv_denom * scale)[None, :]
         z = load_tile(z_base, bh32, q_start, q_rows, q_valid, i_out * BLOCK_OUT, offs_out, D_OUT, TMA)
         acc = tl.dot(p_t.to(dtype), z, acc, input_precision=DOT_PRECISION)
@@ -321,14 +343,15 @@ def tfla_bwd_kernel_dkv_fused(
 
     # Intra-chunk parts dK_intra = (dS_bar * D)^T Q / sqrt(d) and dV_intra = S_bar^T dH~ (B.3) over the
     # L_hq tiles from the diagonal, both from one gate matrix per tile
+    col_log2 = log_weight_kv * LOG2E
     for q_start in range(kv_start, chunk_end, BLOCK_LQ):
         q_rows = q_start + offs_q
         q_valid = q_rows < chunk_end
         log_scale_q, inv_denom = _query_log_scale(
             b_ptr, m_row_ptr, denom_ptr, gate_base, q_rows, q_valid, USE_MAX_STATE, HAS_DENOM
         )
-        causal = (q_rows[None, :] >= offs_kv[:, None]) & q_valid[None, :]
-        gate_t = tl.where(causal, tl.exp(log_weight_kv[:, None] + log_scale_q[None, :]), 0.0)
+        gate_t = _gate_t(col_log2, log_scale_q, offs_kv, q_rows, q_valid, kv_start, q_start, chunk_end,
+                         BLOCK_LKV, BLOCK_LQ)  # fmt: skip
         gate_t = gate_t * (inv_denom * scale)[None, :]
         # dS_bar^T = V dH~^T and S^T = K Q^T
         ds_t = tl.zeros([BLOCK_LKV, BLOCK_LQ], dtype=tl.float32)

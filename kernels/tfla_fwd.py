@@ -15,7 +15,9 @@ causal diagonal and over the d_qk blocks (Fig. 3). The gate is a compile-time sw
 - mLSTMsig needs no max state (section 4, appendix C.2); it has a normalizer `n` only with
   `normalize` (`HAS_N`).
 
-Both add the inter- and the intra-chunk products into one accumulator as they come.
+Both add the inter- and the intra-chunk products into one accumulator as they come. The gate matrix
+tiles are `exp2` of base-2 log weights (`common.LOG2E`), masked only where the causal diagonal
+crosses the tile.
 
 Layout and state indexing as in `common`; `h` is `[BH, T, DV]`, the per-row max state `m_row` and
 denominator `denom` that the backward pass reuses are `[BH, T]` float32.
@@ -24,7 +26,15 @@ denominator `denom` that the backward pass reuses are `[BH, T]` float32.
 import triton
 import triton.language as tl
 
-from tfla_bench.kernels.common import dot_rows, load_state, load_tile, program_tile, store_rows, tile_bounds
+from tfla_bench.kernels.common import (
+    LOG2E,
+    dot_rows,
+    load_state,
+    load_tile,
+    program_tile,
+    store_rows,
+    tile_bounds,
+)
 
 
 @triton.jit
@@ -97,6 +107,7 @@ def tfla_fwd_kernel_h(
     n_acc = n_acc * inter_weight
 
     # Lines 4-22: intra-chunk part (S * D) V (H_intra, B.2) over the L_kv tiles up to the causal diagonal
+    row_log2 = row_log * LOG2E
     for kv_start in range(chunk_start, tl.minimum(q_start + BLOCK_LQ, chunk_end), BLOCK_LKV):
         kv = kv_start + offs_kv
         # Lines 6-9: S = Q K^T over the d_qk blocks
@@ -107,9 +118,12 @@ def tfla_fwd_kernel_h(
         )  # fmt: skip
         b_kv = tl.load(b_ptr + gate_base + kv, mask=kv < chunk_end, other=0.0)
         log_i_kv = tl.load(log_i_ptr + gate_base + kv, mask=kv < chunk_end, other=float("-inf"))
-        # Lines 10-17: the gate matrix with the causal mask, at the row's final scale
-        causal = (offs_q[:, None] >= kv[None, :]) & q_valid[:, None]
-        p = s * tl.where(causal, tl.exp(row_log[:, None] + (log_i_kv - b_kv)[None, :]), 0.0)
+        # Lines 10-17: the gate matrix at the row's final scale, with the causal mask where the diagonal
+        # crosses the tile (a row past the chunk's end may then take any value: it is not stored)
+        gate = tl.exp2(row_log2[:, None] + ((log_i_kv - b_kv) * LOG2E)[None, :])
+        if kv_start + BLOCK_LKV > q_start:
+            gate = tl.where((offs_q[:, None] >= kv[None, :]) & q_valid[:, None], gate, 0.0)
+        p = s * gate
         v = load_tile(v_base, bh32, kv_start, kv, kv < chunk_end, i_dv * BLOCK_DV, offs_v, DV, TMA)
         acc = tl.dot(p.to(dtype), v, acc, input_precision=DOT_PRECISION)
         if HAS_N:
