@@ -105,6 +105,18 @@ def dot_rows(
 
 
 @triton.jit
+def gate_tile(row_log2, log_i_kv, b_kv, rows, q_valid, kv, kv_start, q_start, BLOCK_LKV: tl.constexpr):
+    """The gate matrix `D` of a query tile and a key tile, `exp(row's log scale + log_i - b)` from the
+    rows' log scale times `LOG2E`, with the causal mask only where the diagonal crosses the tile. A row
+    past the chunk's end may then take any value: the forward and dQ kernels, its callers, do not
+    store it."""
+    gate = tl.exp2(row_log2[:, None] + ((log_i_kv - b_kv) * LOG2E)[None, :])
+    if kv_start + BLOCK_LKV > q_start:
+        gate = tl.where((rows[:, None] >= kv[None, :]) & q_valid[:, None], gate, 0.0)
+    return gate
+
+
+@triton.jit
 def load_state(src, index, row0, rows, col0, cols, DV: tl.constexpr, TMA: tl.constexpr):
     """The block `[rows, cols]` of one chunk state at `src`, the state's base; with `TMA`, through
     `src`, the descriptor of every state (`tma_states`), as state `index` at `[row0:, col0:]`."""

@@ -26,7 +26,7 @@ per (L_kv tile, chunk, batch*head) over the whole head dims, each gate matrix bu
 each chunk's `g_bar_k sum(C_{k-1} * dC_k)`; `common.bwd_kernel_gates` forms the gate gradients
 from them.
 
-Every kernel builds its gate matrix tiles with `exp2` (`common.LOG2E`) and applies the causal mask
+Every kernel builds its gate matrix tiles with `exp2` (`common.gate_tile`) and applies the causal mask
 only to the tiles the diagonal crosses: in dQ those are the last of its loop; in dK and dV, whose
 products sum over the query rows, also the query tile that passes the chunk's end (`_gate_t`).
 
@@ -41,6 +41,7 @@ import triton.language as tl
 from tfla_bench.kernels.common import (
     LOG2E,
     dot_rows,
+    gate_tile,
     load_rows,
     load_state,
     load_tile,
@@ -132,10 +133,7 @@ def tfla_bwd_kernel_dq(
         )  # fmt: skip
         b_kv = tl.load(b_ptr + gate_base + kv, mask=kv_valid, other=0.0)
         log_i_kv = tl.load(log_i_ptr + gate_base + kv, mask=kv_valid, other=0.0)
-        # the causal mask where the diagonal crosses the tile (a row past the chunk's end is not stored)
-        gate = tl.exp2(row_log2[:, None] + ((log_i_kv - b_kv) * LOG2E)[None, :])
-        if kv_start + BLOCK_LKV > q_start:
-            gate = tl.where((offs_q[:, None] >= kv[None, :]) & q_valid[:, None], gate, 0.0)
+        gate = gate_tile(row_log2, log_i_kv, b_kv, offs_q, q_valid, kv, kv_start, q_start, BLOCK_LKV)
         p = ds * gate * inv_denom[:, None]
         k = load_tile(k_base, bh32, kv_start, kv, kv_valid, i_dqk * BLOCK_DQK, offs_qk, DQK, TMA)
         acc = tl.dot(p.to(dtype), k, acc, input_precision=DOT_PRECISION)

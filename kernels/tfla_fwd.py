@@ -16,7 +16,7 @@ causal diagonal and over the d_qk blocks (Fig. 3). The gate is a compile-time sw
   `normalize` (`HAS_N`).
 
 Both add the inter- and the intra-chunk products into one accumulator as they come. The gate matrix
-tiles are `exp2` of base-2 log weights (`common.LOG2E`), masked only where the causal diagonal
+tiles are `exp2` of base-2 log weights (`common.gate_tile`), masked only where the causal diagonal
 crosses the tile.
 
 Layout and state indexing as in `common`; `h` is `[BH, T, DV]`, the per-row max state `m_row` and
@@ -29,6 +29,7 @@ import triton.language as tl
 from tfla_bench.kernels.common import (
     LOG2E,
     dot_rows,
+    gate_tile,
     load_state,
     load_tile,
     program_tile,
@@ -118,12 +119,8 @@ def tfla_fwd_kernel_h(
         )  # fmt: skip
         b_kv = tl.load(b_ptr + gate_base + kv, mask=kv < chunk_end, other=0.0)
         log_i_kv = tl.load(log_i_ptr + gate_base + kv, mask=kv < chunk_end, other=float("-inf"))
-        # Lines 10-17: the gate matrix at the row's final scale, with the causal mask where the diagonal
-        # crosses the tile (a row past the chunk's end may then take any value: it is not stored)
-        gate = tl.exp2(row_log2[:, None] + ((log_i_kv - b_kv) * LOG2E)[None, :])
-        if kv_start + BLOCK_LKV > q_start:
-            gate = tl.where((offs_q[:, None] >= kv[None, :]) & q_valid[:, None], gate, 0.0)
-        p = s * gate
+        # Lines 10-17: the gate matrix at the row's final scale
+        p = s * gate_tile(row_log2, log_i_kv, b_kv, offs_q, q_valid, kv, kv_start, q_start, BLOCK_LKV)
         v = load_tile(v_base, bh32, kv_start, kv, kv < chunk_end, i_dv * BLOCK_DV, offs_v, DV, TMA)
         acc = tl.dot(p.to(dtype), v, acc, input_precision=DOT_PRECISION)
         if HAS_N:
