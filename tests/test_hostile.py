@@ -106,6 +106,35 @@ def test_a_read_only_results_file_is_refused_for_a_resume(run_dir):
     assert oct(csv_path.stat().st_mode & 0o777) == "0o444"
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[]", "an attempt is list, not an object"),
+        ("{}", "no finite `wall_s`"),
+        ('{"wall_s": 1, "phases_s": []}', "`phases_s` is not an object of finite seconds"),
+        ('{"wall_s": 1, "phases_s": {}, "adapters": {"x": {"seconds": NaN}}}', "adapter 'x' has no finite"),
+        ('{"earlier": 5}', "`earlier` is not a list"),
+        ('{"wall_s": 1, "phases_s": {}, "adapters": {}, "earlier": [{}]}', "no finite `wall_s`"),
+    ],
+)
+def test_a_timings_file_that_is_no_timing_record_is_one_line_before_anything_is_written(
+    run_dir, tmp_path, capsys, text, problem
+):
+    _with_spec(run_dir)
+    (run_dir / rundir.TIMINGS).write_text(text)
+    with pytest.raises(UserError, match=f"is not a sweep's timing record \\({problem}"):
+        phases.read(run_dir)
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    for argv in (["sweep", "--resume", str(run_dir)], ["report", str(run_dir)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "timings.json is not a sweep's timing record" in err, argv
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
+    assert main(["site", str(run_dir), "--out", str(tmp_path / "site")]) == 2
+    warned = "".join(capsys.readouterr().err.split())  # the console wraps the line at its width
+    assert f"warning:leftout{run_dir}:{run_dir / rundir.TIMINGS}isnotasweep's" in warned
+
+
 def test_shape_integers_past_the_cap_are_refused_in_a_spec(tmp_path, capsys):
     spec = tmp_path / "big.toml"
     spec.write_text(

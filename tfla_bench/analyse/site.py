@@ -49,7 +49,7 @@ from tfla_bench.plots.base import device_name
 from tfla_bench.plots.crossgpu import speedup_figure
 from tfla_bench.plots.history import history_svg
 from tfla_bench.plots.paper import paper_ratio_figure
-from tfla_bench.run import rundir
+from tfla_bench.run import phases, rundir
 
 MARKER = ".tfla-bench-site"  # names a folder this command built, which a rebuild may replace
 SUBFOLDERS = ("runs", "specs", "history")
@@ -132,6 +132,7 @@ def read_runs(run_dirs: list[Path], warn: Callable[[str], None]) -> tuple[list[S
         try:
             read = rundir.read_results(run_dir / rundir.RESULTS)
             env = rundir.read_env(run_dir)
+            phases.read(run_dir)  # its report's section on where the time went
             if not read.rows:
                 raise UserError(f"{run_dir / rundir.RESULTS} has no readable result rows")
             rows = list({row.case.key: row for row in read.rows}.values())

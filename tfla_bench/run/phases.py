@@ -22,6 +22,7 @@ is removed with a warning rather than left behind out of date.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tfla_bench.errors import UserError
 from tfla_bench.run import rundir
 
 
@@ -155,12 +157,52 @@ class PhaseClock:
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:
-    """The run's `timings.json`, or None when the run has none (or it is not valid JSON)."""
+    """The run's `timings.json`, or None when the run has none.
+
+    Raises:
+        UserError: the file is there but is not readable JSON, or not a record `PhaseClock` writes
+            (its earlier attempts included).
+    """
     path = Path(run_dir) / rundir.TIMINGS
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    if isinstance(record, dict) and not isinstance(record.get("earlier", []), list):
+        problem: str | None = "`earlier` is not a list"
+    else:
+        attempts = [record, *record.get("earlier", [])] if isinstance(record, dict) else [record]
+        problem = next(filter(None, map(_attempt_problem, attempts)), None)
+    if problem is not None:
+        raise UserError(f"{path} is not a sweep's timing record ({problem}); move it away to go on")
+    return record
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _attempt_problem(attempt: Any) -> str | None:
+    """What makes `attempt` other than one attempt's record (`PhaseClock.to_dict`), or None."""
+    if not isinstance(attempt, dict):
+        return f"an attempt is {type(attempt).__name__}, not an object"
+    if not _is_seconds(attempt.get("wall_s")):
+        return "no finite `wall_s`"
+    phases = attempt.get("phases_s")
+    if not isinstance(phases, dict) or not all(_is_seconds(v) for v in phases.values()):
+        return "`phases_s` is not an object of finite seconds"
+    beside = attempt.get("beside", [])
+    if not isinstance(beside, list) or not all(isinstance(name, str) for name in beside):
+        return "`beside` is not a list of phase names"
+    adapters = attempt.get("adapters")
+    if not isinstance(adapters, dict):
+        return "`adapters` is not an object"
+    for name, entry in adapters.items():
+        if not isinstance(entry, dict) or not all(_is_seconds(entry.get(k)) for k in ("seconds", "cases")):
+            return f"adapter {name!r} has no finite `seconds` and `cases`"
+    return None
 
 
 def rows(record: dict[str, Any]) -> list[dict[str, Any]]:

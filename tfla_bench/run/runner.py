@@ -119,6 +119,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from tfla_bench.adapters import registry
+from tfla_bench.adapters.mlstm import OwnKernelAdapter
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import RunFailed, UserError, interrupted_line
 from tfla_bench.measure import energy, envinfo
@@ -137,7 +138,7 @@ from tfla_bench.measure.worker import (
 )
 from tfla_bench.model import roofline
 from tfla_bench.model.hardware import Accelerator
-from tfla_bench.run import rundir
+from tfla_bench.run import phases, rundir
 from tfla_bench.run.console import case_label, make_console, progress_bar, row_line, timing_notes
 from tfla_bench.run.phases import PhaseClock
 from tfla_bench.run.precompile import (
@@ -234,11 +235,13 @@ def resolve_run_dir(spec_name: str, out: Path | None, resume: Path | None) -> tu
 def check_run_dir(run_dir: Path, spec: Spec, *, resume: bool, force: bool = False) -> str | None:
     """Refuse a run directory the sweep must not write into; the spec difference `force` accepted.
 
-    Call it holding the directory's lock, before anything is written. A new run refuses a directory
-    that holds rows. A resumed one refuses a spec that differs from its `spec.json` (unless
-    `force`), an `env.json` of a newer schema, and a `results.csv` that cannot be repaired.
+    Call it holding the directory's lock, before anything is written. Both refuse a `timings.json`
+    that is not a timing record. A new run refuses a directory that holds rows. A resumed one refuses
+    a spec that differs from its `spec.json` (unless `force`), an `env.json` of a newer schema, and a
+    `results.csv` that cannot be repaired.
     """
     csv_path = run_dir / rundir.RESULTS
+    phases.read(run_dir)  # the record the sweep's own will keep under `earlier`
     if not resume:
         if rundir.read_results(csv_path).rows:
             raise UserError(
@@ -425,10 +428,14 @@ def sweep_notes(cases: list[Case], *, cuda: bool) -> list[str]:
     lines = []
     if not cuda:
         cpu_names = [name for name in names if registry.get(name).cpu_capable]
-        lines.append(
-            "no CUDA device: only CPU-capable adapters run "
-            f"({', '.join(cpu_names) or 'none here'}); the others get status unavailable (needs CUDA)"
-        )
+        others = [name for name in names if name not in cpu_names]
+        line = f"no CUDA device: only CPU-capable adapters run ({', '.join(cpu_names) or 'none here'})"
+        if others:
+            line += "; the others get status unavailable (needs CUDA)"
+        interpretable = [name for name in others if isinstance(registry.get(name), OwnKernelAdapter)]
+        if interpretable:
+            line += f"; TRITON_INTERPRET=1 runs {', '.join(interpretable)} in Triton's CPU interpreter"
+        lines.append(line)
     return lines + [f"{line} (said in their rows' note)" for line in timing_notes(names)]
 
 
