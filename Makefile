@@ -164,7 +164,7 @@ cuda-wheels: $(addprefix cuda-wheel-,$(CUDA_WHEELS))
 
 cuda-wheel-%:
 	-PYTHONPATH=$(CURDIR) $(PYTHON) -m tfla_bench.cuda_wheels $* --wheelhouse $(WHEELHOUSE) \
-		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC))
+		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC)) $(if $(WITH_FA2),--with-fa2)
 
 # Every paper figure's sweep on a GPU after `make gpu`, one after the other into $(PAPER_DIR)/<spec>,
 # each compiling beside its measuring in all cores but two. Run again with the same PAPER_DIR after a
@@ -193,11 +193,12 @@ kernel-cache:
 # One command on a GPU machine: the suite into the node's own Python (its torch and triton), the
 # baselines, the CUDA wheels that are missing (built side by side), the kernel cache an earlier machine
 # packed (`make kernel-cache`), then `list` and `check`. Offline when $(WHEELHOUSE) holds wheels (`make
-# wheelhouse` elsewhere); FA3's source from FLASH_ATTN_SRC or a clone. A second run only checks.
+# wheelhouse` elsewhere); FA3's source from FLASH_ATTN_SRC or a clone; WITH_FA2=1 builds flash-attn 2
+# too. A second run only checks.
 gpu:
 ifneq ($(wildcard $(WHEELHOUSE)/*.whl),)
 	$(PYTHON) -m pip install -q --no-index --find-links $(WHEELHOUSE) --no-deps "setuptools>=77" wheel
 endif
 	$(QUIET_BUILD) $(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PYTHON) -m tfla_bench.gpu_setup $(if $(wildcard $(WHEELHOUSE)/*.whl),--wheelhouse $(WHEELHOUSE)) \
-		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC))
+		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC)) $(if $(WITH_FA2),--with-fa2)

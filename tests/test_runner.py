@@ -375,6 +375,22 @@ def test_decide_in_the_parent():
     assert all(p.flops > 0 and p.bytes > 0 for p in to_run)
 
 
+def test_the_note_without_cuda_names_what_runs_and_what_the_interpreter_would_run(monkeypatch):
+    def notes(kernels):
+        spec = tiny_spec(kernels, ["fw"])
+        return runner.sweep_notes(specs.expand(spec), cuda=False)[0]
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    line = notes(["sdpa_math", "sdpa_flash", "tfla_sig"])
+    assert line.startswith("no CUDA device: only CPU-capable adapters run (sdpa_math); the others get status")
+    assert line.endswith("; TRITON_INTERPRET=1 runs tfla_sig in Triton's CPU interpreter")
+    assert notes(["sdpa_math"]) == "no CUDA device: only CPU-capable adapters run (sdpa_math)"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert notes(["sdpa_math", "tfla_sig"]) == (
+        "no CUDA device: only CPU-capable adapters run (sdpa_math, tfla_sig)"
+    )
+
+
 def test_sharding_is_stable_and_spread():
     keys = [f"k{i}" for i in range(200)]
     first = [runner.shard_of(key, 4) for key in keys]
