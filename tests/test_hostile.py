@@ -135,6 +135,18 @@ def test_a_timings_file_that_is_no_timing_record_is_one_line_before_anything_is_
     assert f"warning:leftout{run_dir}:{run_dir / rundir.TIMINGS}isnotasweep's" in warned
 
 
+@pytest.mark.parametrize(
+    "text", ["[]", "5", "null", '{"foo": 1}', '{"kernels": [], "seq_lens": null}', '{"kernels": null}']
+)
+def test_a_selection_that_is_no_selection_record_never_widens_a_resume(run_dir, capsys, text):
+    _with_spec(run_dir)
+    (run_dir / rundir.SELECTION).write_text(text)
+    with pytest.raises(UserError, match="selection.json: expected"):
+        rundir.read_selection(run_dir)
+    assert main(["sweep", "--resume", str(run_dir), "--dry-run"]) == 2
+    assert "selection.json: expected" in capsys.readouterr().err
+
+
 def test_shape_integers_past_the_cap_are_refused_in_a_spec(tmp_path, capsys):
     spec = tmp_path / "big.toml"
     spec.write_text(

@@ -519,17 +519,21 @@ def read_selection(run_dir: Path) -> tuple[list[str] | None, list[int] | None]:
         return None, None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{path} is not readable JSON: {exc}") from None
-    kernels = record.get("kernels") if isinstance(record, dict) else []
-    seq_lens = record.get("seq_lens") if isinstance(record, dict) else []
-    valid_kernels = kernels is None or (
-        isinstance(kernels, list) and all(isinstance(k, str) for k in kernels)
-    )
-    valid_lengths = seq_lens is None or (
-        isinstance(seq_lens, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in seq_lens)
-    )
-    if not (valid_kernels and valid_lengths):
+    # `write_selection` writes both keys, and null rather than an empty list: anything else would
+    # read as no filter and widen a resume to every case of the spec
+    shaped = isinstance(record, dict) and set(record) == {"kernels", "seq_lens"}
+    if not (shaped and _list_or_null(record["kernels"], str) and _list_or_null(record["seq_lens"], int)):
         raise UserError(f'{path}: expected {{"kernels": [names] or null, "seq_lens": [ints] or null}}')
-    return kernels, seq_lens
+    return record["kernels"], record["seq_lens"]
+
+
+def _list_or_null(value: Any, kind: type) -> bool:
+    """Whether `value` is null or a non-empty list of `kind` (no bools for int)."""
+    return value is None or (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(item, kind) and not isinstance(item, bool) for item in value)
+    )
 
 
 def find_runs(paths: Iterable[Path]) -> list[Path]:
