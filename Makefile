@@ -164,7 +164,7 @@ cuda-wheels: $(addprefix cuda-wheel-,$(CUDA_WHEELS))
 
 cuda-wheel-%:
 	-PYTHONPATH=$(CURDIR) $(PYTHON) -m tfla_bench.cuda_wheels $* --wheelhouse $(WHEELHOUSE) \
-		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC)) $(if $(WITH_FA2),--with-fa2)
+		$(if $(FLASH_ATTN_SRC),--flash-attn-src $(FLASH_ATTN_SRC))
 
 # Every paper figure's sweep on a GPU after `make gpu`, one after the other into $(PAPER_DIR)/<spec>,
 # each compiling beside its measuring in all cores but two. Run again with the same PAPER_DIR after a
