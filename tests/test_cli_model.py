@@ -203,11 +203,12 @@ def test_roofline_custom_gpu_and_measured_run(capsys, monkeypatch, tmp_path):
         calls["figures"] = [a.name for a in accelerators]
         return [out_dir / "model.png"]
 
-    def fake_measured(run_dir, out_dir, accelerators, gpu):
-        calls["measured"] = (run_dir, out_dir, [a.name for a in accelerators], gpu)
+    def fake_measured(run, out_dir, accelerators):
+        calls["measured"] = (*run, out_dir, [a.name for a in accelerators])
         return [out_dir / "measured.png"]
 
     monkeypatch.setattr(catalog, "write_model_figures", fake_write)
+    monkeypatch.setattr(catalog, "measured_run", lambda run_dir, gpu: (run_dir, gpu))
     monkeypatch.setattr(catalog, "plot_measured_roofline", fake_measured)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -218,5 +219,5 @@ def test_roofline_custom_gpu_and_measured_run(capsys, monkeypatch, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     assert calls["figures"] == ["h100", "a100", "h200", "custom"]
-    assert calls["measured"] == (run_dir, tmp_path, ["h100", "a100", "h200", "custom"], "GPU X")
+    assert calls["measured"] == (run_dir, "GPU X", tmp_path, ["h100", "a100", "h200", "custom"])
     assert "measured.png" in out and "custom" in out

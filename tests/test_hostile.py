@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from synthetic_run import ADHOC_RUN, fig5_rows, write_run
+from synthetic_run import ADHOC_RUN, REPO, fig5_rows, write_run
 
 from tfla_bench.cli import paths
 from tfla_bench.cli.main import main
@@ -290,3 +290,146 @@ def test_status_of_no_run_directory_says_so_in_one_line(tmp_path, capsys):
     ):
         assert main(["status", str(path)]) == 2
         assert capsys.readouterr().err == f"error: {path}: {what}\n"
+
+
+def _first_png(folder: Path) -> Path:
+    return sorted(folder.glob("*.png"))[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "output"),
+    [
+        (["compare", "{run}"], lambda run, out: run / "compare.csv"),
+        (["plot", "{run}", "--published", "none"], lambda run, out: _first_png(run / "figures")),
+        (["report", "{run}", "--published", "none"], lambda run, out: run / "report.html"),
+        (["diff", "{run}", "{run}", "--csv", "{out}/diff.csv"], lambda run, out: out / "diff.csv"),
+        (["compare-gpus", "{a}", "{b}", "--out", "{out}"], lambda run, out: out / "compare-gpus.csv"),
+        (["compare-gpus", "{a}", "{b}", "--out", "{out}"], lambda run, out: out / "compare-gpus.png"),
+        (["roofline", "--measured", "{b}", "--out", "{out}"], lambda run, out: out / "roofline_fraction.csv"),
+        (["roofline", "--out", "{out}"], lambda run, out: out / "fig22_roofline.svg"),
+    ],
+)
+def test_an_output_made_read_only_is_one_line_and_stays_as_it_was(run_dir, tmp_path, capsys, args, output):
+    """A file made read-only (mode 444) is never replaced, by root either, whose access ignores the
+    mode: the command refuses it in one line, exit 2, and leaves its bytes and mode."""
+    chunks = REPO / "results" / "runs"
+    names = {
+        "run": run_dir,
+        "out": tmp_path / "out",
+        "a": chunks / "tfla_vs_peer_chunks-20261126-215953",
+        "b": chunks / "tfla_vs_peer_chunks-20261204-h200",
+    }
+    argv = [arg.format(**names) for arg in args]
+    assert main(argv) == 0, capsys.readouterr().err
+    target = output(run_dir, names["out"])
+    target.chmod(0o444)
+    before = target.read_bytes()
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{target}: is not writable (mode 444)" in err, err
+    assert target.read_bytes() == before and target.stat().st_mode & 0o777 == 0o444
+
+
+def test_the_atomic_writers_never_replace_a_read_only_file(tmp_path):
+    path = tmp_path / "kept.json"
+    path.write_text("{}\n")
+    path.chmod(0o444)
+    for write in (lambda: rundir.write_atomic(path, "[]\n"), lambda: rundir.save_atomic(path, Path.touch)):
+        with pytest.raises(PermissionError, match="not writable"):
+            write()
+    assert path.read_text() == "{}\n" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+
+
+def test_a_run_on_no_gpu_is_refused_by_roofline_measured(tmp_path, capsys):
+    run = write_run(tmp_path / "cpu-run", fig5_rows(seq_lens=(8192,)), gpu_name="")
+    out = tmp_path / "out"
+    assert main(["roofline", "--measured", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "names no GPU (gpu_name), so no roof bounds its rows" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compare", "{run}"],
+        ["plot", "{run}", "--published", "none", "--out", "{out}"],
+        ["report", "{run}", "--published", "none", "--out", "{out}/report.html"],
+        ["diff", "{run}", "{other}"],
+        ["diff", "{other}", "{run}"],
+        ["roofline", "--measured", "{run}", "--out", "{out}"],
+    ],
+)
+def test_two_different_rows_of_one_case_are_one_line_for_every_reader(run_dir, tmp_path, capsys, args):
+    """Which of two rows of one case holds is the user's call: no reader takes the last one silently."""
+    other = write_run(tmp_path / "other", [r for r in fig5_rows(seq_lens=(8192,)) if r["mode"] == "fw"])
+    csv_path = run_dir / rundir.RESULTS
+    lines = csv_path.read_text().splitlines(keepends=True)
+    changed = lines[1].replace(",ok,", ",crashed,", 1)
+    assert changed != lines[1]
+    csv_path.write_text("".join([*lines, changed]))
+    before = {path: path.read_bytes() for path in run_dir.iterdir()}
+    out = tmp_path / "out"
+    argv = [arg.format(run=run_dir, other=other, out=out) for arg in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"lines 2 and {len(lines) + 1} are two different rows of case" in err, err
+    assert {path: path.read_bytes() for path in run_dir.iterdir()} == before and not out.exists()
+
+
+def test_a_gpu_run_resumed_on_a_host_without_cuda_is_one_line_and_left_as_it_was(tmp_path, capsys):
+    """Here its cases could only be marked unavailable, and the rows the GPU decided without running
+    (fla's Hopper refusal) would be decided again: the resume is refused before anything is written."""
+    source = REPO / "results" / "runs" / "fig17_headdim-20261204-h200"
+    run_dir = tmp_path / source.name
+    run_dir.mkdir()
+    for path in source.iterdir():
+        if path.is_file():
+            (run_dir / path.name).write_bytes(path.read_bytes())
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    for extra in ([], ["--dry-run"]):
+        assert main(["sweep", "--resume", str(run_dir), *extra]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.count("\n") == 1 and "it was measured on NVIDIA H200, and this host has no CUDA device" in err
+        )
+        assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ('{"kernels": null, "seq_lens": [1]}', "1 is not a sequence length of spec"),
+        ('{"kernels": ["nosuch"], "seq_lens": null}', "kernel 'nosuch' is not in spec"),
+    ],
+)
+def test_a_selection_outside_the_spec_is_named_as_the_file_not_as_a_flag(run_dir, capsys, text, what):
+    _with_spec(run_dir)
+    (run_dir / rundir.SELECTION).write_text(text)
+    assert main(["sweep", "--resume", str(run_dir), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run_dir / rundir.SELECTION}: {what}" in err and "--seq-len:" not in err
+
+
+def test_a_spec_naming_no_published_data_set_is_refused_by_a_dry_run(tmp_path, capsys):
+    spec = Path("experiments/smoke.toml").read_text()
+    path = tmp_path / "smoke.toml"
+    path.write_text(f'published = "nosuch"\n{spec}')
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: key 'published': unknown published data set 'nosuch'" in err
+
+
+def test_a_results_file_without_median_ms_is_a_header_error(run_dir, capsys):
+    csv_path = run_dir / rundir.RESULTS
+    lines = csv_path.read_text().splitlines()
+    column = lines[0].split(",").index("median_ms")
+    csv_path.write_text(
+        "".join(",".join(c for i, c in enumerate(line.split(",")) if i != column) + "\n" for line in lines)
+    )
+    before = csv_path.read_bytes()
+    assert main(["compare", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a results header of schema" in err and "lacks median_ms" in err
+    assert csv_path.read_bytes() == before

@@ -229,6 +229,16 @@ def test_bad_input_is_one_line_and_exit_2(run_dir, capsys, args, words):
     assert not (run_dir / rundir.PROFILE).exists()
 
 
+def test_an_ncu_path_that_is_no_program_is_one_line_and_exit_2(run_dir, tmp_path, capsys):
+    text = tmp_path / "ncu"
+    text.write_text("not a program\n")
+    text.chmod(0o644)
+    assert main(["profile", str(run_dir), "--ncu-path", str(text)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--ncu-path {text}: not executable (mode 644)" in err
+    assert not (run_dir / rundir.PROFILE).exists()
+
+
 def test_not_a_run_directory(tmp_path, capsys):
     assert main(["profile", str(tmp_path)]) == 2
     assert "not a run directory" in capsys.readouterr().err

@@ -132,7 +132,7 @@ def test_garbage_before_the_last_line_cannot_be_repaired(tmp_path):
         ("kernel,mode,status\n", "lacks dtype"),
         (
             "kernel,mode,dtype,batch,seq_len,num_heads,head_dim_qk,"
-            "head_dim_v,chunk_size,family,status,speed\n",
+            "head_dim_v,chunk_size,family,status,median_ms,speed\n",
             r"unknown column\(s\) speed",
         ),
     ],

@@ -20,7 +20,7 @@ from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
 from tfla_bench.errors import UserError
 from tfla_bench.kernels import config as kernel_config
-from tfla_bench.measure import gpustate, timing, worker
+from tfla_bench.measure import gpustate, settings, timing, worker
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.settings import MeasureSettings
 from tfla_bench.measure.worker import measure_case
@@ -170,6 +170,24 @@ def test_resume_reruns_nothing_finished(sweep, tmp_path):
     assert third.dispatched == 1 and third.worker_starts == 1
     assert {r.case.kernel for r in third.rows if r.status == "ok"} == {"sdpa_math", "test_counting"}
     assert len(third.rows) == len(cases)
+
+
+def test_a_resume_with_the_runs_own_spec_leaves_its_spec_json_as_it_was(sweep, tmp_path):
+    """spec.json of an older version, which named no `energy_method`, gains no setting on a resume,
+    and the spec its first attempt recorded stays the one it recorded."""
+    _, cases, report = sweep
+    run_dir = copy_run(report.run_dir, tmp_path / "copy")
+    recorded = json.loads((run_dir / "spec.json").read_text())
+    assert recorded.pop("energy_method") == settings.BEFORE_RECORDED["energy_method"]
+    (run_dir / "spec.json").write_text(json.dumps(recorded))
+    before = (run_dir / "spec.json").read_bytes()
+    first = json.loads((run_dir / "env.json").read_text())["spec_record"]
+    spec = runner.load_run_spec(run_dir)
+    assert runner.check_run_dir(run_dir, spec, resume=True, cuda=False) is None
+    runner.run_sweep(spec, cases, run_dir, resume=True, devices=["cpu"])
+    assert (run_dir / "spec.json").read_bytes() == before
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["spec_record"] == first and len(env["resumed"]) == 1
 
 
 def test_resume_keeps_every_finished_line_byte_for_byte_in_spec_order(sweep, tmp_path):

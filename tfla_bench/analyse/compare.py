@@ -110,8 +110,8 @@ def load_run(run_dir: Path | str, gpu: str | None = None, flag: str = "--gpu") -
 
     Raises:
         UserError: the directory, `results.csv` or `env.json` is missing, the CSV has no readable
-            rows or a header that is not a results header, env.json is not JSON, or the run mixes
-            GPUs and `gpu` picks none of them.
+            rows or a header that is not a results header, it holds two different rows of one case,
+            env.json is not JSON, or the run mixes GPUs and `gpu` picks none of them.
     """
     run_dir = Path(run_dir)
     results_path = rundir.require_results(run_dir)
@@ -126,7 +126,7 @@ def load_run(run_dir: Path | str, gpu: str | None = None, flag: str = "--gpu") -
     skipped = read.warning()
     for line in ([skipped] if skipped else []) + rundir.record_warnings(run_dir):
         print(f"warning: {line}", file=sys.stderr)
-    rows = list({row.case.key: row for row in read.rows}.values())
+    rows = read.one_per_case()
     rows, env = rundir.on_one_gpu(rows, env, gpu, where=run_dir, flag=flag)
     results = pd.DataFrame.from_records([row.values() for row in rows])
     results["chunk_size"] = pd.to_numeric(results["chunk_size"], errors="coerce").astype("Int64")

@@ -225,11 +225,12 @@ def side_roof(env: dict[str, Any], gpu_name: str, roofs: str, where: Path) -> tu
 def load_side(
     run_dir: Path, gpu: str | None, flag: str, roofs: str
 ) -> tuple[GpuSide, dict[str, ResultRow], dict[str, Any]]:
-    """A run's GPU and roofs, its rows by case key (the last row of a case) and its env.json, as the
-    view of one GPU (`rundir.on_one_gpu`: `gpu`, picked by `flag`, or the run's only one).
+    """A run's GPU and roofs, its rows by case key and its env.json, as the view of one GPU
+    (`rundir.on_one_gpu`: `gpu`, picked by `flag`, or the run's only one).
 
     Raises:
-        UserError: not a run directory, a run that names no GPU, or the roofs `side_roof` refuses.
+        UserError: not a run directory, two different rows of one case, a run that names no GPU, or
+            the roofs `side_roof` refuses.
     """
     run_dir = Path(run_dir)
     path = rundir.require_results(run_dir)
@@ -238,7 +239,9 @@ def load_side(
     read = rundir.read_results(path)
     if read.skipped:
         print(f"warning: {read.warning()}", file=sys.stderr)
-    rows, env = rundir.on_one_gpu(read.rows, rundir.read_env(run_dir), gpu, where=run_dir, flag=flag)
+    rows, env = rundir.on_one_gpu(
+        read.one_per_case(), rundir.read_env(run_dir), gpu, where=run_dir, flag=flag
+    )
     gpu_name = env.get("gpu_name")
     if not gpu_name:
         raise UserError(f"{run_dir}: its env.json names no GPU (gpu_name); a run on a CPU has no roofline")

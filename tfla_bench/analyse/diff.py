@@ -185,7 +185,7 @@ def load(run_dir: Path, gpu: str | None = None) -> tuple[list[ResultRow], dict[s
         print(f"warning: {line}", file=sys.stderr)
     # As `compare`, `plot` and `report` do, a newer schema or an unreadable env.json is refused.
     env = rundir.read_env(run_dir)
-    return rundir.on_one_gpu(read.rows, env, gpu, where=run_dir)
+    return rundir.on_one_gpu(read.one_per_case(), env, gpu, where=run_dir)
 
 
 def noise(row: ResultRow) -> float:

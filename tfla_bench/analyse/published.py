@@ -211,13 +211,23 @@ def load_published(name: str) -> pd.DataFrame:
     Raises:
         UserError: unknown name (the message lists the known ones) or a CSV with missing columns.
     """
+    figure, path = resolve(name)
+    df = _read_csv(path)
+    return df[df["figure"] == figure].reset_index(drop=True)
+
+
+def resolve(name: str) -> tuple[str, Path]:
+    """The `figure` value that `name` (a `figure` value or the stem of its CSV) stands for, and its CSV.
+
+    Raises:
+        UserError: unknown name (the message lists the known ones), or no published CSV at all.
+    """
     sets = list_published()
     if name in sets:
-        df = _read_csv(sets[name])
-        return df[df["figure"] == name].reset_index(drop=True)
+        return name, sets[name]
     by_stem = {path.stem: figure for figure, path in sets.items()}
     if name in by_stem:
-        return load_published(by_stem[name])
+        return by_stem[name], sets[by_stem[name]]
     known = ", ".join(sorted(sets))
     raise UserError(f"unknown published data set {name!r}; known: {known}")
 

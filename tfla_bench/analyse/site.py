@@ -135,7 +135,7 @@ def read_runs(run_dirs: list[Path], warn: Callable[[str], None]) -> tuple[list[S
             phases.read(run_dir)  # its report's section on where the time went
             if not read.rows:
                 raise UserError(f"{run_dir / rundir.RESULTS} has no readable result rows")
-            rows = list({row.case.key: row for row in read.rows}.values())
+            rows = read.one_per_case()
             gpus = list(rundir.gpu_counts(rows, env)) or [None]
             views = [(gpu if len(gpus) > 1 else None, *rundir.on_one_gpu(rows, env, gpu, where=run_dir))
                      for gpu in gpus]  # fmt: skip

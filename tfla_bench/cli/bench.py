@@ -544,9 +544,12 @@ def _execute(
     jobs as `scheduler` says, and print the summary."""
     clock = phases.PhaseClock()
     spec = _with_measurement_flags(spec, flags)
+    _check_published(spec)
+    selection = None
     if resume is not None and not only and not seq_lens:
+        selection = resume / rundir.SELECTION
         only, seq_lens = rundir.read_selection(resume)  # the cases the run set out to measure
-    cases = _selected_cases(spec, only, seq_lens)
+    cases = _selected_cases(spec, only, seq_lens, selection)
     options = cluster.resolve(scheduler or ClusterFlags(), jobs.read(resume) if resume is not None else None)
     if options is not None:
         for flag, given in (("--gpus", flags.gpus), ("--check", flags.check), ("--ncu", flags.ncu)):
@@ -568,7 +571,7 @@ def _execute(
     if flags.dry_run:
         target = resume or out
         if target is not None and target.is_dir():
-            runner.check_run_dir(target, spec, resume=resume is not None, force=force)  # it only reads
+            runner.check_run_dir(target, spec, resume=resume is not None, force=force, cuda=_cuda(devices))
         import torch
 
         stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
@@ -577,7 +580,7 @@ def _execute(
         return
     run_dir, resuming = runner.resolve_run_dir(spec.name, out, resume)
     with rundir.RunLock(run_dir, warn=lambda line: print(line, file=sys.stderr)):
-        forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force)
+        forced = runner.check_run_dir(run_dir, spec, resume=resuming, force=force, cuda=_cuda(devices))
         if resuming:
             cluster.settle(run_dir)
         else:
@@ -617,15 +620,49 @@ def _with_measurement_flags(spec: Spec, flags: _Flags) -> Spec:
     return spec.with_measurement(**given)
 
 
-def _selected_cases(spec: Spec, only: list[str] | None, seq_lens: list[int] | None) -> list[Case]:
-    """The spec's cases of the kernels `only` and the lengths `seq_lens` (None: all of them)."""
+def _check_published(spec: Spec) -> None:
+    """A spec's `published` names a data set `compare` can find, before minutes of measuring."""
+    if spec.published is None:
+        return
+    # pandas reads the data sets' names: loaded for a spec that names one.
+    from tfla_bench.analyse import published
+
+    try:
+        published.resolve(spec.published)
+    except UserError as exc:
+        raise UserError(f"{spec.source}: key 'published': {exc}") from None
+
+
+def _cuda(devices: list[str]) -> bool | None:
+    """Whether the sweep measures on CUDA here; None when it runs in jobs (`devices` empty), whose
+    nodes decide."""
+    return devices[0] != "cpu" if devices else None
+
+
+def _selected_cases(
+    spec: Spec, only: list[str] | None, seq_lens: list[int] | None, selection: Path | None = None
+) -> list[Case]:
+    """The spec's cases of the kernels `only` and the lengths `seq_lens` (None: all of them), given by
+    `-k` and `--seq-len`, or read from a resumed run's `selection`, which a refusal then names."""
+
+    def refuse(what: str, flag: str) -> UserError:
+        if selection is None:
+            return UserError(f"{flag}: {what}")
+        return UserError(
+            f"{selection}: {what}; it records the cases the run set out to measure: correct it, or pick "
+            "them with -k and --seq-len"
+        )
+
+    foreign = [name for name in only or () if name not in spec.kernels]
+    if foreign and selection is not None:
+        raise refuse(f"kernel {foreign[0]!r} is not in spec {spec.name!r} ({', '.join(spec.kernels)})", "-k")
     cases = specs.expand(spec, only or None)
     if not seq_lens:
         return cases
     missing = sorted(set(seq_lens) - {case.seq_len for case in cases})
     if missing:
         known = ", ".join(str(length) for length in sorted({case.seq_len for case in cases}))
-        raise UserError(f"--seq-len: {missing[0]} is not a sequence length of spec {spec.name!r} ({known})")
+        raise refuse(f"{missing[0]} is not a sequence length of spec {spec.name!r} ({known})", "--seq-len")
     return [case for case in cases if case.seq_len in seq_lens]
 
 

@@ -97,6 +97,7 @@ def _write(comparison: GpuComparison, out: Path) -> list[Path]:
 
     figure = speedup_figure(comparison)
     paths = [out / CSV_NAME, *([out / FIGURE_NAME] if figure is not None else [])]
+    rundir.refuse_not_writable(paths, "--out")
     with writes(f"the comparison in {out}", folder=out):
         out.mkdir(parents=True, exist_ok=True)
         rundir.write_atomic(paths[0], comparison.rows.to_csv(index=False))

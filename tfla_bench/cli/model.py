@@ -438,9 +438,10 @@ def roofline(
     # matplotlib takes a second to import; only the figures need it.
     from tfla_bench.plots import catalog
 
+    run = catalog.measured_run(measured, measured_gpu) if measured is not None else None
     written = catalog.write_model_figures(out, accelerators)
-    if measured is not None:
-        written += catalog.plot_measured_roofline(measured, out, accelerators, measured_gpu)
+    if run is not None:
+        written += catalog.plot_measured_roofline(run, out, accelerators)
     console = make_console()
     console.print(_summary_table(accelerators))
     # Plain print: rich would wrap long paths, and a path should be copyable as one line.

@@ -6,7 +6,8 @@ directory) goes through `output_file` or `output_dir` first, so a path that cann
 `UserError` line (exit 2) before minutes of measuring or plotting, not a traceback after them: an
 empty path, a name too long for the file system, a new name holding a control character, a symlink
 that leads nowhere (a loop or a missing target), a file where a folder is needed or the reverse, a
-file or folder a run directory keeps of itself (`rundir.own_part`), a folder that cannot be written,
+file or folder a run directory keeps of itself (`rundir.own_part`), a file without its owner's write
+bit (`rundir.refuse_not_writable`: root's access would ignore it), a folder that cannot be written,
 or a file system with less than `MIN_FREE_BYTES` free. A check writes nothing: missing folders are created by
 the writer, and a path passes when they can be.
 
@@ -63,11 +64,7 @@ def output_file(path: Path, flag: str, keep: Iterable[Path] = ()) -> Path:
         if any(_same_file(path, kept) for kept in keep):
             raise UserError(f"{flag} {path}: would replace an input of this command; give another file")
         _check_not_a_runs_own(path, flag)
-        if path.exists():
-            try:
-                path.open("a").close()
-            except OSError as exc:
-                raise UserError(f"{flag} {path}: cannot write ({exc.strerror})") from None
+        rundir.refuse_not_writable([path], flag)
         _check_folder(path.parent, flag, path)
     return path
 

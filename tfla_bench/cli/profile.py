@@ -55,7 +55,7 @@ def profile(
     read = rundir.read_results(run_dir / rundir.RESULTS)
     if read.skipped:
         print(f"warning: {read.warning()}", file=sys.stderr)
-    rows = read.rows
+    rows = read.one_per_case()
     seq_lens = _int_list("--seq-len", seq_len) if seq_len is not None else []
     modes = _names([mode] if mode else [])
     if bad := [m for m in modes if m not in ("fw", "fwbw")]:

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 import shutil
+import stat
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,6 +108,9 @@ def locate(ncu_path: Path | None) -> Path | None:
     if ncu_path is not None:
         if not ncu_path.is_file():
             raise UserError(f"--ncu-path {ncu_path}: no such file")
+        if not os.access(ncu_path, os.X_OK):
+            mode = stat.S_IMODE(ncu_path.stat().st_mode)
+            raise UserError(f"--ncu-path {ncu_path}: not executable (mode {mode:o}); give the ncu program")
         return ncu_path
     found = shutil.which("ncu")
     return Path(found) if found else None

@@ -176,7 +176,7 @@ METRIC_COLUMNS = tuple(spec.name for spec in fields(ResultRow) if spec.name != "
 # scale by them); `ci_rel` may be inf (fewer than six timed calls), the other times of a row that did
 # not run are empty.
 FINITE_COLUMNS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "flops", "bytes", "peak_memory_bytes")
-REQUIRED_COLUMNS = (*CASE_COLUMNS, "family", "status")
+REQUIRED_COLUMNS = (*CASE_COLUMNS, "family", "status", "median_ms")
 # An integer cell lies in [-INT64, INT64): the tables read it as a signed 64-bit integer.
 INT64 = 2**63
 

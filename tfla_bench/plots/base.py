@@ -327,17 +327,24 @@ def draw(drawing: Drawing, quick: bool = False) -> Figure | None:
 def save(
     drawn: Sequence[tuple[Plot, Figure]], out_dir: Path, *, svg: bool = False, dpi: int = DPI
 ) -> list[Path]:
-    """Save each figure as `<out_dir>/<name>.png` (and `.svg`, reproducibly: no date, fixed ids)."""
+    """Save each figure as `<out_dir>/<name>.png` (and `.svg`, reproducibly: no date, fixed ids).
+
+    Raises:
+        UserError: one of the files is there and not writable (`rundir.refuse_not_writable`);
+            none of them is written then.
+    """
+    formats = [(".png", None)] + ([(".svg", {"Date": None})] if svg else [])
+    files = [
+        (out_dir / f"{plot.name}{suffix}", fig, metadata)
+        for plot, fig in drawn
+        for suffix, metadata in formats
+    ]
+    rundir.refuse_not_writable([path for path, _, _ in files], "figure")
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
     with matplotlib.rc_context({"svg.hashsalt": "tfla-bench"}):
-        for plot, fig in drawn:
-            formats = [(".png", None)] + ([(".svg", {"Date": None})] if svg else [])
-            for suffix, metadata in formats:
-                path = out_dir / f"{plot.name}{suffix}"
-                rundir.save_atomic(path, lambda tmp, f=fig, m=metadata: f.savefig(tmp, dpi=dpi, metadata=m))
-                written.append(path)
-    return written
+        for path, fig, metadata in files:
+            rundir.save_atomic(path, lambda tmp, f=fig, m=metadata: f.savefig(tmp, dpi=dpi, metadata=m))
+    return [path for path, _, _ in files]
 
 
 def drop_minor_ticks(fig: Figure) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tfla_bench.analyse.compare import Comparison, Run, compare_run, load_run, resolve_published_name
+from tfla_bench.errors import UserError
 from tfla_bench.measure.roofs import from_env
 from tfla_bench.model.hardware import Accelerator
 from tfla_bench.plots.base import HBM, L2, MEASURED, FigureContext, Plot, Roof, is_cpu_run, render, save
@@ -87,27 +88,39 @@ def write_model_figures(out_dir: Path, accelerators: Sequence[Accelerator]) -> l
     return save(render(plots(context, ["model"]), context), out_dir, svg=True, dpi=MODEL_DPI)
 
 
-def plot_measured_roofline(
-    run_dir: Path, out_dir: Path, accelerators: Sequence[Accelerator], gpu: str | None = None
-) -> list[Path]:
+def measured_run(run_dir: Path, gpu: str | None = None) -> Run:
+    """The run `roofline --measured` places on the roofline (`gpu`: the rows of that GPU, for a run
+    that mixes GPUs).
+
+    Raises:
+        UserError: what `load_run` refuses, or a run measured on no GPU, which no roof bounds.
+    """
+    run = load_run(run_dir, gpu, flag="--measured-gpu")
+    if is_cpu_run(run):
+        raise UserError(
+            f"--measured {run_dir}: its env.json names no GPU (gpu_name), so no roof bounds its rows; "
+            "give a run measured on a GPU"
+        )
+    return run
+
+
+def plot_measured_roofline(run: Run, out_dir: Path, accelerators: Sequence[Accelerator]) -> list[Path]:
     """Write the measured group of a run as PNG, and every ok row's fraction of its bound as CSV.
 
     Args:
-        run_dir: a run directory (results.csv and env.json).
+        run: a run measured on a GPU (`measured_run`).
         out_dir: where to write the PNGs and `roofline_fraction.csv`.
         accelerators: the roofs to draw (e.g. H100 and H200); the fraction of the bound is taken
-            on the run's own GPU, or on the first of these if the model does not know it. A CPU
-            run is drawn against none.
-        gpu: place the rows of this GPU, for a run that mixes GPUs (`roofline --measured-gpu`).
+            on the run's own GPU, or on the first of these if the model does not know it.
 
     Returns:
         The written files.
     """
     if not accelerators:
         raise ValueError("plot_measured_roofline needs at least one accelerator")
-    run = load_run(run_dir, gpu, flag="--measured-gpu")
     context = run_context(run, None, accelerators)
-    paths = save(render(plots(context, ["measured"]), context), out_dir)
     csv_path = out_dir / rundir.ROOFLINE_FRACTION
+    rundir.refuse_not_writable([csv_path], "--out")
+    paths = save(render(plots(context, ["measured"]), context), out_dir)
     rundir.write_atomic(csv_path, roofline_fractions(run, context.accelerators).to_csv(index=False))
     return [*paths, csv_path]

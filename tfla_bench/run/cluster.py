@@ -495,7 +495,7 @@ def submit(
         todo, kept, columns = cases, [], row_schema.columns_for(cases)
     try:
         rundir.rewrite_results(csv_path, kept, columns)
-        rundir.write_spec(run_dir, spec.to_dict())
+        runner.record_spec(run_dir, spec, resume=resume, forced=forced)
     except OSError as exc:
         raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
     if kept:

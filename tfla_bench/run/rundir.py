@@ -36,7 +36,9 @@ line (the last line when it lacks its newline or does not parse; `--resume` warn
 case again) and refuses a bad line before the last one, two different rows of one case (which of
 them holds is the user's call) and a file without write permission (a resume would replace it);
 `read_results` refuses a wrong header. All leave the file as it was. Every other file of the
-directory is written to a temporary file beside it, fsynced and renamed (`write_atomic`).
+directory is written to a temporary file beside it, fsynced and renamed (`write_atomic`); a file
+without its owner's write bit is never replaced, by root either (`refuse_not_writable` says so before
+a command's work).
 A rewrite of `results.csv` (`rewrite_results`, `order_results`) writes every row the file already
 held as it was, byte for byte (a NaN cell stays `nan`, `1.50` stays `1.50`), and a finished sweep
 lists its rows in its spec's order.
@@ -227,20 +229,28 @@ class RowsRead:
                 f"{self.path} cannot be repaired: line {first.line}: {first.reason} "
                 f"({len(broken)} bad line(s) before the last); the file is left as it is"
             )
-        if self.path.exists() and not _writable(self.path):
+        if self.path.exists() and not writable(self.path):
             mode = stat.S_IMODE(self.path.stat().st_mode)
             raise UserError(
                 f"{self.path} is read-only (mode {mode:o}); a resume rewrites it: make it writable "
                 f"(chmod u+w) to resume, or copy the run; the file is left as it is"
             )
+        return self.one_per_case()
+
+    def one_per_case(self) -> list[ResultRow]:
+        """The rows, one per case, in file order: a row repeated word for word is kept once.
+
+        Raises:
+            UserError: two different rows of one case; which of them holds is the user's call.
+        """
         kept: dict[str, tuple[int, ResultRow]] = {}
         for line, row in zip(self.lines, self.rows, strict=True):
             first = kept.setdefault(row.case.key, (line, row))
             if first[1].to_csv() != row.to_csv():
                 raise UserError(
                     f"{self.path}: lines {first[0]} and {line} are two different rows of case "
-                    f"{row.case.key} ({first[1].status} and {row.status}); delete the one that is wrong "
-                    "and resume again; the file is left as it is"
+                    f"{row.case.key} ({first[1].status} and {row.status}); delete the one that is wrong; "
+                    "the file is left as it is"
                 )
         return [row for _, row in kept.values()]
 
@@ -292,10 +302,33 @@ def read_results(path: Path) -> RowsRead:
     return read
 
 
-def _writable(path: Path) -> bool:
+def writable(path: Path) -> bool:
     """Whether `path` may be written: its owner's write bit (which root's own access ignores, so
     a file made read-only on purpose stays so for root too) and the process's access."""
     return bool(path.stat().st_mode & stat.S_IWUSR) and os.access(path, os.W_OK)
+
+
+def refuse_not_writable(paths: Iterable[Path], what: str) -> None:
+    """Refuse to replace a file among `paths` that is not `writable`; called before the writing begins.
+
+    Raises:
+        UserError: naming the first such file, as `what` (`--out`, `figure`) and its mode.
+    """
+    for path in paths:
+        if path.is_file() and not writable(path):
+            mode = stat.S_IMODE(path.stat().st_mode)
+            raise UserError(
+                f"{what} {path}: is not writable (mode {mode:o}); make it writable (chmod u+w) or write "
+                "elsewhere; it is left as it is"
+            )
+
+
+def _replaceable(path: Path) -> None:
+    """The last guard of the atomic writers: a rename would replace a file that is not `writable`
+    (the checks before the work, `refuse_not_writable`, say so as a `UserError`); here it is a failed
+    write, as the callers report one."""
+    if path.is_file() and not writable(path):
+        raise PermissionError(errno.EACCES, "not writable; left as it is", str(path))
 
 
 def _records(text: str) -> Iterator[tuple[list[str], int]]:
@@ -349,6 +382,7 @@ def _check_header(path: Path, header: list[str]) -> None:
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write `path` whole or not at all: a temporary file beside it, fsynced, then renamed over it."""
     payload = data.encode() if isinstance(data, str) else data
+    _replaceable(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -366,6 +400,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 def save_atomic(path: Path, save: Callable[[Path], None]) -> None:
     """Let `save` write a temporary file beside `path` (e.g. `fig.savefig`), then rename it over `path`."""
+    _replaceable(path)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
     try:
         save(tmp)

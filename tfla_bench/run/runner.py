@@ -91,8 +91,9 @@ Robustness
   again and may change after an install or a fix, so their rows are replaced) and `interrupted`. A case that
   crashed, hung, ran out of memory or raised keeps its row unless `--retry` names its status;
   then it runs again and its new row replaces the old one. A spec that differs from the run's
-  own `spec.json` is refused unless forced (`check_run_dir`); a torn last row is dropped with a
-  warning and its case runs again.
+  own `spec.json` is refused unless forced (`check_run_dir`), and so is a run measured on a GPU
+  resumed on a host without CUDA; a torn last row is dropped with a warning and its case runs again.
+  With the run's own spec, `spec.json` stays as it was (`record_spec`).
 - A write that fails (a full disk, a read-only directory) before the first row is a `UserError`
   (exit 2); after it, a `RunFailed` (exit 1). Either way every row written before stays.
 """
@@ -232,13 +233,17 @@ def resolve_run_dir(spec_name: str, out: Path | None, resume: Path | None) -> tu
     raise AssertionError("unreachable")
 
 
-def check_run_dir(run_dir: Path, spec: Spec, *, resume: bool, force: bool = False) -> str | None:
+def check_run_dir(
+    run_dir: Path, spec: Spec, *, resume: bool, force: bool = False, cuda: bool | None = None
+) -> str | None:
     """Refuse a run directory the sweep must not write into; the spec difference `force` accepted.
 
     Call it holding the directory's lock, before anything is written. Both refuse a `timings.json`
     that is not a timing record. A new run refuses a directory that holds rows. A resumed one refuses
-    a spec that differs from its `spec.json` (unless `force`), an `env.json` of a newer schema, and a
-    `results.csv` that cannot be repaired.
+    a spec that differs from its `spec.json` (unless `force`), an `env.json` of a newer schema, a
+    `results.csv` that cannot be repaired, and, where `cuda` is False (the sweep would run here, on
+    no GPU), a run measured on a GPU: here its cases could only be marked unavailable, and the rows
+    decided there without running (`unsupported` on that GPU) would be decided again.
     """
     csv_path = run_dir / rundir.RESULTS
     phases.read(run_dir)  # the record the sweep's own will keep under `earlier`
@@ -263,7 +268,14 @@ def check_run_dir(run_dir: Path, spec: Spec, *, resume: bool, force: bool = Fals
             f"--resume {run_dir}: the spec differs from the run's own at {difference} "
             "(--force mixes them deliberately)"
         )
-    rundir.read_results(csv_path).for_resume()
+    kept = rundir.read_results(csv_path).for_resume()
+    gpus = rundir.gpu_counts(kept, rundir.read_env(run_dir)) if cuda is False else {}
+    if gpus:
+        raise UserError(
+            f"--resume {run_dir}: it was measured on {', '.join(gpus)}, and this host has no CUDA device, "
+            "where its cases could only be marked unavailable (needs CUDA): resume it on a host with a "
+            "GPU; the run is left as it is"
+        )
     return "; ".join(filter(None, [edited and f"{rundir.SPEC} edited at {edited}", difference])) or None
 
 
@@ -499,7 +511,7 @@ def run_sweep(
     columns = row_schema.columns_for(cases)
     if resume:
         cases, kept, columns = resume_plan(cases, csv_path, retry, console)
-    writer = _start_results(run_dir, spec, kept, columns)
+    writer = _start_results(run_dir, spec, kept, columns, resume=resume, forced=forced)
     for line in sweep_notes(cases, cuda=cuda):
         console.print(f"[bold]note:[/] {line}")
     decided, to_run, roofs_child = _plan_beside_roofs(cases, devices[0], roofs, failed_check, clock)
@@ -550,14 +562,23 @@ def _plan_beside_roofs(
     return decided, to_run, roofs_child
 
 
-def _start_results(run_dir: Path, spec: Spec, kept: list[ResultRow], columns: list[str]) -> rundir.RowWriter:
+def record_spec(run_dir: Path, spec: Spec, *, resume: bool, forced: str | None) -> None:
+    """Write the run's `spec.json`, but for a resume that measures with the run's own spec: that file
+    stays as it is, byte for byte (a spec of an older version gains no setting it did not name)."""
+    if not resume or forced:
+        rundir.write_spec(run_dir, spec.to_dict())
+
+
+def _start_results(
+    run_dir: Path, spec: Spec, kept: list[ResultRow], columns: list[str], *, resume: bool, forced: str | None
+) -> rundir.RowWriter:
     """`results.csv` with the kept rows (a fresh run starts a fresh file: an earlier attempt may have
-    left a header and no rows) and `spec.json`; the writer of the rows to come."""
+    left a header and no rows) and `spec.json` (`record_spec`); the writer of the rows to come."""
     csv_path = run_dir / rundir.RESULTS
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.rewrite_results(csv_path, kept, columns)
-        rundir.write_spec(run_dir, spec.to_dict())
+        record_spec(run_dir, spec, resume=resume, forced=forced)
         return rundir.RowWriter(csv_path, columns)
     except OSError as exc:
         raise UserError(f"cannot write to {run_dir}: {exc.strerror}") from None
