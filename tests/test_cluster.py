@@ -432,6 +432,10 @@ def test_a_refused_submission_shows_sbatchs_message(tmp_path, capsys, slurm):
         (["--executor", "slurm", "--slurm-arg", "qos="], "--slurm-arg: expected KEY=VALUE"),
         (["--executor", "slurm", "--slurm-arg", "noequals"], "--slurm-arg noequals: expected KEY=VALUE"),
         (["--executor", "slurm", "--slurm-arg", "qos", "--dry-run"], "--slurm-arg qos: expected KEY=VALUE"),
+        (
+            ["--executor", "slurm", "--slurm-arg", "mem=1\n#SBATCH --x=y", "--dry-run"],
+            "holds a control character",
+        ),
     ],
 )
 def test_bad_cluster_flags_are_one_line_and_exit_2(tmp_path, capsys, slurm, flags, expected):

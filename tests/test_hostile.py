@@ -178,6 +178,11 @@ def test_nan_never_reaches_spec_json(tmp_path, capsys):
         ("median_ms", "inf", "median_ms: not a finite number of 0 or more: 'inf'"),
         ("flops", "inf", "flops: not a finite number of 0 or more: 'inf'"),
         ("chunk_size", "99999999999999999999", "chunk_size: not a 64-bit integer: '99999999999999999999'"),
+        ("chunk_size", "-5", "chunk_size: expected a size from 1, got '-5'"),
+        ("seq_len", "-1", "seq_len: expected a size from 1, got '-1'"),
+        ("mode", "xx", "mode: expected one of fw, fwbw, got 'xx'"),
+        ("dtype", "int3", "dtype: expected one of bfloat16, float16, float32, got 'int3'"),
+        ("kernel", "", "kernel: expected a name, got ''"),
     ],
 )
 def test_a_value_no_table_can_hold_is_a_bad_line_for_every_reader(run_dir, capsys, column, value, why):
@@ -433,3 +438,111 @@ def test_a_results_file_without_median_ms_is_a_header_error(run_dir, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a results header of schema" in err and "lacks median_ms" in err
     assert csv_path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["diff", "{run}", "{other}", "--json", "{out}/x.json", "--csv", "{out}/x.json"],
+        ["diff", "{run}", "{other}", "--json", "{out}/x.png", "--plot", "{out}/./x.png"],
+        ["compare", "{run}", "--json", "{out}/x", "--csv", "{out}/x"],
+    ],
+)
+def test_two_outputs_of_one_command_naming_one_file_are_one_line(run_dir, tmp_path, capsys, args):
+    other = write_run(tmp_path / "other", [r for r in fig5_rows(seq_lens=(8192,)) if r["mode"] == "fw"])
+    out = tmp_path / "out"
+    assert main([arg.format(run=run_dir, other=other, out=out) for arg in args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ": the same file as --json; give each output a file" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "expected"),
+    [
+        ("runtime_ms", "abc", "empty or a finite number above 0"),
+        ("runtime_ms", "-1", "empty or a finite number above 0"),
+        ("runtime_ms", "inf", "empty or a finite number above 0"),
+        ("peak_memory_bytes", "-5", "empty or a finite number from 0"),
+        ("seq_len", "1024.5", "a whole number from 1"),
+        ("seq_len", "", "a whole number from 1"),
+        ("chunk_size", "0", "empty or a whole number from 1"),
+    ],
+)
+def test_a_published_number_that_is_none_is_one_line_naming_its_line(
+    run_dir, tmp_path, monkeypatch, capsys, column, value, expected
+):
+    folder = tmp_path / "published"
+    folder.mkdir()
+    for source in (REPO / "results" / "published").glob("*.csv"):
+        (folder / source.name).write_bytes(source.read_bytes())
+    path = folder / "tfla_fig5_consttoken.csv"
+    lines = path.read_text().split("\n")
+    cells = lines[4].split(",")
+    cells[lines[0].split(",").index(column)] = value
+    lines[4] = ",".join(cells)
+    path.write_text("\n".join(lines))
+    monkeypatch.setenv("TFLA_BENCH_PUBLISHED_DIR", str(folder))
+    assert main(["compare", str(run_dir), "--csv", str(tmp_path / "c.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path} line 5: {column} is " in err and expected in err, err
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("measured_at", 5, "measured_at is 5; expected a string"),
+        ("matmul_flops_per_s", True, "expected a finite number in [1, 1e+18] FLOP/s"),
+        ("hbm_bytes_per_s", 1e-300, "expected a finite number in [1, 1e+16] bytes/s"),
+        ("l2_bytes_per_s", None, "l2_bytes_per_s is null"),
+    ],
+)
+def test_a_saved_roofs_record_out_of_its_ranges_is_one_line_naming_the_file(
+    tmp_path, monkeypatch, capsys, field, value, expected
+):
+    good = {
+        "gpu_name": "NVIDIA H200", "driver": "580.00", "matmul_flops_per_s": 8e14, "matmul_size": 8192,
+        "hbm_bytes_per_s": 4.2e12, "l2_bytes_per_s": 1e13, "l2_working_set_bytes": 25_000_000,
+        "measured_at": "2026-12-01T00:00:00Z", "torch": "2.11.0",
+    }  # fmt: skip
+    path = tmp_path / "roofs.json"
+    path.write_text(json.dumps({"a": good, "b": {**good, "driver": "581", field: value}}))
+    monkeypatch.setenv("TFLA_BENCH_ROOFS_FILE", str(path))
+    assert main(["model", "runtime", "--gpu", "measured"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: measured roofs 'b': {field}" in err and expected in err, err
+
+
+@pytest.mark.parametrize(
+    "args", [["report", "{run}", "--out", "{out}/r.html"], ["compare-gpus", "{run}", "{run}"]]
+)
+def test_roofs_in_env_json_out_of_their_ranges_are_one_line_naming_the_file(run_dir, tmp_path, capsys, args):
+    env = json.loads((run_dir / rundir.ENV).read_text())
+    env["roofs"] = {
+        "gpu_name": env["gpu_name"], "driver": "580.00", "matmul_flops_per_s": 8e14, "matmul_size": 8192,
+        "hbm_bytes_per_s": 1e-300, "l2_bytes_per_s": 1e13, "l2_working_set_bytes": 25_000_000,
+        "measured_at": "2026-12-01T00:00:00Z", "torch": "2.11.0",
+    }  # fmt: skip
+    (run_dir / rundir.ENV).write_text(json.dumps(env))
+    out = tmp_path / "out"
+    assert main([arg.format(run=run_dir, out=out) for arg in args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run_dir / rundir.ENV} is not an environment record" in err, err
+    assert "key 'roofs': hbm_bytes_per_s is 1e-300; expected a finite number in [1, 1e+16]" in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sweep", "experiments/smoke.toml", "--resume", "{run}", "--out", "{out}", "--dry-run"],
+         "give --out or --resume, not both"),
+        (["roofline", "--measured-gpu", "NVIDIA H100", "--out", "{out}"], "--measured-gpu picks the rows of"),
+        (["model", "flops", "--formulation", "parallel", "--chunk-size", "64"], "formulation has no"),
+    ],
+)  # fmt: skip
+def test_a_flag_that_would_be_ignored_is_one_line(run_dir, tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    assert main([arg.format(run=run_dir, out=out) for arg in args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not out.exists()

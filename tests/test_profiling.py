@@ -216,7 +216,8 @@ def test_not_permitted_is_asked_once_and_every_row_says_why(run_dir, tmp_path):
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--kernel", "nope"], "no ok row"),
+        (["--kernel", "nope"], "--kernel nope: the run has no row of it (its rows: "),
+        (["--seq-len", "7"], "--seq-len 7: the run has no row of it (its rows: "),
         (["--mode", "bw"], "--mode"),
         (["--seq-len", "x"], "--seq-len"),
         (["--ncu-path", "/no/such/ncu"], "no such file"),

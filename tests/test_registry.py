@@ -340,7 +340,8 @@ def test_a_change_in_the_gpus_visible_asks_again(asked, monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content", ["{not json", '{"version": 1, "key": 3}', '["a list"]', "", '{"adapters": {"x": 1}}']
+    "content",
+    ['{"version": 1, "key": 3}', "", " \n", '{"version": 1, "adapters": {"x": 1}}', '{"version": []}'],
 )
 def test_a_corrupt_cache_is_asked_afresh_and_rewritten(asked, availability_cache_file, content):
     asked.answer()
@@ -354,6 +355,32 @@ def test_a_corrupt_cache_is_asked_afresh_and_rewritten(asked, availability_cache
     assert asked.times_asked() == 3
     asked.answer()
     assert asked.times_asked() == 3
+
+
+@pytest.mark.parametrize(
+    "content", ["kernel,mode\nsdpa_math,fw\n", "{not json", '["a list"]', '{"adapters": {}}']
+)
+def test_a_named_file_that_holds_no_cache_is_never_replaced(asked, availability_cache_file, capsys, content):
+    """`$TFLA_BENCH_AVAILABILITY_FILE` naming a file of the user's (a run's results.csv): the answers
+    stand, the file stays as it was, and one warning says why nothing is saved."""
+    availability_cache_file.write_text(content)
+    assert asked.answer() == "needs the package frobnicate"
+    assert availability_cache_file.read_text() == content
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and f"{availability_cache_file}: holds no availability record; left as it is" in err
+    )
+
+
+def test_the_default_cache_file_is_rewritten_whatever_it_holds(asked, monkeypatch, tmp_path):
+    monkeypatch.delenv(availability_cache.CACHE_FILE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    default = tmp_path / "tfla-bench" / "availability.json"
+    default.parent.mkdir()
+    default.write_text("{not json")
+    asked.answer()
+    assert json.loads(default.read_text())["version"] == availability_cache.FORMAT_VERSION
 
 
 def test_an_unwritable_cache_still_answers(asked, monkeypatch, tmp_path):

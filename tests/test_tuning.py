@@ -380,10 +380,18 @@ def test_the_compile_shape_keeps_the_integer_specializations():
         ("tfla:sig:8,16,8192,128,x:128", "expected KERNEL:GATE:B,NH,T,DQK,DV:L"),
         ("limit_chunk:sig:8,16,8192,128,256:64", "limit_chunk (gate exp)"),
         ("tfla:sig:0,16,8192,128,256:128", "integers in [1, 2147483648]"),
+        ("tfla:sig:8,16,8192,128,256:0", "chunk_size must be a power of two in [16, 4096], got 0"),
+        ("tfla:sig:8,16,8192,128,256:-64", "chunk_size must be a power of two in [16, 4096], got -64"),
+        ("tfla:sig:8,16,64,128,256:128", "chunk_size 128 is larger than seq_len 64"),
+        ("tfla:exp:8,16,8192,0,-5:128", "head_dim_qk must be a multiple of 16 in [16, 1024], got 0"),
+        ("tfla:exp:8,16,8192,128,2048:128", "head_dim_v must be a multiple of 16 in [16, 1024], got 2048"),
+        ("tfla:exp:8,16,1000,128,256:64", "seq_len must be a multiple of 16, got 1000"),
+        ("limit_chunk:exp:8,16,8192,128,256:256", "the largest chunk_size that fits is 128"),
+        ("tfla:sig:8,16,8192,128,256:128 --processes 2000", "--processes: expected an integer in [0, 1024]"),
     ],
 )
 def test_tune_refuses_a_bad_shape_in_one_line(capsys, shape, message):
-    assert main(["tune", shape]) == 2
+    assert main(["tune", *shape.split()]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err
 

@@ -28,7 +28,10 @@ importing a library or torch:
 An entry is used only under the same key, for the same adapter class with the same module source; any
 other adapter is asked afresh and its answer written back. A file that is missing, unreadable or
 corrupt counts as empty, and one that cannot be written leaves the answers unsaved: the cache never
-fails a command. What the key cannot see (a library rebuilt in place in an editable install, a GPU
+fails a command. But a file that `$TFLA_BENCH_AVAILABILITY_FILE` names is the user's choice: one that
+holds no availability record (a JSON object with `version`; the variable naming a run's
+`results.csv`) is never replaced, one warning says so, and the answers go unsaved.
+What the key cannot see (a library rebuilt in place in an editable install, a GPU
 that failed and recovered) needs `tfla-bench list --fresh`, which asks every adapter again.
 """
 
@@ -227,17 +230,28 @@ class AvailabilityCache:
     path: Path
     key: str
     entries: dict[str, Entry]
+    foreign: bool = False  # the file is there and holds something else: it is never replaced
 
     @classmethod
     def open(cls) -> AvailabilityCache:
         """The cache at `cache_path()` under the present `machine_key()`."""
         path, key = cache_path(), key_digest(machine_key())
         try:
-            stored = json.loads(path.read_text())
+            text = path.read_text()
+        except OSError:
+            return cls(path, key, {})
+        try:
+            stored = json.loads(text)
+        except ValueError:
+            stored = None
+        if not (isinstance(stored, dict) and "version" in stored):
+            named = bool(os.environ.get(CACHE_FILE_ENV)) and bool(text.strip())
+            return cls(path, key, {}, foreign=named)
+        try:
             if stored.get("version") != FORMAT_VERSION or stored.get("key") != key:
                 return cls(path, key, {})
             return cls(path, key, {name: _entry(record) for name, record in stored["adapters"].items()})
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError):
             return cls(path, key, {})
 
     def lookup(self, adapters: Iterable[Adapter]) -> dict[str, Entry]:
@@ -250,7 +264,15 @@ class AvailabilityCache:
 
     def store(self, adapters: Iterable[Adapter], reasons: Mapping[str, str | None]) -> None:
         """Keep the `reasons` of `adapters` (by name) beside the other entries, and write the file; an
-        adapter whose module has no source file is not kept. Writing fails silently."""
+        adapter whose module has no source file is not kept. Writing fails silently; a `foreign` file
+        is left as it is, with one warning on stderr."""
+        if self.foreign:
+            print(
+                f"warning: ${CACHE_FILE_ENV} {self.path}: holds no availability record; left as it is, "
+                "and the answers are not saved",
+                file=sys.stderr,
+            )
+            return
         now = time.time()
         for adapter in adapters:
             source = module_source(adapter) if adapter.name in reasons else None

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tfla_bench.adapters import registry
@@ -171,11 +172,41 @@ def published_dir() -> Path:
     return checkout if checkout.is_dir() else package / "published_data"
 
 
+# The numbers of a published row: each shape a whole number from 1, and the chunk size too where
+# there is one; a runtime above 0 and a peak memory from 0 where they were measured.
+SHAPE_COLUMNS = ("batch_size", "seq_len", "num_heads", "head_dim_qk", "head_dim_v")
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
+    """A published CSV, its columns and its numbers checked.
+
+    Raises:
+        UserError: a missing column, or a cell that is not the number its column holds, naming its line.
+    """
     df = pd.read_csv(path)
     missing = [c for c in PUBLISHED_COLUMNS if c not in df.columns]
     if missing:
         raise UserError(f"published CSV {path} lacks columns: {', '.join(missing)}")
+    for column in (*SHAPE_COLUMNS, "chunk_size", "runtime_ms", "peak_memory_bytes"):
+        values = pd.to_numeric(df[column], errors="coerce")
+        if column in ("runtime_ms", "peak_memory_bytes"):
+            low = "above 0" if column == "runtime_ms" else "from 0"
+            fine = values.isna() | (
+                np.isfinite(values) & ((values > 0) | ((values == 0) & (low == "from 0")))
+            )
+            expected = f"empty or a finite number {low}"
+        else:
+            fine = (values >= 1) & (values % 1 == 0) & (values < 2**63)
+            fine |= values.isna() if column == "chunk_size" else False
+            expected = "empty or a whole number from 1" if column == "chunk_size" else "a whole number from 1"
+        bad = ~fine | (values.isna() & df[column].notna())  # text that is no number
+        if bad.any():
+            index = int(bad.to_numpy().argmax())
+            raise UserError(
+                f"published CSV {path} line {index + 2}: {column} is {df[column].iloc[index]!r}; "
+                f"expected {expected}"
+            )
+        df[column] = values
     return df
 
 

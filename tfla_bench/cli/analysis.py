@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from tfla_bench.cli.paths import output_dir, output_file, path_option, writes
+from tfla_bench.cli.paths import output_dir, output_file, output_files, path_option, writes
 from tfla_bench.errors import UserError
 from tfla_bench.run import rundir
 from tfla_bench.run.console import TABLE_WIDTH, make_console, print_frame
@@ -128,9 +128,7 @@ def compare(
         raise UserError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {normalize!r}")
     csv_flag = "--csv" if csv_out is not None else "compare.csv"
     csv_out = csv_out or run_dir / rundir.for_gpu(rundir.COMPARE, gpu)
-    for path, flag in ((json_out, "--json"), (csv_out, csv_flag)):
-        if path is not None:
-            output_file(path, flag, keep=_inputs(run_dir))
+    output_files(((json_out, "--json"), (csv_out, csv_flag)), keep=_inputs(run_dir))
     run = load_run(run_dir, gpu)
     name = _require_published(resolve_published_name(run, published), published)
     comparison = compare_run(run, name, normalize)

@@ -543,6 +543,7 @@ def _execute(
     and either print the cases or run them (holding the run directory's lock), in this process or in
     jobs as `scheduler` says, and print the summary."""
     clock = phases.PhaseClock()
+    runner.check_out_or_resume(out, resume)
     spec = _with_measurement_flags(spec, flags)
     _check_published(spec)
     selection = None

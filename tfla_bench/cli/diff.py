@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from tfla_bench.cli.paths import output_file, path_option, writes
+from tfla_bench.cli.paths import output_files, path_option, writes
 from tfla_bench.errors import UserError
 from tfla_bench.run import rundir
 from tfla_bench.run.console import make_console, print_frame
@@ -78,9 +78,7 @@ def diff(
     if changed and every:
         raise UserError("give --changed or --all, not both")
     inputs = [run / name for run in (run_a, run_b) for name in (rundir.RESULTS, rundir.ENV)]
-    for path, flag in ((as_json, "--json"), (as_csv, "--csv"), (plot, "--plot")):
-        if path is not None:
-            output_file(path, flag, keep=inputs)
+    output_files(((as_json, "--json"), (as_csv, "--csv"), (plot, "--plot")), keep=inputs)
     for run in (run_a, run_b):
         rundir.require_results(run)
     # pandas and matplotlib take a second to import: loaded once the flags and runs are checked.

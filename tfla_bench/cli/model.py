@@ -17,7 +17,7 @@ from rich.table import Table
 from tfla_bench.cli.options import JsonOption
 from tfla_bench.cli.paths import output_dir, path_option
 from tfla_bench.errors import UserError
-from tfla_bench.measure.roofs import measured_accelerator
+from tfla_bench.measure.roofs import BANDWIDTH_RULE, FLOPS_RULE, measured_accelerator
 from tfla_bench.measure.settings import Rule
 from tfla_bench.model.counts import MlstmShape, check_chunk_size
 from tfla_bench.model.hardware import ACCELERATORS, CUSTOM, Accelerator, resolve_accelerator
@@ -193,6 +193,8 @@ def _chunk_and_optima(
     if chunk_size is not None:
         check_chunk_size(shape.seq_len, chunk_size)
     if formulation is not Formulation.chunkwise:
+        if chunk_size is not None:
+            raise UserError(f"--chunk-size: the {formulation.value} formulation has no chunks; drop it")
         return None, optima
     if chunk_size is None:
         check_chunk_size(shape.seq_len, FIG5_CHUNK)
@@ -264,8 +266,8 @@ FLOAT_RULES = {
     "qkv_bytes": Rule("number", 0.125, 16, unit=" bytes"),
     "gate_bytes": Rule("number", 0.125, 16, unit=" bytes"),
     "state_bytes": Rule("number", 0.125, 16, unit=" bytes"),
-    "peak_flops": Rule("number", 1, 1e18, unit=" FLOP/s"),
-    "bandwidth": Rule("number", 1, 1e16, unit=" bytes/s"),
+    "peak_flops": FLOPS_RULE,
+    "bandwidth": BANDWIDTH_RULE,
 }
 
 
@@ -431,6 +433,8 @@ def roofline(
 ) -> None:
     """Write the model figures (paper Figs. 18-25) as PNG and SVG; print the optimal chunk sizes per GPU."""
     _check_floats(peak_flops=peak_flops, bandwidth=bandwidth)
+    if measured_gpu is not None and measured is None:
+        raise UserError("--measured-gpu picks the rows of the --measured run; give --measured RUN too")
     accelerators = _roofline_accelerators(gpu, peak_flops, bandwidth)
     if measured is not None and not measured.is_dir():
         raise UserError(f"--measured {measured} is not a directory")

@@ -69,6 +69,21 @@ def output_file(path: Path, flag: str, keep: Iterable[Path] = ()) -> Path:
     return path
 
 
+def output_files(outputs: Iterable[tuple[Path | None, str]], keep: Iterable[Path] = ()) -> None:
+    """`output_file` for each `(path, flag)` given (a None path is an output not asked for), and no
+    two of them one file, where the second write would replace the first.
+
+    Raises:
+        UserError: what `output_file` refuses, or two flags naming one file.
+    """
+    given = [(path, flag) for path, flag in outputs if path is not None]
+    for index, (path, flag) in enumerate(given):
+        output_file(path, flag, keep)
+        for other, other_flag in given[:index]:
+            if _same_file(path, other):
+                raise UserError(f"{flag} {path}: the same file as {other_flag}; give each output a file")
+
+
 def output_dir(path: Path, flag: str) -> Path:
     """Check that files can be written in the folder `path`, which exists or can be made.
 

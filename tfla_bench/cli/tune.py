@@ -18,8 +18,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from tfla_bench.adapters import registry
+from tfla_bench.adapters.workloads import Case
+from tfla_bench.cli.bench import MAX_PRECOMPILE
 from tfla_bench.cli.paths import output_dir, output_file, writes
 from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.kernels.contract import interpreted
 from tfla_bench.run.console import make_console
 
 if TYPE_CHECKING:
@@ -71,8 +75,8 @@ def tune(
     """Tune our kernels' tile sizes and launch settings for this GPU: each candidate checked against the
     default config's result, timed with the suite's method; the fastest is kept per shape."""
     parsed = [parse_shape(text) for text in shapes]
-    if processes < 0:
-        raise UserError(f"--processes: expected an integer in [0, 256], got {processes}")
+    if not 0 <= processes <= MAX_PRECOMPILE:
+        raise UserError(f"--processes: expected an integer in [0, {MAX_PRECOMPILE}], got {processes}")
     groups = tuple(dict.fromkeys(group or ()))
     if unknown := [name for name in groups if name not in SEARCH_GROUPS]:
         raise UserError(f"--group: expected one of {', '.join(SEARCH_GROUPS)}, got {unknown[0]!r}")
@@ -172,6 +176,14 @@ def parse_shape(text: str) -> Shape:
         raise UserError(f"shape {text!r}: the kernel is tfla (gate exp or sig) or limit_chunk (gate exp)")
     if min(batch, heads, seq_len) < 1 or max(batch, heads, seq_len) > 2**31:
         raise UserError(f"shape {text!r}: batch, heads and T must be integers in [1, 2147483648]")
+    # The kernel's own rules (T, chunk, head dims, the on-chip limit), as its adapter states them; in
+    # Triton's interpreter, which runs no bfloat16, for float16, of the same size.
+    adapter = registry.get("limit_chunk" if kernel == "limit_chunk" else f"tfla_{gate}")
+    dtype = "float16" if interpreted() else "bfloat16"
+    case = Case(adapter.name, "fwbw", dtype, batch, seq_len, heads, dqk, dv, shape.chunk_size)
+    reason = adapter.check(case)
+    if reason is not None:
+        raise UserError(f"shape {text!r}: {reason}")
     return shape
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tfla_bench.errors import UserError
+from tfla_bench.measure.settings import Rule
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
 
 ROOFS_FILE_ENV = "TFLA_BENCH_ROOFS_FILE"
@@ -45,6 +46,22 @@ TIMED_CALLS = 20
 WARMUP_CALLS = 3
 # Seconds the sweep waits for the child that measures the roofs (CUDA start-up and three benchmarks).
 CHILD_TIMEOUT_S = 600.0
+# What a roof may be: below one FLOP or byte a second, or past these, the model's times and
+# intensities overflow (`tfla-bench model --peak-flops / --bandwidth` take the same ranges).
+FLOPS_RULE = Rule("number", 1, 1e18, unit=" FLOP/s")
+BANDWIDTH_RULE = Rule("number", 1, 1e16, unit=" bytes/s")
+# Each field of a record and what it holds.
+FIELD_RULES: dict[str, Rule | type] = {
+    "gpu_name": str,
+    "driver": str,
+    "matmul_flops_per_s": FLOPS_RULE,
+    "matmul_size": Rule("int", 1, 2**31),
+    "hbm_bytes_per_s": BANDWIDTH_RULE,
+    "l2_bytes_per_s": BANDWIDTH_RULE,
+    "l2_working_set_bytes": Rule("int", 1, 2**50),
+    "measured_at": str,
+    "torch": str,
+}
 
 
 @dataclass(frozen=True)
@@ -88,25 +105,32 @@ class MeasuredRoofs:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MeasuredRoofs:
-        """Parse a saved record; a `UserError` if it lacks a field or a number is not positive."""
-        try:
-            roofs = cls(**{name: data[name] for name in cls.__dataclass_fields__})
-        except (KeyError, TypeError) as exc:
-            raise UserError(f"measured roofs record lacks a field: {exc}") from None
-        for name in ("matmul_flops_per_s", "hbm_bytes_per_s", "l2_bytes_per_s"):
-            value = getattr(roofs, name)
-            if not isinstance(value, int | float) or not value > 0:
-                raise UserError(f"measured roofs of {roofs.gpu_name}: {name} is not a positive number")
-        return roofs
+    def from_dict(cls, data: Any, where: str = "measured roofs record") -> MeasuredRoofs:
+        """Parse a saved record (`where` names it in messages).
+
+        Raises:
+            UserError: not an object, a field missing, or a field not of its `FIELD_RULES`.
+        """
+        if not isinstance(data, dict):
+            raise UserError(f"{where}: expected an object of measured roofs, got {json.dumps(data)[:40]}")
+        for name, rule in FIELD_RULES.items():
+            if name not in data:
+                raise UserError(f"{where}: lacks the field {name!r}")
+            value = data[name]
+            if isinstance(rule, Rule) and not rule.accepts(value):
+                raise UserError(f"{where}: {name} is {json.dumps(value)[:40]}; expected {rule.expected()}")
+            if rule is str and not isinstance(value, str):
+                raise UserError(f"{where}: {name} is {json.dumps(value)[:40]}; expected a string")
+        return cls(**{name: data[name] for name in FIELD_RULES})
 
 
-def from_env(env: dict[str, Any]) -> MeasuredRoofs | None:
-    """The measured roofs a run recorded in its env.json, or None (not recorded, or measuring failed)."""
+def from_env(env: dict[str, Any], where: str = "env.json roofs") -> MeasuredRoofs | None:
+    """The measured roofs a run recorded in its env.json, or None (not recorded, or measuring failed);
+    `rundir.read_env` has checked them."""
     record = env.get("roofs")
     if not isinstance(record, dict) or "error" in record:
         return None
-    return MeasuredRoofs.from_dict(record)
+    return MeasuredRoofs.from_dict(record, where)
 
 
 def versus_datasheet(roofs: MeasuredRoofs) -> list[tuple[str, float, float | None, str]]:
@@ -164,9 +188,13 @@ def load_saved() -> list[MeasuredRoofs]:
         return []
     try:
         data = json.loads(path.read_text())
-        records = [MeasuredRoofs.from_dict(record) for record in data.values()]
-    except (OSError, json.JSONDecodeError, AttributeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read the measured roofs in {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected an object of measured-roofs records, got {json.dumps(data)[:40]}")
+    records = [
+        MeasuredRoofs.from_dict(record, f"{path}: measured roofs {key!r}") for key, record in data.items()
+    ]
     return sorted(records, key=lambda roofs: roofs.measured_at)
 
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tfla_bench.adapters.workloads import Case, parse_bool
+from tfla_bench.adapters.workloads import DTYPES, MODES, Case, parse_bool
 from tfla_bench.measure.gpustate import COLUMNS as NVML_COLUMNS
 
 CASE_COLUMNS = tuple(spec.name for spec in fields(Case) if spec.name != "params")
@@ -222,12 +222,26 @@ def case_of(cells: dict[str, str]) -> Case:
 
 
 def _case_cell(name: str, text: str) -> str | int | None:
-    """A cell of the case's columns: the text of a string field, else an integer (or None where the
-    field defaults to None and the cell is empty)."""
+    """A cell of the case's columns: a kernel name, a mode of `MODES`, a dtype of `DTYPES`, else a
+    size from 1 (or None where the field defaults to None and the cell is empty), as a sweep writes.
+
+    Raises:
+        ValueError: any other cell.
+    """
     spec = CASE_FIELDS[name]
+    choices = {"mode": MODES, "dtype": DTYPES}.get(name)
+    if choices is not None and text not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
     if spec.type in (str, "str"):
+        if not text.strip() or any(ord(char) < 32 for char in text):
+            raise ValueError(f"expected a name, got {text!r}")
         return text
-    return None if text == "" and spec.default is None else _int(text)
+    if text == "" and spec.default is None:
+        return None
+    number = _int(text)
+    if number < 1:
+        raise ValueError(f"expected a size from 1, got {text!r}")
+    return number
 
 
 def _int(text: str) -> int:

@@ -304,7 +304,8 @@ def parse_slurm_args(entries: tuple[str, ...]) -> dict[str, str | bool]:
     """`--slurm-arg KEY=VALUE` entries as sbatch options (`KEY` alone: an option without a value).
 
     Raises:
-        UserError: a malformed entry, an option one of the flags sets, or one submitit sets.
+        UserError: a malformed entry, a value holding a control character (a newline), an option one of
+            the flags sets, or one submitit sets.
     """
     options: dict[str, str | bool] = {}
     for entry in entries:
@@ -312,6 +313,9 @@ def parse_slurm_args(entries: tuple[str, ...]) -> dict[str, str | bool]:
         key = key.strip().removeprefix("--").replace("_", "-")
         if not re.fullmatch(r"[a-z][a-z0-9-]*", key) or (sep and not value.strip()):
             raise UserError(f"--slurm-arg: expected KEY=VALUE with an sbatch option as KEY, got {entry!r}")
+        if any(ord(char) < 32 or ord(char) == 127 for char in value):
+            # a newline would end the #SBATCH line and start another line of the job's script
+            raise UserError(f"--slurm-arg {key}: the value holds a control character, got {entry!r}")
         if key in _FLAG_OF:
             raise UserError(f"--slurm-arg {key}: give it as {_FLAG_OF[key]}")
         if key in _SUBMITIT_OWNS:

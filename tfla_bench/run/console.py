@@ -74,12 +74,17 @@ def make_console(*, stderr: bool = False, width: int = LOG_WIDTH) -> Console:
 
 
 def progress_bar(console: Console, *, eta: bool = False, transient: bool = False) -> Progress:
-    """The suite's progress bar: spinner, description, bar, done/total, elapsed time (and the eta)."""
+    """The suite's progress bar: spinner, description, bar, done/total, elapsed time (and the eta).
+
+    A `transient` bar, which leaves nothing behind on a terminal, is not shown where the console is
+    no terminal (a log, a pipe): there it would leave an empty line."""
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
     columns.append(TimeElapsedColumn())
     if eta:
         columns += [TextColumn("eta"), TimeRemainingColumn()]
-    return Progress(*columns, console=console, transient=transient)
+    return Progress(
+        *columns, console=console, transient=transient, disable=transient and not console.is_terminal
+    )
 
 
 def styled_status(status: str, *, width: int = 0, unknown: str = "") -> str:

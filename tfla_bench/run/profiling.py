@@ -148,8 +148,17 @@ def select_rows(
     """The `ok` rows of a run that match every given filter (an empty filter matches all).
 
     Raises:
-        UserError: no `ok` row matches.
+        UserError: a kernel or length the run has no row of (naming those it has), or no `ok` row
+            matches.
     """
+    for flag, given, held in (
+        ("--kernel", kernels, {row.case.kernel for row in rows}),
+        ("--seq-len", seq_lens, {row.case.seq_len for row in rows}),
+    ):
+        foreign = [value for value in given if value not in held]
+        if foreign:
+            known = ", ".join(str(value) for value in sorted(held))
+            raise UserError(f"{flag} {foreign[0]}: the run has no row of it (its rows: {known or 'none'})")
     chosen = [
         row
         for row in rows

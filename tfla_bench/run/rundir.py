@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from tfla_bench.errors import UserError
+from tfla_bench.measure.roofs import from_env
 from tfla_bench.measure.row import CASE_COLUMNS, METRIC_COLUMNS, REQUIRED_COLUMNS, ResultRow
 from tfla_bench.measure.settings import as_recorded
 from tfla_bench.model.hardware import Accelerator, detect_accelerator
@@ -658,6 +659,10 @@ def _env_problem(env: dict[str, Any], where: str = "") -> str | None:
         problem = _env_problem(attempt, f"'resumed'[{index}].")
         if problem is not None:
             return problem
+    try:
+        from_env(env, f"key {where}'roofs'")
+    except UserError as exc:
+        return str(exc)
     return None
 
 

@@ -196,6 +196,12 @@ def default_run_dir(spec_name: str) -> Path:
     return RUNS_DIR / f"{spec_name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def check_out_or_resume(out: Path | None, resume: Path | None) -> None:
+    """A sweep writes a new run (`--out`) or continues one (`--resume`), not both."""
+    if out is not None and resume is not None:
+        raise UserError("give --out or --resume, not both")
+
+
 def resolve_run_dir(spec_name: str, out: Path | None, resume: Path | None) -> tuple[Path, bool]:
     """The run directory, created if needed, and whether it is resumed.
 
@@ -207,8 +213,7 @@ def resolve_run_dir(spec_name: str, out: Path | None, resume: Path | None) -> tu
         out: `--out`, a new (or empty) run directory.
         resume: `--resume`, an existing run directory.
     """
-    if out is not None and resume is not None:
-        raise UserError("give --out or --resume, not both")
+    check_out_or_resume(out, resume)
     if resume is not None:
         if not (resume / rundir.SPEC).is_file():
             raise UserError(f"--resume {resume}: not a run directory (no {rundir.SPEC})")
