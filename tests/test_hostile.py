@@ -546,3 +546,64 @@ def test_a_flag_that_would_be_ignored_is_one_line(run_dir, tmp_path, capsys, arg
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("profile.csv", "garbage\n", "profile.csv: not a profile record (lacks kernel"),
+        ("profile.csv", "", "profile.csv: not a profile record ("),
+        ("check.json", '{"device": "cpu", "res', "check.json is not readable JSON"),
+        ("check.json", "[]", 'check.json: expected {"device": ..., "results": [objects]}'),
+        ("check.json", '{"results": 5}', 'check.json: expected {"device": ..., "results": [objects]}'),
+    ],
+)
+def test_a_broken_profile_or_check_record_is_one_line(run_dir, tmp_path, capsys, name, text, message):
+    (run_dir / name).write_text(text)
+    assert main(["report", str(run_dir), "--published", "none", "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_run_file_that_is_a_symlink_is_written_through(tmp_path):
+    target = tmp_path / "elsewhere.csv"
+    target.write_text("old\n")
+    link = tmp_path / "results.csv"
+    link.symlink_to(target)
+    rundir.write_atomic(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+
+
+def test_a_folder_where_the_run_keeps_a_log_is_one_line(run_dir, capsys):
+    _with_spec(run_dir)
+    (run_dir / "worker-0.log").mkdir()
+    assert main(["sweep", "--resume", str(run_dir), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "worker-0.log: a folder where the run keeps a file of its own" in err
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ('raise RuntimeError("boom")\n', "failed while it was imported: RuntimeError: boom ("),
+    ("def broken(:\n", "failed while it was imported: SyntaxError: "),
+])  # fmt: skip
+def test_a_plugin_that_fails_on_import_is_one_line(tmp_path, monkeypatch, capsys, source, message):
+    (tmp_path / "failing_plugin.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("TFLA_BENCH_PLUGINS", "failing_plugin")
+    assert main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"module 'failing_plugin' (TFLA_BENCH_PLUGINS) {message}" in err, err
+
+
+def test_check_refuses_a_timeout_it_could_not_keep(capsys):
+    assert main(["check", "-k", "sdpa_math", "--no-isolate", "--timeout", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--timeout stops the worker; --no-isolate runs the kernels" in err
+
+
+def test_report_says_it_replaced_a_file(run_dir, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    out.write_text("a file of the user's\n")
+    assert main(["report", str(run_dir), "--published", "none", "--out", str(out)]) == 0
+    assert f"wrote {out} (replaced the previous one)" in capsys.readouterr().out.replace("\n", "")

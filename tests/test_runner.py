@@ -2,6 +2,7 @@
 
 import _thread
 import csv
+import dataclasses
 import io
 import json
 import multiprocessing
@@ -18,6 +19,7 @@ from worker_jobs import EnvironmentJob, ProcessJob
 
 from tfla_bench.adapters import registry
 from tfla_bench.adapters.workloads import Case
+from tfla_bench.cli.main import main
 from tfla_bench.errors import UserError
 from tfla_bench.kernels import config as kernel_config
 from tfla_bench.measure import gpustate, settings, timing, worker
@@ -821,3 +823,23 @@ def test_a_ctrl_c_while_a_worker_process_starts_leaves_no_traceback(to, tmp_path
     captured = capfd.readouterr()
     log = tmp_path / "worker.log"
     assert "Traceback" not in captured.err + captured.out + (log.read_text() if log.exists() else "")
+
+
+def test_a_resume_of_another_selection_plans_kept_rows_and_lists_every_row_in_spec_order(
+    plugin_adapters, tmp_path, capsys
+):
+    spec = dataclasses.replace(tiny_spec(["sdpa_math"], ["fw"], seq_len=[16, 32]), published=None)
+    cases = specs.expand(spec)
+    run_dir = tmp_path / "run"
+    runner.run_sweep(spec, [case for case in cases if case.seq_len == 32], run_dir, devices=["cpu"])
+    path = run_dir / "results.csv"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([*lines, lines[1]]))  # a row repeated word for word
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(run_dir), "--seq-len", "16,32", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("kept: ok") == 1 and out.count(" run ") == 1, out
+    assert "1 row(s) repeat an earlier row word for word; a resume keeps each once" in err
+    short = [case for case in cases if case.seq_len == 16]
+    runner.run_sweep(spec, short, run_dir, resume=True, devices=["cpu"])
+    assert [row.case.key for row in rundir.read_results(path).rows] == [case.key for case in cases]

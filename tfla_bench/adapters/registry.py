@@ -36,6 +36,7 @@ import difflib
 import importlib
 import os
 import pkgutil
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -316,13 +317,27 @@ def plugin_modules_from_env() -> list[str]:
 
 
 def load_plugin_modules(modules: list[str]) -> None:
-    """Import adapter modules by name; a module that does not import is a `UserError`."""
+    """Import adapter modules by name; a module that does not import, or raises while it is imported
+    (a syntax error, its own exception), is a `UserError` naming where."""
     for module in modules:
         try:
             with _origin(f"{PLUGINS_ENV} {module}"):
                 importlib.import_module(module)
         except ImportError as exc:
             raise UserError(f"cannot import adapter module {module!r} ({PLUGINS_ENV}): {exc}") from exc
+        except UserError:
+            raise
+        except Exception as exc:  # the plugin's own code failed: where, in one line
+            frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            where = (
+                f" ({frame.filename}, line {frame.lineno})"
+                if frame and not isinstance(exc, SyntaxError)
+                else ""
+            )
+            raise UserError(
+                f"adapter module {module!r} ({PLUGINS_ENV}) failed while it was imported: "
+                f"{type(exc).__name__}: {exc}{where}"
+            ) from exc
 
 
 def adapters() -> list[Adapter]:

@@ -56,6 +56,7 @@ from tfla_bench.analyse.headline import (
     what_ran,
 )
 from tfla_bench.analyse.published import PUBLISHED_GPU_NOTE, PUBLISHED_MEMORY_NOTE, mapping_table
+from tfla_bench.errors import UserError
 from tfla_bench.measure.roofs import from_env, versus_datasheet
 from tfla_bench.measure.row import CASE_COLUMNS
 from tfla_bench.model.hardware import ACCELERATORS, Accelerator
@@ -285,9 +286,15 @@ def gate_table(run_dir: Path) -> tuple[str, pd.DataFrame] | None:
     path = Path(run_dir) / rundir.CHECK
     if not path.exists():
         return None
-    gate = json.loads(path.read_text())
+    try:
+        gate = rundir.read_json(path)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is not readable JSON: {exc}") from None
+    results = gate.get("results") if isinstance(gate, dict) else None
+    if not (isinstance(results, list) and all(isinstance(result, dict) for result in results)):
+        raise UserError(f'{path}: expected {{"device": ..., "results": [objects]}}, as sweep --check writes')
     columns = ["name", "status", "max_rel_error", "tolerance", "passed", "reason"]
-    table = pd.DataFrame(gate["results"], columns=columns).rename(columns={"name": "kernel"})
+    table = pd.DataFrame(results, columns=columns).rename(columns={"name": "kernel"})
     return str(gate.get("device", "?")), table
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from tfla_bench.cli.paths import output_dir, output_file, output_files, path_option, writes
+from tfla_bench.cli.paths import output_dir, output_file, output_files, path_option, replacing, writes
 from tfla_bench.errors import UserError
 from tfla_bench.run import rundir
 from tfla_bench.run.console import TABLE_WIDTH, make_console, print_frame
@@ -147,11 +147,12 @@ def compare(
     _print_unmatched(console, comparison)
     console.print(f"note: {PUBLISHED_MEMORY_NOTE}", style="dim")
     if json_out is not None:
+        replaced = replacing(json_out)
         with writes(str(json_out)):
             json_out.parent.mkdir(parents=True, exist_ok=True)
             rundir.write_atomic(json_out, json.dumps(comparison_json(comparison), indent=1))
-        console.print(f"wrote {json_out}")
-    replaced = " (replaced the previous one)" if csv_out.exists() else ""
+        console.print(f"wrote {json_out}{replaced}")
+    replaced = replacing(csv_out)
     with writes(str(csv_out)):
         csv_out.parent.mkdir(parents=True, exist_ok=True)
         rundir.write_atomic(csv_out, comparison_frame(comparison).to_csv(index=False))
@@ -220,9 +221,10 @@ def report(
 
     default = run_dir / rundir.for_gpu(rundir.REPORT, gpu)
     out = output_file(out or default, "--out" if out else "report", keep=_inputs(run_dir))
+    replaced = replacing(out)
     with writes(f"the report {out}", folder=out.parent):
         path = write_report(run_dir, published, out, gpu)
-    _console().print(f"wrote {path}")
+    _console().print(f"wrote {path}{replaced}")
 
 
 def register(app: typer.Typer) -> None:

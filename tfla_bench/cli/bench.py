@@ -575,7 +575,12 @@ def _execute(
             runner.check_run_dir(target, spec, resume=resume is not None, force=force, cuda=_cuda(devices))
         import torch
 
-        stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available())))
+        # A resume keeps its finished rows (`--retry` names those it runs again); it reads, writes nothing.
+        warn = make_console(stderr=True)
+        kept = (
+            runner.resume_plan(cases, resume / rundir.RESULTS, retry, warn)[1] if resume is not None else []
+        )
+        stdout.print(cases_table(cases, runner.case_fates(cases, cuda=torch.cuda.is_available(), kept=kept)))
         if options is not None:
             stdout.print(f"would submit {cluster.describe(options, len(cases))}")
         return

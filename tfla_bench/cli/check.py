@@ -77,8 +77,12 @@ def check(
         ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="seconds per adapter, first-call autotuning included")
-    ] = DEFAULT_TIMEOUT_S,
+        float | None,
+        typer.Option(
+            "--timeout",
+            help=f"seconds per adapter in the worker, autotuning included (default {DEFAULT_TIMEOUT_S:g})",
+        ),
+    ] = None,
     isolate: Annotated[
         bool,
         typer.Option(
@@ -92,7 +96,11 @@ def check(
     names = _names(kernel, "--kernel")
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    timeout = settings.check("timeout_s", timeout, "--timeout")
+    if timeout is not None and not isolate:
+        raise UserError(
+            "--timeout stops the worker; --no-isolate runs the kernels in this process, where none can"
+        )
+    timeout = settings.check("timeout_s", DEFAULT_TIMEOUT_S if timeout is None else timeout, "--timeout")
     chosen = names or None
     for name in chosen or []:
         registry.get(name)  # an unknown name is the user's mistake, said before torch loads

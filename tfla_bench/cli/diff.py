@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from tfla_bench.cli.paths import output_files, path_option, writes
+from tfla_bench.cli.paths import output_files, path_option, replacing, writes
 from tfla_bench.errors import UserError
 from tfla_bench.run import rundir
 from tfla_bench.run.console import make_console, print_frame
@@ -105,10 +105,11 @@ def diff(
         (plot, lambda p: rundir.save_atomic(p, ratio_figure(result, title).savefig)),
     ):
         if path is not None:
+            replaced = replacing(path)
             with writes(str(path)):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write(path)
-            console.print(f"wrote {path}")
+            console.print(f"wrote {path}{replaced}")
     if threshold is not None:
         slower = result.slower_than(threshold)
         if len(slower):

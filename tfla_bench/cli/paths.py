@@ -103,6 +103,11 @@ def output_dir(path: Path, flag: str) -> Path:
     return path
 
 
+def replacing(path: Path) -> str:
+    """What the line that names a written file adds when the write replaces one: ask before writing."""
+    return " (replaced the previous one)" if path.exists() else ""
+
+
 @contextmanager
 def writes(what: str, folder: Path | None = None) -> Iterator[None]:
     """Turn a failed write inside the block into a `RunFailed` naming `what` and the reason.

@@ -232,7 +232,7 @@ def profile_rows(
 def _profiled(run_dir: Path) -> set[str]:
     """The cases that `profile.csv` holds an ok profile of."""
     old = _read_profile(run_dir / rundir.PROFILE)
-    if old is None or "profile_status" not in old.columns:
+    if old is None:
         return set()
     records = old.to_dict("records")
     return {row_schema.case_of(cells).key for cells in records if cells["profile_status"] == "ok"}
@@ -289,10 +289,31 @@ def write_profiles(run_dir: Path, profiles: Sequence[CaseProfile]) -> Path:
 
 
 def _read_profile(path: Path) -> pd.DataFrame | None:
-    """`profile.csv` as text cells (empty cells stay empty), or None when the run has none."""
+    """`profile.csv` as text cells (empty cells stay empty), or None when the run has none.
+
+    Raises:
+        UserError: the file is not a profile record: not CSV, a column missing, or a line whose case
+            cells no sweep writes.
+    """
     if not path.exists():
         return None
-    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+    def refuse(what: str) -> UserError:
+        return UserError(f"{path}: not a profile record ({what}); remove it and profile the run again")
+
+    try:
+        profile = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    except (OSError, ValueError) as exc:  # pandas' parser and empty-file errors are ValueErrors
+        raise refuse(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    missing = [c for c in (*CASE_COLUMNS, *PROFILE_COLUMNS) if c not in profile.columns]
+    if missing:
+        raise refuse(f"lacks {', '.join(missing)}")
+    for line, cells in enumerate(profile.to_dict("records"), start=2):
+        try:
+            row_schema.case_of(cells)
+        except (ValueError, KeyError) as exc:
+            raise refuse(f"line {line}: {exc}") from None
+    return profile
 
 
 def _is_case_column(name: str) -> bool:

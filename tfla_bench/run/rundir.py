@@ -160,6 +160,22 @@ def own_part(path: Path) -> Path | None:
     return None
 
 
+def refuse_folders_for_files(run_dir: Path) -> None:
+    """Refuse a run directory holding a folder where a sweep writes a file of its own (`OWN_FILES`,
+    its processes' logs), which the sweep could not write or replace.
+
+    Raises:
+        UserError: naming the first such folder.
+    """
+    if not run_dir.is_dir():
+        return
+    for path in sorted(run_dir.iterdir()):
+        if path.is_dir() and (
+            path.name in OWN_FILES or re.fullmatch(r"(worker|precompile)-\d+\.log", path.name)
+        ):
+            raise UserError(f"{path}: a folder where the run keeps a file of its own; move it out of the run")
+
+
 def _is_run_dir(folder: Path) -> bool:
     return (folder / SPEC).is_file() or (folder / RESULTS).is_file()
 
@@ -324,6 +340,11 @@ def refuse_not_writable(paths: Iterable[Path], what: str) -> None:
             )
 
 
+def _through_link(path: Path) -> Path:
+    """The file a symlink leads to (a rename would replace the link itself), else `path`."""
+    return path.resolve() if path.is_symlink() else path
+
+
 def _replaceable(path: Path) -> None:
     """The last guard of the atomic writers: a rename would replace a file that is not `writable`
     (the checks before the work, `refuse_not_writable`, say so as a `UserError`); here it is a failed
@@ -381,8 +402,10 @@ def _check_header(path: Path, header: list[str]) -> None:
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, fsynced, then renamed over it."""
+    """Write `path` whole or not at all: a temporary file beside it, fsynced, then renamed over it; a
+    symlink is written through, as an append to it would be."""
     payload = data.encode() if isinstance(data, str) else data
+    path = _through_link(path)
     _replaceable(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -400,7 +423,9 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def save_atomic(path: Path, save: Callable[[Path], None]) -> None:
-    """Let `save` write a temporary file beside `path` (e.g. `fig.savefig`), then rename it over `path`."""
+    """Let `save` write a temporary file beside `path` (e.g. `fig.savefig`), then rename it over `path`
+    (a symlink: over the file it leads to)."""
+    path = _through_link(path)
     _replaceable(path)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
     try:

@@ -149,7 +149,7 @@ from tfla_bench.run.precompile import (
     PrecompileSummary,
     precompile,
 )
-from tfla_bench.run.specs import Spec, parse_spec
+from tfla_bench.run.specs import Spec, expand, parse_spec
 
 # New runs land in an ignored folder; `results/runs/` holds only the runs the docs cite, moved there by hand.
 RUNS_DIR = Path("runs")
@@ -244,13 +244,15 @@ def check_run_dir(
     """Refuse a run directory the sweep must not write into; the spec difference `force` accepted.
 
     Call it holding the directory's lock, before anything is written. Both refuse a `timings.json`
-    that is not a timing record. A new run refuses a directory that holds rows. A resumed one refuses
+    that is not a timing record, and a folder where the run keeps a file (`worker-0.log/`). A new
+    run refuses a directory that holds rows. A resumed one refuses
     a spec that differs from its `spec.json` (unless `force`), an `env.json` of a newer schema, a
     `results.csv` that cannot be repaired, and, where `cuda` is False (the sweep would run here, on
     no GPU), a run measured on a GPU: here its cases could only be marked unavailable, and the rows
     decided there without running (`unsupported` on that GPU) would be decided again.
     """
     csv_path = run_dir / rundir.RESULTS
+    rundir.refuse_folders_for_files(run_dir)
     phases.read(run_dir)  # the record the sweep's own will keep under `earlier`
     if not resume:
         if rundir.read_results(csv_path).rows:
@@ -311,6 +313,11 @@ def resume_plan(
     """
     read = rundir.read_results(csv_path)
     existing = read.for_resume()
+    if len(existing) < len(read.rows):
+        console.print(
+            f"[yellow]warning:[/] {csv_path}: {len(read.rows) - len(existing)} row(s) repeat an earlier "
+            "row word for word; a resume keeps each once"
+        )
     if read.torn:
         console.print(
             f"[yellow]warning:[/] {csv_path} line {read.skipped[-1].line}: {read.skipped[-1].reason}; "
@@ -511,7 +518,8 @@ def run_sweep(
     devices = devices or select_devices(None)
     cuda = devices[0] != "cpu"
     csv_path = run_dir / rundir.RESULTS
-    order = [case.key for case in cases]
+    # the spec's order, for rows a resume keeps of cases another selection (-k, --seq-len) ran too
+    order = list(dict.fromkeys([case.key for case in expand(spec)] + [case.key for case in cases]))
     kept: list[ResultRow] = []
     columns = row_schema.columns_for(cases)
     if resume:
@@ -1212,10 +1220,12 @@ def _row(planned: _Planned, measurement: Measurement, host: str, gpu_name: str) 
     )
 
 
-def case_fates(cases: list[Case], *, cuda: bool) -> dict[str, str]:
-    """What the sweep would decide without running, per case key: `status: reason`."""
-    decided, _ = plan(cases, cuda=cuda)
-    return {row.case.key: f"{row.status}: {row.error}" for row in decided}
+def case_fates(cases: list[Case], *, cuda: bool, kept: Iterable[ResultRow] = ()) -> dict[str, str]:
+    """What the sweep would do without running, per case key: keep a resume's finished row (`kept:
+    STATUS`), or decide `status: reason`."""
+    fates = {row.case.key: f"kept: {row.status}" for row in kept}
+    decided, _ = plan([case for case in cases if case.key not in fates], cuda=cuda)
+    return fates | {row.case.key: f"{row.status}: {row.error}" for row in decided}
 
 
 def measured_beside(row: ResultRow) -> bool:
