@@ -214,7 +214,7 @@ def test_a_spec_name_ending_in_a_newline_is_refused(tmp_path, capsys):
     assert "key 'name'" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("args", [["-k", ""], ["-k", ","], ["--seq-len", ""]])
+@pytest.mark.parametrize("args", [["-k", ""], ["-k", ","], ["-k", "sdpa_math", "-k", ","], ["--seq-len", ""]])
 def test_an_empty_filter_is_a_mistake_not_no_filter(capsys, args):
     assert main(["sweep", "experiments/smoke.toml", "--dry-run", *args]) == 2
     err = capsys.readouterr().err

@@ -843,3 +843,7 @@ def test_a_resume_of_another_selection_plans_kept_rows_and_lists_every_row_in_sp
     short = [case for case in cases if case.seq_len == 16]
     runner.run_sweep(spec, short, run_dir, resume=True, devices=["cpu"])
     assert [row.case.key for row in rundir.read_results(path).rows] == [case.key for case in cases]
+
+
+def test_no_note_of_what_runs_when_nothing_is_left_to_run():
+    assert runner.sweep_notes([], cuda=False) == []

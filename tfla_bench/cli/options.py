@@ -14,11 +14,12 @@ JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON object 
 
 def _names(values: list[str] | None, flag: str = "") -> list[str]:
     """Repeated and comma-separated option values, flattened, without duplicates; with `flag`, a
-    `UserError` naming it where values were given but hold no name (`-k ""` from an unset variable
-    would otherwise mean every kernel)."""
+    `UserError` naming it where a value given holds no name (`-k ""` from an unset variable would
+    otherwise mean every kernel, or be dropped beside another `-k`)."""
     names = [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
-    if flag and values and not names:
-        raise UserError(f"{flag}: expected a name or a comma list of names, got {values[-1]!r}")
+    empty = next((value for value in values or [] if not value.replace(",", "").strip()), None)
+    if flag and empty is not None:
+        raise UserError(f"{flag}: expected a name or a comma list of names, got {empty!r}")
     return list(dict.fromkeys(names))
 
 

@@ -450,7 +450,7 @@ def sweep_notes(cases: list[Case], *, cuda: bool) -> list[str]:
     adapters run at all; each adapter's `row_note` (its timings are no speed claim), once."""
     names = sorted({case.kernel for case in cases})
     lines = []
-    if not cuda:
+    if not cuda and names:  # a resume with nothing left to run has nothing to say of what runs
         cpu_names = [name for name in names if registry.get(name).cpu_capable]
         others = [name for name in names if name not in cpu_names]
         line = f"no CUDA device: only CPU-capable adapters run ({', '.join(cpu_names) or 'none here'})"
