@@ -336,7 +336,7 @@ def load_plugin_modules(modules: list[str]) -> None:
             )
             raise UserError(
                 f"adapter module {module!r} ({PLUGINS_ENV}) failed while it was imported: "
-                f"{type(exc).__name__}: {exc}{where}"
+                f"{exception_line(exc)}{where}"
             ) from exc
 
 
