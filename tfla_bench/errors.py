@@ -18,6 +18,12 @@ class RunFailed(Exception):
     """A started run stopped by its environment, reported as one line and exit code 1."""
 
 
+def control_char(text: str) -> str | None:
+    """The first control character of `text` (a newline, a tab, DEL), or None: a value holding one
+    would break the one line that names it, or the file it is written into."""
+    return next((char for char in text if ord(char) < 32 or ord(char) == 127), None)
+
+
 def exception_line(exc: BaseException) -> str:
     """`TypeName: last non-blank line of the message` (just `TypeName` for an empty message)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

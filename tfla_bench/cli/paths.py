@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.errors import RunFailed, UserError, control_char
 from tfla_bench.run import rundir
 
 # Below this a report or a figure would not fit (a report embeds its figures: about a megabyte).
@@ -162,7 +162,7 @@ def _check_name(path: Path, flag: str) -> None:
     """Each name along `path` fits the file system, none is a symlink that leads nowhere, and a
     name still to be made holds no control character (a newline: a pasted command, a script's
     unquoted variable), which would follow the folder into every listing and message."""
-    control = next((char for char in str(path) if ord(char) < 32 or ord(char) == 127), None)
+    control = control_char(str(path))
     if control is not None and not path.exists():
         raise UserError(f"{flag} {str(path)!r}: holds a control character ({control!r}); give a plain name")
     for part in path.parts:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tfla_bench.adapters.workloads import DTYPES, MODES, Case, parse_bool
+from tfla_bench.errors import control_char
 from tfla_bench.measure.gpustate import COLUMNS as NVML_COLUMNS
 
 CASE_COLUMNS = tuple(spec.name for spec in fields(Case) if spec.name != "params")
@@ -233,7 +234,7 @@ def _case_cell(name: str, text: str) -> str | int | None:
     if choices is not None and text not in choices:
         raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
     if spec.type in (str, "str"):
-        if not text.strip() or any(ord(char) < 32 for char in text):
+        if not text.strip() or control_char(text) is not None:
             raise ValueError(f"expected a name, got {text!r}")
         return text
     if text == "" and spec.default is None:

@@ -61,7 +61,7 @@ from typing import Any
 from rich.console import Console
 
 from tfla_bench.adapters.workloads import Case
-from tfla_bench.errors import RunFailed, UserError
+from tfla_bench.errors import RunFailed, UserError, control_char
 from tfla_bench.measure import row as row_schema
 from tfla_bench.measure.envinfo import now_iso
 from tfla_bench.measure.row import ResultRow
@@ -313,7 +313,7 @@ def parse_slurm_args(entries: tuple[str, ...]) -> dict[str, str | bool]:
         key = key.strip().removeprefix("--").replace("_", "-")
         if not re.fullmatch(r"[a-z][a-z0-9-]*", key) or (sep and not value.strip()):
             raise UserError(f"--slurm-arg: expected KEY=VALUE with an sbatch option as KEY, got {entry!r}")
-        if any(ord(char) < 32 or ord(char) == 127 for char in value):
+        if control_char(value) is not None:
             # a newline would end the #SBATCH line and start another line of the job's script
             raise UserError(f"--slurm-arg {key}: the value holds a control character, got {entry!r}")
         if key in _FLAG_OF:

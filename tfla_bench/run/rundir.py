@@ -332,12 +332,17 @@ def refuse_not_writable(paths: Iterable[Path], what: str) -> None:
         UserError: naming the first such file, as `what` (`--out`, `figure`) and its mode.
     """
     for path in paths:
-        if path.is_file() and not writable(path):
+        if _kept_as_it_is(path):
             mode = stat.S_IMODE(path.stat().st_mode)
             raise UserError(
                 f"{what} {path}: is not writable (mode {mode:o}); make it writable (chmod u+w) or write "
                 "elsewhere; it is left as it is"
             )
+
+
+def _kept_as_it_is(path: Path) -> bool:
+    """Whether `path` is a file that is not `writable`, which no writer replaces."""
+    return path.is_file() and not writable(path)
 
 
 def _through_link(path: Path) -> Path:
@@ -349,7 +354,7 @@ def _replaceable(path: Path) -> None:
     """The last guard of the atomic writers: a rename would replace a file that is not `writable`
     (the checks before the work, `refuse_not_writable`, say so as a `UserError`); here it is a failed
     write, as the callers report one."""
-    if path.is_file() and not writable(path):
+    if _kept_as_it_is(path):
         raise PermissionError(errno.EACCES, "not writable; left as it is", str(path))
 
 

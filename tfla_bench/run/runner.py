@@ -245,11 +245,11 @@ def check_run_dir(
 
     Call it holding the directory's lock, before anything is written. Both refuse a `timings.json`
     that is not a timing record, and a folder where the run keeps a file (`worker-0.log/`). A new
-    run refuses a directory that holds rows. A resumed one refuses
-    a spec that differs from its `spec.json` (unless `force`), an `env.json` of a newer schema, a
-    `results.csv` that cannot be repaired, and, where `cuda` is False (the sweep would run here, on
-    no GPU), a run measured on a GPU: here its cases could only be marked unavailable, and the rows
-    decided there without running (`unsupported` on that GPU) would be decided again.
+    run refuses a directory that holds rows. A resumed one refuses a spec that differs from its
+    `spec.json` (unless `force`), an `env.json` of a newer schema, a `results.csv` that cannot be
+    repaired, and, where `cuda` is False (the sweep would run here, on no GPU), a run measured on a
+    GPU: here its cases could only be marked unavailable, and the rows decided there without running
+    (`unsupported` on that GPU) would be decided again.
     """
     csv_path = run_dir / rundir.RESULTS
     rundir.refuse_folders_for_files(run_dir)
