@@ -489,6 +489,35 @@ def test_a_published_number_that_is_none_is_one_line_naming_its_line(
 
 
 @pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        # a blank line and a line of spaces before the bad row: pandas skips both, the file counts them
+        (lambda lines: lines[:2] + ["", "   "] + lines[2:4]
+         + [lines[4].replace(",16,4096,16,", ",16,4096.5,16,", 1)] + lines[5:], "line 7: seq_len is "),
+        (lambda lines: lines[:3] + [lines[3] + ",extra"] + lines[4:],
+         "cannot be read: ParserError: Error tokenizing data. C error: Expected 18 fields in line 4, saw 19"),
+        (lambda lines: [], "cannot be read: EmptyDataError: No columns to parse from file"),
+    ],
+    ids=["blank-lines", "extra-cell", "empty"],
+)  # fmt: skip
+def test_a_published_csv_that_is_no_table_or_has_blank_lines_is_one_line_naming_the_line(
+    run_dir, tmp_path, monkeypatch, capsys, edit, expected
+):
+    folder = tmp_path / "published"
+    folder.mkdir()
+    for source in (REPO / "results" / "published").glob("*.csv"):
+        (folder / source.name).write_bytes(source.read_bytes())
+    path = folder / "tfla_fig5_consttoken.csv"
+    lines = path.read_text().split("\n")
+    assert ",16,4096,16," in lines[4]
+    path.write_text("\n".join(edit(lines)))
+    monkeypatch.setenv("TFLA_BENCH_PUBLISHED_DIR", str(folder))
+    assert main(["compare", str(run_dir), "--csv", str(tmp_path / "c.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path} " in err and expected in err, err
+
+
+@pytest.mark.parametrize(
     ("field", "value", "expected"),
     [
         ("measured_at", 5, "measured_at is 5; expected a string"),
@@ -581,6 +610,14 @@ def test_a_folder_where_the_run_keeps_a_log_is_one_line(run_dir, capsys):
     assert main(["sweep", "--resume", str(run_dir), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "worker-0.log: a folder where the run keeps a file of its own" in err
+
+
+def test_a_folder_in_place_of_the_lock_is_one_line_naming_it(run_dir, capsys):
+    _with_spec(run_dir)
+    (run_dir / "sweep.lock").mkdir()
+    assert main(["sweep", "--resume", str(run_dir)]) == 2  # the lock is taken before the run is read
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sweep.lock: a folder where the run keeps a file of its own" in err
 
 
 @pytest.mark.parametrize(("source", "message"), [

@@ -19,6 +19,7 @@ heads), the fused-conv Mamba 2 uses one group, as our adapters' defaults do.
 
 from __future__ import annotations
 
+import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from tfla_bench.adapters import registry
-from tfla_bench.errors import UserError
+from tfla_bench.errors import UserError, exception_line
 
 # The README states "one NVIDIA H100" without the variant. We assume the SXM part (989 TFLOP/s
 # bf16, 3.35 TB/s), the paper's table-18 H100; this is its CUDA device name.
@@ -183,7 +184,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
     Raises:
         UserError: a missing column, or a cell that is not the number its column holds, naming its line.
     """
-    df = pd.read_csv(path)
+    df = _frame(path)
     missing = [c for c in PUBLISHED_COLUMNS if c not in df.columns]
     if missing:
         raise UserError(f"published CSV {path} lacks columns: {', '.join(missing)}")
@@ -202,12 +203,37 @@ def _read_csv(path: Path) -> pd.DataFrame:
         bad = ~fine
         if bad.any():
             index = int(bad.to_numpy().argmax())
+            lines = _row_lines(path)
+            line = lines[index] if len(lines) == len(df) else index + 2
             raise UserError(
-                f"published CSV {path} line {index + 2}: {column} is {df[column].iloc[index]!r}; "
+                f"published CSV {path} line {line}: {column} is {df[column].iloc[index]!r}; "
                 f"expected {expected}"
             )
         df[column] = values
     return df
+
+
+def _frame(path: Path, **options: Any) -> pd.DataFrame:
+    """`pd.read_csv(path, **options)`; a file that is no CSV is one line naming it."""
+    try:
+        return pd.read_csv(path, **options)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        raise UserError(f"published CSV {path} cannot be read: {exception_line(exc)}") from None
+
+
+def _row_lines(path: Path) -> list[int]:
+    """The line of the file where each row of `pd.read_csv(path)` starts: pandas skips blank lines and
+    lines of spaces alone, and a quoted cell may span lines."""
+    starts = []
+    with path.open(newline="", encoding="utf-8") as file:
+        reader = csv.reader(file)
+        next(reader, None)
+        end = reader.line_num
+        for record in reader:
+            if len(record) > 1 or (record and record[0].strip()):
+                starts.append(end + 1)
+            end = reader.line_num
+    return starts
 
 
 def list_published() -> dict[str, Path]:
@@ -222,7 +248,7 @@ def list_published() -> dict[str, Path]:
         raise UserError(f"no published CSVs in {folder} (set ${PUBLISHED_DIR_ENV} to their folder)")
     sets: dict[str, Path] = {}
     for path in paths:
-        figures = pd.read_csv(path, usecols=lambda c: c == "figure")
+        figures = _frame(path, usecols=lambda c: c == "figure")
         if "figure" not in figures.columns:
             raise UserError(f"published CSV {path} lacks columns: figure")
         for name in figures["figure"].dropna().unique():

@@ -173,7 +173,12 @@ def refuse_folders_for_files(run_dir: Path) -> None:
         if path.is_dir() and (
             path.name in OWN_FILES or re.fullmatch(r"(worker|precompile)-\d+\.log", path.name)
         ):
-            raise UserError(f"{path}: a folder where the run keeps a file of its own; move it out of the run")
+            raise UserError(folder_for_file(path))
+
+
+def folder_for_file(path: Path) -> str:
+    """The line refusing a folder at `path`, where a run keeps a file of its own."""
+    return f"{path}: a folder where the run keeps a file of its own; move it out of the run"
 
 
 def _is_run_dir(folder: Path) -> bool:
@@ -915,6 +920,8 @@ class RunLock:
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except IsADirectoryError:
+                raise UserError(folder_for_file(self.path)) from None
             except OSError as exc:
                 raise UserError(f"cannot write to {self.path.parent}: {exc.strerror}") from None
             try:
