@@ -33,7 +33,15 @@ from tfla_bench.kernels.common import (
     fwd_kernel_gates,
     fwd_kernel_states,
 )
-from tfla_bench.kernels.config import KernelConfig, check_config, config_for, gpu_target, tune_first_use
+from tfla_bench.kernels.config import (
+    KernelConfig,
+    check_config,
+    config_for,
+    filled_state_blocks,
+    gpu_target,
+    sm_count,
+    tune_first_use,
+)
 from tfla_bench.kernels.contract import chunk_reason, head_dim_reason
 from tfla_bench.kernels.gates import GATES, num_chunks
 from tfla_bench.kernels.launch import INTERPRETED, Launches
@@ -394,11 +402,13 @@ def resolve_config(
     kernel: str, config: KernelConfig | None, q: torch.Tensor, dv: int, chunk_size: int, gate: str
 ):
     """The caller's `config` once checked, else the cached config for this GPU and shape (`config_for`),
-    tuned first where the user opted in (`tune_first_use`)."""
+    tuned first where the user opted in (`tune_first_use`), its state blocks split to fill the GPU's
+    SMs at this call's batch and heads (`filled_state_blocks`)."""
     dqk = q.shape[-1]
     if config is None:
         tune_first_use(kernel, gate, (*q.shape[:3], dqk, dv, chunk_size), q.dtype, q.device)
-        return config_for(kernel, dqk, dv, chunk_size, q.dtype, gate, gpu_target(q.device))
+        chosen = config_for(kernel, dqk, dv, chunk_size, q.dtype, gate, gpu_target(q.device))
+        return filled_state_blocks(chosen, q.shape[0] * q.shape[1], dqk, dv, sm_count(q.device))
     check_config(kernel, config, dqk, dv, chunk_size)
     return config
 

@@ -57,6 +57,7 @@ from tfla_bench.kernels.contract import is_power_of_two
 KERNELS = ("tfla", "limit_chunk")
 SRAM_BYTES = 228 * 1024  # shared memory of one H100 (sm90) streaming multiprocessor
 MIN_BLOCK = 16  # tl.dot's smallest operand dimension
+MIN_FILL_BLOCK = 32  # `filled_state_blocks` halves no state block below this
 # dK and dV in one kernel keep both accumulators, [B_Lkv, Dqk] and [B_Lkv, Dv], on chip
 FUSED_KV_DIMS = 512
 # The largest head-dim blocks (B_dqk, B_dhv) each limit_chunk kernel starts from, by input element
@@ -411,6 +412,35 @@ def config_for(
         if carried is not None:
             return carried
     return default_config(kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
+
+
+def filled_state_blocks(config: KernelConfig, heads: int, head_dim_qk: int, head_dim_v: int, sm_count: int):
+    """`config` with its recurrent kernels' state blocks halved until their grid, `heads` (B x NH) times
+    the blocks of a state, has a program for each of the `sm_count` SMs, the larger block first (the
+    key block on a tie, which keeps `state_qk` rows for the tensor cores), none below `MIN_FILL_BLOCK`.
+
+    Each program walks all chunks of its sequence one after the other, so a call of few heads leaves
+    SMs idle (B 1 x NH 16 with 64 x 128 blocks: 64 programs on an H200's 132 SMs). Halving a block
+    reads the other operand once more (keys `Dv / state_v` times, values `Dqk / state_qk` times), so
+    the rule stops as soon as every SM has a program. The reductions run over the chunk's steps, so
+    the states are the same at any block sizes."""
+    qk, v = config.state_qk, config.state_v
+    while heads * (head_dim_qk // qk) * (head_dim_v // v) < sm_count and max(qk, v) >= 2 * MIN_FILL_BLOCK:
+        if v >= qk:
+            v //= 2
+        else:
+            qk //= 2
+    if (qk, v) == (config.state_qk, config.state_v):
+        return config
+    return dataclasses.replace(config, state_qk=qk, state_v=v)
+
+
+@lru_cache(maxsize=16)
+def sm_count(device: torch.device) -> int:
+    """The SMs of a CUDA device, 0 elsewhere (the interpreter fills no grid)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def has_entry(shape: tuple, gpu: tuple[str, str]) -> bool:

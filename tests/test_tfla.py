@@ -473,6 +473,39 @@ def test_tuned_config_takes_the_place_of_the_default(monkeypatch):
     config_for.cache_clear()
 
 
+def test_state_blocks_are_split_until_every_sm_has_a_program():
+    from tfla_bench.kernels.config import filled_state_blocks
+
+    entry = replace(default_config("tfla", 128, 256, 128, torch.bfloat16, "exp"), state_qk=64, state_v=128)
+    # Fig. 5 at T 65,536: B 1 x NH 16 with 2 x 2 blocks is 64 programs on 132 SMs; the value block
+    # is halved twice (a tie halves it too), 256 programs
+    filled = filled_state_blocks(entry, 16, 128, 256, 132)
+    assert (filled.state_qk, filled.state_v) == (64, 32)
+    assert replace(filled, state_qk=64, state_v=128) == entry  # nothing else changes
+    # B 8 x NH 16: 512 programs already, the entry as it is
+    assert filled_state_blocks(entry, 128, 128, 256, 132) is entry
+    # the larger block first (8 programs of 32 x 128 for one head): 32 x 64 for 16 SMs, then 32 x 32, none
+    # below 32
+    narrow = replace(entry, state_qk=32, state_v=128)
+    assert [
+        (c.state_qk, c.state_v) for c in (filled_state_blocks(narrow, 1, 128, 256, n) for n in (8, 16, 10**6))
+    ] == [(32, 128), (32, 64), (32, 32)]
+    assert filled_state_blocks(entry, 16, 128, 256, 0) is entry  # no SMs: not on a GPU
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_split_state_blocks_match_the_reference(gate, monkeypatch):
+    # The split is the one change to a config that a call makes itself; the kernels at its blocks
+    # against the float64 reference, output and every gradient.
+    from tfla_bench.kernels import chunkwise
+
+    monkeypatch.setattr(chunkwise, "sm_count", lambda device: 64)
+    q = torch.zeros(1, 2, 64, 64)
+    chosen = chunkwise.resolve_config("tfla", None, q, 64, 32, gate)
+    assert (chosen.state_qk, chosen.state_v) == (32, 32)  # 2 heads x 2 x 1 blocks: halved to 2 x 2
+    check_against_reference(gate, False, 1, 2, 64, 64, 64, 32, config=None)
+
+
 @pytest.mark.parametrize("gate", ["exp", "sig"])
 def test_state_kernels_one_chunk_per_step(gate):
     # The recurrent kernels' one-tile path (limit_chunk's default) on TFLA, for both gates.
