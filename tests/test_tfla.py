@@ -648,6 +648,32 @@ def test_gpu_tiles_through_tensor_descriptors_give_the_pointer_loads_results(gat
         assert rel_rms(a, b) < 1e-5, f"{name}: relative RMS {rel_rms(a, b):.1e} from the pointer loads"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_gpu_split_state_blocks_give_the_chosen_configs_results(gate):
+    """Fig. 5's head dims and chunk at one batch of 16 heads, whose state blocks a call splits to fill
+    the SMs (`config.filled_state_blocks`): the chosen config's results at its own blocks. The gate
+    gradients sum one term per state block, so they may round otherwise."""
+    batch, heads, seq_len, dqk, dv = 1, 16, 4096, 128, 256
+    inputs = make_inputs(batch, heads, seq_len, dqk, dv, seed=8)
+    inputs[:3] = [x.bfloat16() for x in inputs[:3]]
+    weights = make_weights(batch, heads, seq_len, dqk, dv)
+    chosen = config_module.config_for(
+        "tfla", dqk, dv, 128, torch.bfloat16, gate, config_module.gpu_target(torch.device(DEVICE))
+    )
+    sms = config_module.sm_count(torch.device(DEVICE))
+    if config_module.filled_state_blocks(chosen, batch * heads, dqk, dv, sms) == chosen:
+        pytest.skip(f"the chosen config's state blocks fill this GPU's {sms} SMs")
+    whole = run_with_grads(tfla_fn(gate, False, 128, chosen), inputs, [], weights, gate)
+    filled = run_with_grads(tfla_fn(gate, False, 128), inputs, [], weights, gate)
+    assert torch.equal(filled[0], whole[0])
+    for name, a, b in zip(GRAD_NAMES, filled[2], whole[2], strict=True):
+        if name in ("di", "df"):
+            assert rel_rms(a, b) < 1e-5, f"{name}: relative RMS {rel_rms(a, b):.1e} from the whole blocks"
+        else:
+            assert torch.equal(a, b), name
+
+
 # float16 (unit roundoff 2^-11): measured the same way at T = 2048 with the default gate ranges,
 # h 3e-4, dq/dk/dv/di 5e-4, df 2e-3. (At the trained gate ranges some h_t underflow in float16,
 # which makes the RMS-normalized test loss itself undefined; bfloat16 covers those ranges.)
