@@ -415,21 +415,24 @@ def config_for(
 
 
 def filled_state_blocks(config: KernelConfig, heads: int, head_dim_qk: int, head_dim_v: int, sm_count: int):
-    """`config` with its recurrent kernels' state blocks halved until their grid, `heads` (B x NH) times
-    the blocks of a state, has a program for each of the `sm_count` SMs, the larger block first (the
-    key block on a tie, which keeps `state_qk` rows for the tensor cores), none below `MIN_FILL_BLOCK`.
+    """`config` with its recurrent kernels' state blocks halved, the key block first, then the value
+    block, none below `MIN_FILL_BLOCK`, while their grid, `heads` (B x NH) times the blocks of a
+    state, would leave more than half of the `sm_count` SMs without a program.
 
     Each program walks all chunks of its sequence one after the other, so a call of few heads leaves
-    SMs idle (B 1 x NH 16 with 64 x 128 blocks: 64 programs on an H200's 132 SMs). Halving a block
-    reads the other operand once more (keys `Dv / state_v` times, values `Dqk / state_qk` times), so
-    the rule stops as soon as every SM has a program. The reductions run over the chunk's steps, so
-    the states are the same at any block sizes."""
+    SMs idle: B 1 x NH 16 with 64 x 128 blocks is 64 programs on 132 SMs. At Fig. 5's T 65,536 on an
+    H100, 32 x 128 blocks (128 programs) took the fwbw from 7.03 to 6.52 ms (mLSTMsig) and from 7.36 to
+    6.79 ms (mLSTMexp), more than 64 x 64; at T 32,768 (128 programs of 64 x 128) every split was
+    slower, so the rule stops at half the SMs. Halving a block reads the other operand once more, and
+    the reductions run over the chunk's steps: h, dq, dk and dv are the same at any blocks."""
     qk, v = config.state_qk, config.state_v
-    while heads * (head_dim_qk // qk) * (head_dim_v // v) < sm_count and max(qk, v) >= 2 * MIN_FILL_BLOCK:
-        if v >= qk:
-            v //= 2
-        else:
+    programs = heads * (head_dim_qk // qk) * (head_dim_v // v)
+    while 2 * programs <= sm_count and max(qk, v) >= 2 * MIN_FILL_BLOCK:
+        programs *= 2
+        if qk >= 2 * MIN_FILL_BLOCK:
             qk //= 2
+        else:
+            v //= 2
     if (qk, v) == (config.state_qk, config.state_v):
         return config
     return dataclasses.replace(config, state_qk=qk, state_v=v)
