@@ -423,8 +423,10 @@ def filled_state_blocks(config: KernelConfig, heads: int, head_dim_qk: int, head
     SMs idle: B 1 x NH 16 with 64 x 128 blocks is 64 programs on 132 SMs. At Fig. 5's T 65,536 on an
     H100, 32 x 128 blocks (128 programs) took the fwbw from 7.03 to 6.52 ms (mLSTMsig) and from 7.36 to
     6.79 ms (mLSTMexp), more than 64 x 64; at T 32,768 (128 programs of 64 x 128) every split was
-    slower, so the rule stops at half the SMs. Halving a block reads the other operand once more, and
-    the reductions run over the chunk's steps: h, dq, dk and dv are the same at any blocks."""
+    slower, so the rule stops at half the SMs (`experiments/state_blocks.py`,
+    `results/kernels/state-blocks-h100.csv`; on an H200, `docs/results-h200.md`). Halving a block
+    reads the other operand once more, and the reductions run over the chunk's steps: h, dq, dk and
+    dv are the same at any blocks."""
     qk, v = config.state_qk, config.state_v
     programs = heads * (head_dim_qk // qk) * (head_dim_v // v)
     while 2 * programs <= sm_count and max(qk, v) >= 2 * MIN_FILL_BLOCK:
