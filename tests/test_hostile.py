@@ -644,3 +644,55 @@ def test_report_says_it_replaced_a_file(run_dir, tmp_path, capsys):
     out.write_text("a file of the user's\n")
     assert main(["report", str(run_dir), "--published", "none", "--out", str(out)]) == 0
     assert f"wrote {out} (replaced the previous one)" in capsys.readouterr().out.replace("\n", "")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compare", "{run}", "--csv", "{pub}/tfla_fig5_consttoken.csv"],
+        ["compare", "{run}", "--json", "{pub}/new.json"],
+        ["report", "{run}", "--out", "{pub}/tfla_fig5_consttoken.csv"],
+        ["diff", "{run}", "{run}", "--csv", "{pub}/tfla_fig5_consttoken.csv"],
+        ["plot", "{run}", "--out", "{pub}/figures"],
+    ],
+    ids=["compare-csv", "compare-json", "report", "diff", "plot"],
+)
+def test_an_output_in_the_published_data_folder_is_one_line_and_writes_nothing(
+    run_dir, tmp_path, monkeypatch, capsys, args
+):
+    folder = tmp_path / "published"
+    folder.mkdir()
+    for source in (REPO / "results" / "published").glob("*.csv"):
+        (folder / source.name).write_bytes(source.read_bytes())
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    monkeypatch.setenv("TFLA_BENCH_PUBLISHED_DIR", str(folder))
+    assert main([arg.format(run=run_dir, pub=folder) for arg in args]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and f"lies in {folder}, the paper's published data that compare reads" in err
+    ), err
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+@pytest.mark.parametrize("log", ["worker-0.log", "precompile-3.log"])
+def test_an_output_over_a_process_log_of_a_run_is_one_line(run_dir, tmp_path, capsys, log):
+    (run_dir / log).write_text("the worker's own lines\n")
+    assert main(["compare", str(run_dir), "--csv", str(run_dir / log)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"would write over {log} of the run" in err, err
+    assert (run_dir / log).read_text() == "the worker's own lines\n"
+
+
+@pytest.mark.parametrize("record", ["env.json", "spec.json"])
+def test_a_new_sweep_into_a_folder_with_a_runs_records_is_one_line(tmp_path, capsys, record):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / record).write_text('{"gpu_name": "NVIDIA H200"}\n')
+    args = ["sweep", "smoke", "-k", "sdpa_math", "--seq-len", "128", "--out", str(out)]
+    for extra in (["--dry-run"], []):
+        assert main(args + extra) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"already holds a run's {record}; continue it with --resume" in err, (
+            err
+        )
+    assert sorted(path.name for path in out.iterdir()) == [record]

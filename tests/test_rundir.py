@@ -241,7 +241,7 @@ def test_lock_held_in_another_process_is_refused(tmp_path):
         holder.wait()
     warnings = []
     with rundir.RunLock(tmp_path, warn=warnings.append):
-        pass
+        assert json.loads((tmp_path / rundir.LOCK).read_bytes())["pid"] == os.getpid()  # no NULs before it
     assert len(warnings) == 1 and f"from {holder.pid}@" in warnings[0] and "no longer running" in warnings[0]
 
 
@@ -251,6 +251,17 @@ def test_a_lock_file_of_a_live_or_foreign_owner_is_refused(tmp_path, whose):
     (tmp_path / rundir.LOCK).write_text(json.dumps({"pid": pid, "host": host, "started_at": "t"}))
     with pytest.raises(UserError, match=f"{pid}@{host}"):
         rundir.RunLock(tmp_path, warn=print).acquire()
+
+
+@pytest.mark.parametrize("pid", ["Infinity", "99999999999999999999", "0", "-1", '"12"', "true", "1.5"])
+def test_a_hand_edited_lock_record_names_no_owner_and_is_taken(tmp_path, pid):
+    # json.loads reads Infinity and 20-digit numbers; a pid of 0 or -1 would signal a process group
+    (tmp_path / rundir.LOCK).write_text(f'{{"pid": {pid}, "host": "{socket.gethostname()}"}}')
+    warnings = []
+    with rundir.RunLock(tmp_path, warn=warnings.append):
+        # the record replaces the old one from the file's start
+        assert json.loads((tmp_path / rundir.LOCK).read_bytes())["pid"] == os.getpid()
+    assert warnings == []
 
 
 def test_a_lock_in_an_unwritable_directory_is_a_user_error(tmp_path, monkeypatch):

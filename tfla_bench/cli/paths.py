@@ -150,11 +150,20 @@ def _same_file(path: Path, other: Path) -> bool:
 
 
 def _check_not_a_runs_own(path: Path, flag: str) -> None:
-    """An output never replaces a file a run directory keeps of itself, nor goes inside its folders."""
+    """An output never replaces a file a run directory keeps of itself, nor goes inside its folders,
+    nor into the folder of the paper's published CSVs, which `compare` reads."""
     own = rundir.own_part(path)
     if own is not None:
         raise UserError(
             f"{flag} {path}: would write over {own.name} of the run {own.parent}, its own; give another path"
+        )
+    from tfla_bench.analyse.published import published_dir  # pandas: only where a command writes
+
+    published = published_dir()
+    if published.is_dir() and any(_same_file(place, published) for place in (path, *path.parents)):
+        raise UserError(
+            f"{flag} {path}: lies in {published}, the paper's published data that compare reads; "
+            "give another path"
         )
 
 

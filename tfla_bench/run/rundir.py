@@ -105,6 +105,7 @@ PROFILE = "profile.csv"
 NCU = "ncu"
 TIMINGS = "timings.json"
 LOCK = "sweep.lock"
+MAX_PID = 2**22  # Linux's largest pid_max: a lock record naming another pid was written by hand
 JOBS = "jobs.json"
 SUBMITIT = "submitit"
 SHARDS = "shards"
@@ -149,10 +150,10 @@ def for_gpu(name: str, gpu: str | None) -> str:
 
 
 def own_part(path: Path) -> Path | None:
-    """The file or folder of a run directory's own (`OWN_FILES`, `OWN_FOLDERS`) that `path` is or lies
-    in, or None. A run directory is a folder holding `SPEC` or `RESULTS`."""
+    """The file or folder of a run directory's own (`OWN_FILES`, its processes' logs, `OWN_FOLDERS`)
+    that `path` is or lies in, or None. A run directory is a folder holding `SPEC` or `RESULTS`."""
     path = Path(os.path.abspath(path))
-    if path.name in OWN_FILES and _is_run_dir(path.parent):
+    if (path.name in OWN_FILES or _is_process_log(path.name)) and _is_run_dir(path.parent):
         return path
     for place in (path, *path.parents):
         if place.name in OWN_FOLDERS and _is_run_dir(place.parent):
@@ -170,15 +171,18 @@ def refuse_folders_for_files(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     for path in sorted(run_dir.iterdir()):
-        if path.is_dir() and (
-            path.name in OWN_FILES or re.fullmatch(r"(worker|precompile)-\d+\.log", path.name)
-        ):
+        if path.is_dir() and (path.name in OWN_FILES or _is_process_log(path.name)):
             raise UserError(folder_for_file(path))
 
 
 def folder_for_file(path: Path) -> str:
     """The line refusing a folder at `path`, where a run keeps a file of its own."""
     return f"{path}: a folder where the run keeps a file of its own; move it out of the run"
+
+
+def _is_process_log(name: str) -> bool:
+    """Whether `name` is the log of one of a sweep's processes (`worker_log`, the precompile's)."""
+    return re.fullmatch(r"(worker|precompile)-\d+\.log", name) is not None
 
 
 def _is_run_dir(folder: Path) -> bool:
@@ -950,6 +954,7 @@ class RunLock:
             )
         try:
             os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)  # reading the owner moved past the old record: no hole of NULs
             _write_all(fd, json.dumps({"pid": me.pid, "host": me.host, "started_at": me.started_at}).encode())
             os.fsync(fd)
         except OSError as exc:
@@ -971,10 +976,14 @@ class RunLock:
 
 
 def _read_owner(fd: int) -> LockOwner | None:
+    """The owner the lock file records, or None for one no sweep wrote (the `flock` is the lock)."""
     os.lseek(fd, 0, os.SEEK_SET)
     raw = os.read(fd, 4096)
     try:
         record = json.loads(raw)
-        return LockOwner(int(record["pid"]), str(record["host"]), str(record.get("started_at", "?")))
+        pid = record["pid"]
+        if not (type(pid) is int and 0 < pid <= MAX_PID):  # 0, -1: kill() would signal a group
+            return None
+        return LockOwner(pid, str(record["host"]), str(record.get("started_at", "?")))
     except (ValueError, KeyError, TypeError):
         return None

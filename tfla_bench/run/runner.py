@@ -245,11 +245,11 @@ def check_run_dir(
 
     Call it holding the directory's lock, before anything is written. Both refuse a `timings.json`
     that is not a timing record, and a folder where the run keeps a file (`worker-0.log/`). A new
-    run refuses a directory that holds rows. A resumed one refuses a spec that differs from its
-    `spec.json` (unless `force`), an `env.json` of a newer schema, a `results.csv` that cannot be
-    repaired, and, where `cuda` is False (the sweep would run here, on no GPU), a run measured on a
-    GPU: here its cases could only be marked unavailable, and the rows decided there without running
-    (`unsupported` on that GPU) would be decided again.
+    run refuses a directory that holds rows, or a run's `spec.json` or `env.json`. A resumed one
+    refuses a spec that differs from its `spec.json` (unless `force`), an `env.json` of a newer
+    schema, a `results.csv` that cannot be repaired, and, where `cuda` is False (the sweep would run
+    here, on no GPU), a run measured on a GPU: here its cases could only be marked unavailable, and
+    the rows decided there without running (`unsupported` on that GPU) would be decided again.
     """
     csv_path = run_dir / rundir.RESULTS
     rundir.refuse_folders_for_files(run_dir)
@@ -258,6 +258,13 @@ def check_run_dir(
         if rundir.read_results(csv_path).rows:
             raise UserError(
                 f"{run_dir} already holds results; continue it with --resume {run_dir} or pick another --out"
+            )
+        records = [name for name in (rundir.SPEC, rundir.ENV) if (run_dir / name).exists()]
+        if records:
+            # a run stopped before its first row, or what one left: its records would be mixed with ours
+            raise UserError(
+                f"{run_dir} already holds a run's {' and '.join(records)}; continue it with --resume "
+                f"{run_dir} or pick another --out"
             )
         return None
     rundir.read_env(run_dir)
