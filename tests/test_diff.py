@@ -210,7 +210,7 @@ def test_cli_threshold_exit_codes_and_outputs(runs, tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cli_no_matching_case_or_no_run_is_one_line_and_exit_2(runs, tmp_path, capsys):
+def test_cli_no_matching_case_or_no_run_is_one_line_and_exit_2(runs, tmp_path, capsys, monkeypatch):
     a, _ = runs
     other = write(tmp_path / "other", [row(case("mamba", 8192), 1.0)])
     assert main(["diff", str(a), str(other)]) == 2
@@ -221,6 +221,14 @@ def test_cli_no_matching_case_or_no_run_is_one_line_and_exit_2(runs, tmp_path, c
     assert main(["diff", str(a), str(a), "--threshold", "-1"]) == 2
     assert main(["diff", str(a), str(a), "--plot", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+    # PGF needs a TeX system to measure its text; where none is installed it is refused first, the
+    # other outputs unwritten
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    outputs = ["--json", str(tmp_path / "d.json"), "--plot", str(tmp_path / "d.pgf")]
+    assert main(["diff", str(a), str(a), *outputs]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--plot" in err and "expected a file name ending in one of" in err
+    assert "pgf" not in err.split("one of")[1] and not (tmp_path / "d.json").exists()
 
 
 def test_the_plot_runs_along_the_column_that_varies(tmp_path):

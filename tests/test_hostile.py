@@ -696,3 +696,78 @@ def test_a_new_sweep_into_a_folder_with_a_runs_records_is_one_line(tmp_path, cap
             err
         )
     assert sorted(path.name for path in out.iterdir()) == [record]
+
+
+def test_a_report_named_as_another_kind_of_file_is_one_line(run_dir, capsys):
+    figure = run_dir / "figures" / "runtime_vs_seq_len.png"
+    figure.parent.mkdir()
+    figure.write_bytes(b"\x89PNG")
+    assert main(["report", str(run_dir), "--out", str(figure)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the report is one HTML page; give a file name ending in .html" in err
+    assert figure.read_bytes() == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--seq-len", "128,,256"],
+            "--seq-len: expected an integer or a comma list of integers, got '128,,256'",
+        ),
+        (["--seq-len", "128", "--tokens", "512,"], "--tokens: expected an integer or a comma list of"),
+        (
+            ["--seq-len", "128", "--mode", "fw,"],
+            "--mode: expected a name or a comma list of names, got 'fw,'",
+        ),
+        (["--seq-len", "128", "--dtype", ",float32"], "--dtype: expected a name or a comma list of names"),
+        (["--seq-len", "128", "-k", "sdpa_math,,mlstm_torch"], "--kernel: expected a name or a comma list"),
+    ],
+    ids=["seq-len", "tokens", "mode", "dtype", "kernel"],
+)
+def test_an_empty_item_in_a_comma_list_is_one_line(tmp_path, capsys, extra, message):
+    argv = [
+        "run",
+        "--dry-run",
+        "-k",
+        "sdpa_math",
+        "--head-dim-qk",
+        "32",
+        *extra,
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_an_empty_retry_status_or_profile_mode_is_one_line(run_dir, capsys):
+    _with_spec(run_dir)
+    assert main(["sweep", "--resume", str(run_dir), "--retry", "crashed,,", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "--retry: expected a name or a comma list of names, got 'crashed,,'" in err
+    )
+    assert main(["profile", str(run_dir), "--mode", "", "--ncu-path", "/bin/true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--mode: expected a name or a comma list of names, got ''" in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["site", "", "--out", "{tmp}/site"], "RUNS: expected a path, got an empty one"),
+        (["status", ""], "RUN_DIR: expected a path, got an empty one"),
+        (["compare", ""], "RUN_DIR: expected a path, got an empty one"),
+        (["plot", "{run}", "--published", " "], "--published: expected a name, got an empty one"),
+        (["report", "{run}", "--published", ""], "--published: expected a name, got an empty one"),
+    ],
+    ids=["site", "status", "compare", "plot", "report"],
+)
+def test_an_empty_path_or_name_is_one_line(run_dir, tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(run_dir.parent)  # an empty path would have read this folder as the current one
+    assert main([arg.format(run=run_dir, tmp=tmp_path) for arg in args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "site").exists() and not (run_dir / "report.html").exists()

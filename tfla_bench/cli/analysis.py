@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from tfla_bench.cli.options import name_option
 from tfla_bench.cli.paths import output_dir, output_file, output_files, path_option, replacing, writes
 from tfla_bench.errors import UserError
 from tfla_bench.run import rundir
@@ -30,6 +31,7 @@ RunDirArgument = Annotated[
         metavar="RUN_DIR",
         help="A run directory with results.csv and env.json (runs/SPEC-TIMESTAMP).",
         show_default=False,
+        parser=path_option("RUN_DIR"),
     ),
 ]
 PublishedOption = Annotated[
@@ -37,6 +39,7 @@ PublishedOption = Annotated[
     typer.Option(
         "--published",
         help="Published data set (its `figure` name); default: the run's env.json; 'none': off.",
+        parser=name_option("--published"),
     ),
 ]
 NormalizeOption = Annotated[
@@ -221,6 +224,8 @@ def report(
 
     default = run_dir / rundir.for_gpu(rundir.REPORT, gpu)
     out = output_file(out or default, "--out" if out else "report", keep=_inputs(run_dir))
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise UserError(f"--out {out}: the report is one HTML page; give a file name ending in .html")
     replaced = replacing(out)
     with writes(f"the report {out}", folder=out.parent):
         path = write_report(run_dir, published, out, gpu)

@@ -452,8 +452,8 @@ def run(
         "name": name,
         "description": "ad hoc run from the command line",
         "kernels": kernels,
-        "modes": _names([mode]),
-        "dtype": _names([dtype]),
+        "modes": _names([mode], "--mode"),
+        "dtype": _names([dtype], "--dtype"),
         "expand": expand,
         "params": _params(param or []),
         "shape": shape,
@@ -798,7 +798,7 @@ def _shape_flag(flag: str, text: str) -> int | list[int]:
 
 def _statuses(text: str | None) -> frozenset[str]:
     """`--retry crashed,timeout` as a set of statuses (and `beside`); a `UserError` naming an unknown one."""
-    names = _names([text]) if text is not None else []
+    names = _names([text], "--retry") if text is not None else []
     unknown = [name for name in names if name not in runner.RETRY_CHOICES]
     if unknown or (text is not None and not names):
         raise UserError(f"--retry: expected a comma list of {', '.join(runner.RETRY_CHOICES)}, got {text!r}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -82,13 +83,16 @@ def diff(
     for run in (run_a, run_b):
         rundir.require_results(run)
     # pandas and matplotlib take a second to import: loaded once the flags and runs are checked.
+    import matplotlib
     from matplotlib.backend_bases import FigureCanvasBase
 
     from tfla_bench.analyse.diff import diff_runs, ratio_figure
 
-    if plot is not None and plot.suffix.lstrip(".").lower() not in FigureCanvasBase.get_supported_filetypes():
-        known = ", ".join(sorted(FigureCanvasBase.get_supported_filetypes()))
-        raise UserError(f"--plot {plot}: expected a file name ending in one of {known}")
+    known = set(FigureCanvasBase.get_supported_filetypes())
+    if shutil.which(matplotlib.rcParams["pgf.texsystem"]) is None:
+        known.discard("pgf")  # matplotlib's PGF output measures its text with a TeX system
+    if plot is not None and plot.suffix.lstrip(".").lower() not in known:
+        raise UserError(f"--plot {plot}: expected a file name ending in one of {', '.join(sorted(known))}")
     result = diff_runs(run_a, run_b, gpu)
     console = make_console()
     for warning in result.warnings:

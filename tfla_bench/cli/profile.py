@@ -57,7 +57,7 @@ def profile(
         print(f"warning: {read.warning()}", file=sys.stderr)
     rows = read.one_per_case()
     seq_lens = _int_list("--seq-len", seq_len) if seq_len is not None else []
-    modes = _names([mode] if mode else [])
+    modes = _names([mode] if mode is not None else [], "--mode")
     if bad := [m for m in modes if m not in ("fw", "fwbw")]:
         raise UserError(f"--mode: expected fw or fwbw, got {', '.join(bad)}")
     # pandas takes half a second to import: loaded once the flags are checked.

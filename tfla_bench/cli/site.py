@@ -30,7 +30,11 @@ from tfla_bench.run.console import make_console, progress_bar
 def site(
     runs: Annotated[
         list[Path],
-        typer.Argument(help="Run directories, or folders of them (results/runs).", show_default=False),
+        typer.Argument(
+            help="Run directories, or folders of them (results/runs).",
+            show_default=False,
+            parser=path_option("RUNS"),
+        ),
     ],
     out: Annotated[
         Path,

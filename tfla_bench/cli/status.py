@@ -15,13 +15,19 @@ from typing import Annotated
 
 import typer
 
+from tfla_bench.cli.paths import path_option
 from tfla_bench.errors import UserError
 from tfla_bench.run import cluster, rundir
 from tfla_bench.run.console import jobs_table, make_console, styled_status
 
 RunDirArgument = Annotated[
     Path,
-    typer.Argument(metavar="RUN_DIR", help="A run directory of a sweep with --executor.", show_default=False),
+    typer.Argument(
+        metavar="RUN_DIR",
+        help="A run directory of a sweep with --executor.",
+        show_default=False,
+        parser=path_option("RUN_DIR"),
+    ),
 ]
 
 
