@@ -177,6 +177,8 @@ def test_nan_never_reaches_spec_json(tmp_path, capsys):
         ("median_ms", "-1", "median_ms: not a finite number of 0 or more: '-1'"),
         ("median_ms", "inf", "median_ms: not a finite number of 0 or more: 'inf'"),
         ("flops", "inf", "flops: not a finite number of 0 or more: 'inf'"),
+        ("median_ms", "1e308", "median_ms: more than a day, no timed call's: '1e308'"),
+        ("p80_ms", "9e7", "p80_ms: more than a day, no timed call's: '9e7'"),
         ("chunk_size", "99999999999999999999", "chunk_size: not a 64-bit integer: '99999999999999999999'"),
         ("chunk_size", "-5", "chunk_size: expected a size from 1, got '-5'"),
         ("seq_len", "-1", "seq_len: expected a size from 1, got '-1'"),
@@ -485,7 +487,8 @@ def test_a_published_number_that_is_none_is_one_line_naming_its_line(
     monkeypatch.setenv("TFLA_BENCH_PUBLISHED_DIR", str(folder))
     assert main(["compare", str(run_dir), "--csv", str(tmp_path / "c.csv")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{path} line 5: {column} is " in err and expected in err, err
+    shown = "empty" if value == "" else repr(value)
+    assert err.count("\n") == 1 and f"{path} line 5: {column} is {shown}; " in err and expected in err, err
 
 
 @pytest.mark.parametrize(
@@ -497,8 +500,19 @@ def test_a_published_number_that_is_none_is_one_line_naming_its_line(
         (lambda lines: lines[:3] + [lines[3] + ",extra"] + lines[4:],
          "cannot be read: ParserError: Error tokenizing data. C error: Expected 18 fields in line 4, saw 19"),
         (lambda lines: [], "cannot be read: EmptyDataError: No columns to parse from file"),
+        # a row of a case repeated with another runtime: compare would pick one without a word
+        (lambda lines: lines[:2] + [lines[4].replace(",6.5615", ",99.0", 1)] + lines[2:],
+         "lines 3 and 6: two rows of one case; keep one"),
+        (lambda lines: lines[:4] + [lines[4].replace(",ok", ",bogus", 1)] + lines[5:],
+         "line 5: status is 'bogus'; expected one of ok, failed, invalid_config, not_run"),
+        (lambda lines: lines[:4] + [lines[4].replace(",bfloat16,", ",float64,", 1)] + lines[5:],
+         "line 5: dtype is 'float64'; expected one of bfloat16, float16, float32"),
+        (lambda lines: lines[:4] + [lines[4].replace(",fw,", ",bw,", 1)] + lines[5:],
+         "line 5: mode is 'bw'; expected one of fw, fwbw"),
+        (lambda lines: lines[:4] + ["," + lines[4].split(",", 1)[1]] + lines[5:],
+         "line 5: figure is empty; expected a data set's name"),
     ],
-    ids=["blank-lines", "extra-cell", "empty"],
+    ids=["blank-lines", "extra-cell", "empty", "repeated-case", "status", "dtype", "mode", "figure"],
 )  # fmt: skip
 def test_a_published_csv_that_is_no_table_or_has_blank_lines_is_one_line_naming_the_line(
     run_dir, tmp_path, monkeypatch, capsys, edit, expected
@@ -509,7 +523,7 @@ def test_a_published_csv_that_is_no_table_or_has_blank_lines_is_one_line_naming_
         (folder / source.name).write_bytes(source.read_bytes())
     path = folder / "tfla_fig5_consttoken.csv"
     lines = path.read_text().split("\n")
-    assert ",16,4096,16," in lines[4]
+    assert ",16,4096,16," in lines[4] and ",6.5615" in lines[4] and lines[4].endswith(",ok")
     path.write_text("\n".join(edit(lines)))
     monkeypatch.setenv("TFLA_BENCH_PUBLISHED_DIR", str(folder))
     assert main(["compare", str(run_dir), "--csv", str(tmp_path / "c.csv")]) == 2

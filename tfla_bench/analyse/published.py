@@ -173,21 +173,46 @@ def published_dir() -> Path:
     return checkout if checkout.is_dir() else package / "published_data"
 
 
+# The words of a published row, and the cells that make its case: two rows of one case would leave
+# compare to pick one.
+PUBLISHED_WORDS = {
+    "mode": ("fw", "fwbw"),
+    "dtype": ("bfloat16", "float16", "float32"),
+    "status": ("ok", "failed", "invalid_config", "not_run"),
+}
+CASE_KEY = [
+    "figure", "mode", "kernel", "kernel_name", "dtype", "batch_size", "seq_len", "num_heads", "head_dim_qk",
+    "head_dim_v", "chunk_size",
+]  # fmt: skip
+
 # The numbers of a published row: each shape a whole number from 1, and the chunk size too where
 # there is one; a runtime above 0 and a peak memory from 0 where they were measured.
 SHAPE_COLUMNS = ("batch_size", "seq_len", "num_heads", "head_dim_qk", "head_dim_v")
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
-    """A published CSV, its columns and its numbers checked.
+    """A published CSV, its columns, its words and its numbers checked, one row per case.
 
     Raises:
-        UserError: a missing column, or a cell that is not the number its column holds, naming its line.
+        UserError: a missing column, a cell that is not what its column holds, or two rows of one case,
+            naming their lines.
     """
     df = _frame(path)
     missing = [c for c in PUBLISHED_COLUMNS if c not in df.columns]
     if missing:
         raise UserError(f"published CSV {path} lacks columns: {', '.join(missing)}")
+
+    def refuse(bad: pd.Series, column: str, expected: str) -> None:
+        if bad.any():
+            index = int(bad.to_numpy().argmax())
+            cell = _frame(path, dtype=str, keep_default_na=False)[column].iloc[index]  # as the file has it
+            shown = repr(cell) if cell.strip() else "empty"
+            line = _line_of(path, df, index)
+            raise UserError(f"published CSV {path} line {line}: {column} is {shown}; expected {expected}")
+
+    for column, words in PUBLISHED_WORDS.items():
+        refuse(~df[column].isin(words), column, f"one of {', '.join(words)}")
+    refuse(df["figure"].isna() | (df["figure"].astype(str).str.strip() == ""), "figure", "a data set's name")
     for column in (*SHAPE_COLUMNS, "chunk_size", "runtime_ms", "peak_memory_bytes"):
         values = pd.to_numeric(df[column], errors="coerce")  # text that is no number: NaN, never fine
         if column in ("runtime_ms", "peak_memory_bytes"):
@@ -200,17 +225,22 @@ def _read_csv(path: Path) -> pd.DataFrame:
         if column not in SHAPE_COLUMNS:  # not measured, or a kernel without chunks: an empty cell
             fine |= df[column].isna()
             expected = f"empty or {expected}"
-        bad = ~fine
-        if bad.any():
-            index = int(bad.to_numpy().argmax())
-            lines = _row_lines(path)
-            line = lines[index] if len(lines) == len(df) else index + 2
-            raise UserError(
-                f"published CSV {path} line {line}: {column} is {df[column].iloc[index]!r}; "
-                f"expected {expected}"
-            )
+        refuse(~fine, column, expected)
         df[column] = values
+    repeated = df.duplicated(CASE_KEY, keep=False)
+    if repeated.any():
+        first = int(repeated.to_numpy().argmax())
+        same = df[CASE_KEY].iloc[first]
+        second = next(i for i in range(first + 1, len(df)) if df[CASE_KEY].iloc[i].equals(same))
+        lines = f"lines {_line_of(path, df, first)} and {_line_of(path, df, second)}"
+        raise UserError(f"published CSV {path} {lines}: two rows of one case; keep one")
     return df
+
+
+def _line_of(path: Path, df: pd.DataFrame, index: int) -> int:
+    """The line of the file where row `index` of `df` (`_frame(path)`) starts."""
+    lines = _row_lines(path)
+    return lines[index] if len(lines) == len(df) else index + 2
 
 
 def _frame(path: Path, **options: Any) -> pd.DataFrame:

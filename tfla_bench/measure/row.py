@@ -166,6 +166,8 @@ class ResultRow:
             value = values.get(name)
             if value is not None and not math.isnan(value) and (math.isinf(value) or value < 0):
                 raise ValueError(f"{name}: not a finite number of 0 or more: {text_of(cells, name)}")
+            if name in TIME_COLUMNS and value is not None and value > MAX_TIME_MS:
+                raise ValueError(f"{name}: more than a day, no timed call's: {text_of(cells, name)}")
         if row.status == "ok" and not (row.median_ms is not None and 0 < row.median_ms < math.inf):
             median = text_of(cells, "median_ms")
             raise ValueError(f"median_ms of an ok row: not a finite time above 0: {median}")
@@ -178,6 +180,9 @@ METRIC_COLUMNS = tuple(spec.name for spec in fields(ResultRow) if spec.name != "
 # not run are empty.
 FINITE_COLUMNS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "flops", "bytes", "peak_memory_bytes")
 REQUIRED_COLUMNS = (*CASE_COLUMNS, "family", "status", "median_ms")
+# A time above a day is no call a sweep timed (1e308 would overflow the plots' scales).
+TIME_COLUMNS = ("median_ms", "p20_ms", "p80_ms", "min_ms")
+MAX_TIME_MS = 86_400_000.0
 # An integer cell lies in [-INT64, INT64): the tables read it as a signed 64-bit integer.
 INT64 = 2**63
 
