@@ -459,6 +459,15 @@ def test_two_outputs_of_one_command_naming_one_file_are_one_line(run_dir, tmp_pa
     assert not out.exists()
 
 
+def _published_copy(tmp_path: Path) -> Path:
+    """A copy of the published CSVs, for `TFLA_BENCH_PUBLISHED_DIR`."""
+    folder = tmp_path / "published"
+    folder.mkdir()
+    for source in (REPO / "results" / "published").glob("*.csv"):
+        (folder / source.name).write_bytes(source.read_bytes())
+    return folder
+
+
 @pytest.mark.parametrize(
     ("column", "value", "expected"),
     [
@@ -474,10 +483,7 @@ def test_two_outputs_of_one_command_naming_one_file_are_one_line(run_dir, tmp_pa
 def test_a_published_number_that_is_none_is_one_line_naming_its_line(
     run_dir, tmp_path, monkeypatch, capsys, column, value, expected
 ):
-    folder = tmp_path / "published"
-    folder.mkdir()
-    for source in (REPO / "results" / "published").glob("*.csv"):
-        (folder / source.name).write_bytes(source.read_bytes())
+    folder = _published_copy(tmp_path)
     path = folder / "tfla_fig5_consttoken.csv"
     lines = path.read_text().split("\n")
     cells = lines[4].split(",")
@@ -517,10 +523,7 @@ def test_a_published_number_that_is_none_is_one_line_naming_its_line(
 def test_a_published_csv_that_is_no_table_or_has_blank_lines_is_one_line_naming_the_line(
     run_dir, tmp_path, monkeypatch, capsys, edit, expected
 ):
-    folder = tmp_path / "published"
-    folder.mkdir()
-    for source in (REPO / "results" / "published").glob("*.csv"):
-        (folder / source.name).write_bytes(source.read_bytes())
+    folder = _published_copy(tmp_path)
     path = folder / "tfla_fig5_consttoken.csv"
     lines = path.read_text().split("\n")
     assert ",16,4096,16," in lines[4] and ",6.5615" in lines[4] and lines[4].endswith(",ok")
@@ -674,10 +677,7 @@ def test_report_says_it_replaced_a_file(run_dir, tmp_path, capsys):
 def test_an_output_in_the_published_data_folder_is_one_line_and_writes_nothing(
     run_dir, tmp_path, monkeypatch, capsys, args
 ):
-    folder = tmp_path / "published"
-    folder.mkdir()
-    for source in (REPO / "results" / "published").glob("*.csv"):
-        (folder / source.name).write_bytes(source.read_bytes())
+    folder = _published_copy(tmp_path)
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
     monkeypatch.setenv("TFLA_BENCH_PUBLISHED_DIR", str(folder))
     assert main([arg.format(run=run_dir, pub=folder) for arg in args]) == 2
