@@ -237,6 +237,9 @@ def test_an_ncu_path_that_is_no_program_is_one_line_and_exit_2(run_dir, tmp_path
     assert main(["profile", str(run_dir), "--ncu-path", str(text)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--ncu-path {text}: not executable (mode 644)" in err
+    assert main(["profile", str(run_dir), "--ncu-path", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--ncu-path {tmp_path}: is a folder; give the ncu program" in err
     assert not (run_dir / rundir.PROFILE).exists()
 
 

@@ -106,6 +106,8 @@ def locate(ncu_path: Path | None) -> Path | None:
     """The ncu executable: `ncu_path` when given (a `UserError` if it is not an executable file),
     else `ncu` on PATH, else None."""
     if ncu_path is not None:
+        if ncu_path.is_dir():
+            raise UserError(f"--ncu-path {ncu_path}: is a folder; give the ncu program")
         if not ncu_path.is_file():
             raise UserError(f"--ncu-path {ncu_path}: no such file")
         if not os.access(ncu_path, os.X_OK):
