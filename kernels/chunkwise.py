@@ -402,8 +402,8 @@ def resolve_config(
     kernel: str, config: KernelConfig | None, q: torch.Tensor, dv: int, chunk_size: int, gate: str
 ):
     """The caller's `config` once checked, else the cached config for this GPU and shape (`config_for`),
-    tuned first where the user opted in (`tune_first_use`), its state blocks split to fill the GPU's
-    SMs at this call's batch and heads (`filled_state_blocks`)."""
+    tuned first where the user opted in (`tune_first_use`), its state blocks split where this call's
+    batch and heads would leave half the GPU's SMs idle (`filled_state_blocks`)."""
     dqk = q.shape[-1]
     if config is None:
         tune_first_use(kernel, gate, (*q.shape[:3], dqk, dv, chunk_size), q.dtype, q.device)

@@ -414,10 +414,10 @@ def config_for(
     return default_config(kernel, head_dim_qk, head_dim_v, chunk_size, dtype, gate)
 
 
-def filled_state_blocks(config: KernelConfig, heads: int, head_dim_qk: int, head_dim_v: int, sm_count: int):
+def filled_state_blocks(config: KernelConfig, heads: int, head_dim_qk: int, head_dim_v: int, sms: int):
     """`config` with its recurrent kernels' state blocks halved, the key block first, then the value
     block, none below `MIN_FILL_BLOCK`, while their grid, `heads` (B x NH) times the blocks of a
-    state, would leave more than half of the `sm_count` SMs without a program.
+    state, would leave more than half of the `sms` SMs without a program.
 
     Each program walks all chunks of its sequence one after the other, so a call of few heads leaves
     SMs idle: B 1 x NH 16 with 64 x 128 blocks is 64 programs on 132 SMs. At Fig. 5's T 65,536 on an
@@ -429,7 +429,7 @@ def filled_state_blocks(config: KernelConfig, heads: int, head_dim_qk: int, head
     dv are the same at any blocks."""
     qk, v = config.state_qk, config.state_v
     programs = heads * (head_dim_qk // qk) * (head_dim_v // v)
-    while 2 * programs <= sm_count and max(qk, v) >= 2 * MIN_FILL_BLOCK:
+    while 2 * programs <= sms and max(qk, v) >= 2 * MIN_FILL_BLOCK:
         programs *= 2
         if qk >= 2 * MIN_FILL_BLOCK:
             qk //= 2

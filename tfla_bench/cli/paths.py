@@ -64,6 +64,7 @@ def output_file(path: Path, flag: str, keep: Iterable[Path] = ()) -> Path:
         if any(_same_file(path, kept) for kept in keep):
             raise UserError(f"{flag} {path}: would replace an input of this command; give another file")
         _check_not_a_runs_own(path, flag)
+        _check_not_published(path, flag)
         rundir.refuse_not_writable([path], flag)
         _check_folder(path.parent, flag, path)
     return path
@@ -99,6 +100,7 @@ def output_dir(path: Path, flag: str) -> Path:
         if path.exists() and not path.is_dir():
             raise UserError(f"{flag} {path}: is a file; give a folder")
         _check_not_a_runs_own(path, flag)
+        _check_not_published(path, flag)
         _check_folder(path, flag, path)
     return path
 
@@ -150,13 +152,16 @@ def _same_file(path: Path, other: Path) -> bool:
 
 
 def _check_not_a_runs_own(path: Path, flag: str) -> None:
-    """An output never replaces a file a run directory keeps of itself, nor goes inside its folders,
-    nor into the folder of the paper's published CSVs, which `compare` reads."""
+    """An output never replaces a file a run directory keeps of itself, nor goes inside its folders."""
     own = rundir.own_part(path)
     if own is not None:
         raise UserError(
             f"{flag} {path}: would write over {own.name} of the run {own.parent}, its own; give another path"
         )
+
+
+def _check_not_published(path: Path, flag: str) -> None:
+    """An output never goes into the folder of the paper's published CSVs, which `compare` reads."""
     from tfla_bench.analyse.published import published_dir  # pandas: only where a command writes
 
     published = published_dir()
