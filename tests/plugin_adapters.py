@@ -147,6 +147,22 @@ class Unsettled(_Tiny):
 
 
 @register
+class Wavering(_Tiny):
+    """Takes 5 ms twice, then 5.3 ms: a short series of its calls runs out of its time budget with the
+    median's interval at about +-6% (the median one of the 5 ms calls, the upper bound one of the
+    5.3 ms ones), wider than `runner.BESIDE_UNSETTLED_CI` but not `timing.unsettled`."""
+
+    name = "test_wavering"
+    precompile = "none"
+    calls = 0
+
+    def forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        Wavering.calls += 1
+        time.sleep(0.0053 if Wavering.calls % 3 == 0 else 0.005)
+        return inputs["x"] * inputs["w"]
+
+
+@register
 class Raise(_Tiny):
     """Raises an ordinary exception with a multi-line message."""
 
@@ -295,6 +311,7 @@ ADAPTERS = (
     Oom,
     OomOnce,
     Unsettled,
+    Wavering,
     Raise,
     Chunked,
     Counting,
