@@ -216,6 +216,18 @@ def test_a_rebuild_replaces_the_site_and_a_foreign_folder_is_refused(site, tmp_p
     assert (foreign / "todo.txt").read_text() == "mine"
 
 
+def test_an_out_through_a_new_folder_and_back_is_the_folder_it_names(site, tmp_path, capsys):
+    root, _, _ = site
+    run = root / "runs" / "fig5_consttoken-a"
+    (tmp_path / "todo.txt").write_text("mine")
+    # `new/..` is tmp_path itself, which holds a file of the user's: refused, and no `new` is left.
+    assert main(["site", str(run), "--out", str(tmp_path / "new" / "..")]) == 2
+    assert "holds files not written by `tfla-bench site`" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["todo.txt"]
+    assert main(["site", str(run), "--out", str(tmp_path / "a" / "b" / ".." / ".." / "site")]) == 0
+    assert (tmp_path / "site" / "index.html").is_file() and not (tmp_path / "a").exists()
+
+
 @pytest.mark.parametrize(
     "make_args, message",
     [

@@ -51,7 +51,8 @@ def site(
     if jobs is not None and jobs < 1:
         raise UserError(f"--jobs: expected 1 or more, got {jobs}")
     rundir.find_runs(runs)  # a path that is not there, or no run at all, is said before the imports
-    out = output_dir(out, "--out")
+    # Resolved, so that `new/..` is the folder it names, not a `new` made on the way.
+    out = output_dir(out, "--out").resolve()
     # pandas and matplotlib take a second to import: loaded once the flags and paths are checked.
     from tfla_bench.analyse.site import build_site, check_out
 
