@@ -847,3 +847,17 @@ def test_a_resume_of_another_selection_plans_kept_rows_and_lists_every_row_in_sp
 
 def test_no_note_of_what_runs_when_nothing_is_left_to_run():
     assert runner.sweep_notes([], cuda=False) == []
+
+
+def test_a_resume_says_it_keeps_rows_of_a_kernel_no_adapter_knows(plugin_adapters, tmp_path, capsys):
+    spec = dataclasses.replace(tiny_spec(["sdpa_math"], ["fw"], seq_len=[16]), published=None)
+    run_dir = tmp_path / "run"
+    runner.run_sweep(spec, specs.expand(spec), run_dir, devices=["cpu"])
+    path = run_dir / "results.csv"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([*lines, lines[1].replace("sdpa_math", "nosuch", 1)]))
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(run_dir)]) == 0
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps its lines
+    assert "rows of nosuch, which no adapter here knows; kept as they are, and never run again" in err
+    assert [row.case.kernel for row in rundir.read_results(path).rows].count("nosuch") == 1

@@ -341,6 +341,12 @@ def resume_plan(
     cases = [case for case in cases if case.key not in finished]
     todo = {case.key for case in cases}
     kept = [row for row in existing if row.case.key not in todo]
+    unknown = sorted({row.case.kernel for row in kept if registry.find(row.case.kernel) is None})
+    if unknown:
+        console.print(
+            f"[yellow]warning:[/] {csv_path}: rows of {', '.join(unknown)}, which no adapter here knows; "
+            "kept as they are, and never run again"
+        )
     columns = row_schema.columns_for([*(row.case for row in kept), *cases])
     columns = [*dict.fromkeys([*read.header, *columns])] if read.header else columns
     return cases, kept, columns
