@@ -501,13 +501,11 @@ def test_the_workers_keep_fa4s_compiled_kernels_in_tritons_cache_unless_told_oth
     assert worker.cute_cache_settings()[worker.CUTE_CACHE_ENV] == "0" and worker.cute_cache_dir() is None
 
 
-def test_a_case_left_unsettled_beside_the_precompile_is_measured_again_after_it(
-    plugin_adapters, tmp_path, monkeypatch
-):
-    monkeypatch.setattr(runner, "compile_beside", lambda cuda: True)
+def _beside_the_precompile(kernel: str, tmp_path) -> tuple[object, str]:
+    """Sweep `kernel` beside a precompile that takes seconds; its row and its worker's log."""
     raw = {
-        "name": "unsettled-test",
-        "kernels": ["test_slow_to_compile", "test_unsettled"],
+        "name": "beside-test",
+        "kernels": ["test_slow_to_compile", kernel],
         "modes": ["fw"],
         "dtype": "float32",
         "warmup": 1,
@@ -522,11 +520,18 @@ def test_a_case_left_unsettled_beside_the_precompile_is_measured_again_after_it(
     report = runner.run_sweep(
         spec, specs.expand(spec), tmp_path / "run", devices=["cpu"], precompile_processes=2
     )
-    (unsettled,) = [row for row in report.rows if row.case.kernel == "test_unsettled"]
+    (row,) = [row for row in report.rows if row.case.kernel == kernel]
+    return row, (tmp_path / "run" / "worker-0.log").read_text()
+
+
+def test_a_case_left_unsettled_beside_the_precompile_is_measured_again_after_it(
+    plugin_adapters, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(runner, "compile_beside", lambda cuda: True)
+    unsettled, log = _beside_the_precompile("test_unsettled", tmp_path)
     # Measured first, beside the precompile, it was timed twice there, held, and measured after it.
     assert unsettled.status == "ok" and runner.BESIDE_NOTE not in unsettled.note
     assert "timed again: its first" in unsettled.note and "unsettled again" in unsettled.note
-    log = (tmp_path / "run" / "worker-0.log").read_text()
     assert log.count("--- case test_unsettled") == 2
 
 
@@ -534,30 +539,12 @@ def test_a_case_wavering_beside_the_precompile_is_measured_again_after_it(
     plugin_adapters, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(runner, "compile_beside", lambda cuda: True)
-    raw = {
-        "name": "wavering-test",
-        "kernels": ["test_slow_to_compile", "test_wavering"],
-        "modes": ["fw"],
-        "dtype": "float32",
-        "warmup": 1,
-        "budget_s": 0.06,
-        "min_time_s": 0.0,
-        "timeout_s": 120,
-        "energy": False,
-        "published": "nothing",
-        "shape": {"batch": 1, "seq_len": [16], "num_heads": 2, "head_dim_qk": 8, "head_dim_v": 8},
-    }
-    spec = specs.parse_spec(raw, "test")
-    report = runner.run_sweep(
-        spec, specs.expand(spec), tmp_path / "run", devices=["cpu"], precompile_processes=2
-    )
-    (wavering,) = [row for row in report.rows if row.case.kernel == "test_wavering"]
+    wavering, log = _beside_the_precompile("test_wavering", tmp_path)
     # Out of its budget at about +-6% beside the precompile: not timed again at once by the worker
     # (+-10%), but held and measured after the precompile, where it wavers as much.
     assert wavering.status == "ok" and wavering.stop == "budget"
     assert runner.BESIDE_UNSETTLED_CI < wavering.ci_rel <= 0.1, wavering.ci_rel
     assert runner.BESIDE_NOTE not in wavering.note and "timed again" not in wavering.note
-    log = (tmp_path / "run" / "worker-0.log").read_text()
     assert log.count("--- case test_wavering") == 2
 
 
