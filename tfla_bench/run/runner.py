@@ -1210,8 +1210,9 @@ BESIDE_NO_ENERGY_NOTE = f"{BESIDE_NOTE}, so without energy (the counter would co
 # A series measured beside the precompile that ran out of its time budget with the median's 95%
 # interval wider than +-this is measured again after the precompile, a narrower bound than the
 # worker's `timing.UNSETTLED_CI`: only short calls are measured beside it (`LONG_CALL_S`), and of
-# the 12 such series in the committed runs 9 were wider than +-3%, up to +-9.8% (`tfla_sig` fwbw at
-# 65,536 steps in `fig5_consttoken-20261205-h200-side`: 8.98 ms against 6.14 ms measured after).
+# the 12 such series in the runs committed before this bound 9 were wider than +-3%, up to +-9.8%
+# (`tfla_sig` fwbw at 65,536 steps in `fig5_consttoken-20261205-h200-side`: 8.98 ms against 6.14 ms
+# measured after).
 BESIDE_UNSETTLED_CI = 0.03
 # `_Dispatch.measure`'s answer for a case that runs again after the precompile.
 _HELD = object()
