@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from tfla_bench.measure.settings import BEFORE_RECORDED
+
 GAPS_NOTE = "an idle gap after each call"
 
 
@@ -40,7 +42,7 @@ def table(run: Path) -> pd.DataFrame:
     spec = json.loads((run / "spec.json").read_text())
     spent = json.loads((run / "timings.json").read_text())
     ok = rows[rows["status"] == "ok"]
-    parts = floor_s(ok, float(spec.get("energy_s", 0.5))).groupby("kernel").sum()
+    parts = floor_s(ok, float(spec.get("energy_s", BEFORE_RECORDED["energy_s"]))).groupby("kernel").sum()
     measured = pd.Series(
         {name: entry["seconds"] for name, entry in spent["adapters"].items()}, name="measured_s"
     )

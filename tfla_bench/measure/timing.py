@@ -225,10 +225,12 @@ def summarize(times_ms: list[float], stop: str = "fixed", host_gap_share: float 
     )
 
 
-def unsettled(stats: TimingStats) -> bool:
-    """Whether a series ran out of its time budget with the median's 95% interval wider than
-    +-`UNSETTLED_CI`: something else used the device meanwhile, and the worker times the case again."""
-    return stats.stop == "budget" and math.isfinite(stats.ci_rel) and stats.ci_rel > UNSETTLED_CI
+def unsettled(stats: TimingStats, limit: float = UNSETTLED_CI) -> bool:
+    """Whether a series (its stats, or a row that holds them) ran out of its time budget with the
+    median's 95% interval wider than +-`limit`: something else used the device meanwhile, and the
+    worker times the case again (`runner.BESIDE_UNSETTLED_CI`: the sweep measures it after its
+    precompile)."""
+    return stats.stop == "budget" and math.isfinite(stats.ci_rel) and stats.ci_rel > limit
 
 
 def unsettled_note(first: TimingStats, again: TimingStats) -> str:

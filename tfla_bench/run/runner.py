@@ -106,7 +106,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import math
 import socket
 import subprocess
 import threading
@@ -1221,10 +1220,10 @@ _HELD = object()
 def unsettled_beside(row: ResultRow) -> bool:
     """Whether an ok row measured beside the precompile is to be measured again after it: its series
     ran out of its time budget with the median's interval wider than +-`BESIDE_UNSETTLED_CI`."""
-    ci = row.ci_rel
-    return (
-        row.status == "ok" and row.stop == "budget" and ci is not None and BESIDE_UNSETTLED_CI < ci < math.inf
-    )
+    # imports torch at import time; a sweep measuring beside its precompile has it already.
+    from tfla_bench.measure import timing
+
+    return row.status == "ok" and row.ci_rel is not None and timing.unsettled(row, BESIDE_UNSETTLED_CI)
 
 
 def _gpu_name(worker: Worker) -> str:
